@@ -1,0 +1,131 @@
+"""The one protocol every engine and upstream implements, and the errors they may raise.
+
+An engine scores items and returns one score per item, in order. Everything a client asked
+for beyond that -- rank fields, dedup, truncation, chunk-and-max, sorting, top_n, echoing
+documents -- is done once in ``gateway.service``, never in an engine.
+
+Two kinds of engines exist and the protocol covers both:
+
+- token engines (transformers, vLLM) expose a :class:`PromptTokenizer`; the service tokenizes,
+  truncates and chunks, and hands them token ids: the shared part (template + instruction +
+  query) once, then one id list per item. They build ``shared + item + suffix`` themselves.
+- text engines (DashScope, remote pools) expose ``tokenizer = None`` and get texts.
+
+This module imports only the standard library and msgspec: the gateway imports it at start,
+engines with heavy dependencies are imported lazily by ``adapters.registry``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+__all__ = (
+    "EngineError",
+    "EngineInputError",
+    "EngineOverloadedError",
+    "EngineTimeoutError",
+    "EngineUnavailableError",
+    "PromptTokenizer",
+    "RerankEngine",
+    "ScoreJob",
+    "ScoreResult",
+)
+
+
+class ScoreJob(msgspec.Struct, kw_only=True, frozen=True):
+    """What one request asks an engine to score. One score is expected per item."""
+
+    query: str
+    instruction: str
+    # Text engines: one text per item.
+    texts: Sequence[str] = ()
+    # Token engines: the shared prompt part (template head, instruction, query) ...
+    shared_ids: Sequence[int] = ()
+    # ... and one token id list per item (a whole document or one chunk of it).
+    item_ids: Sequence[Sequence[int]] = ()
+    # Forwarded to text engines that truncate themselves; token engines were truncated already.
+    max_tokens_per_doc: int | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.item_ids) if self.item_ids else len(self.texts)
+
+
+class ScoreResult(msgspec.Struct, kw_only=True, frozen=True):
+    scores: list[float]
+    # Tokens the engine processed for this job (for usage, billing and rate limits).
+    input_tokens: int
+
+
+@runtime_checkable
+class PromptTokenizer(Protocol):
+    """Tokenizes the parts of a reranker prompt so the service can truncate and chunk."""
+
+    @property
+    def max_length(self) -> int:
+        """Most tokens one full prompt (shared + item + suffix) may hold."""
+        ...
+
+    @property
+    def suffix_length(self) -> int: ...
+
+    def encode_shared(self, query: str, instruction: str) -> list[int]:
+        """Template head + instruction + query (the query already truncated as configured)."""
+        ...
+
+    def encode_documents(self, documents: Sequence[str]) -> list[list[int]]:
+        """Token ids of each document as it appears inside the prompt."""
+        ...
+
+
+@runtime_checkable
+class RerankEngine(Protocol):
+    """An engine or upstream behind one public model name."""
+
+    @property
+    def tokenizer(self) -> PromptTokenizer | None:
+        """Set for token engines (valid once ``start`` returned); None for text engines."""
+        ...
+
+    async def start(self) -> None:
+        """Load weights / open connections; raise (any exception) if the model cannot serve."""
+        ...
+
+    async def stop(self) -> None:
+        """Release everything ``start`` took. Called once, also after a failed start."""
+        ...
+
+    async def check_health(self) -> None:
+        """Raise :class:`EngineUnavailableError` when the engine cannot serve right now."""
+        ...
+
+    async def score(self, job: ScoreJob) -> ScoreResult:
+        """Return one score in [0, 1] per item of ``job``, in order."""
+        ...
+
+
+class EngineError(Exception):
+    """The engine failed to produce scores (a server-side fault: 502)."""
+
+
+class EngineUnavailableError(EngineError):
+    """The engine is not loaded, restarting or dead; the client may retry later (503)."""
+
+    def __init__(self, message: str, *, retry_after: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineOverloadedError(EngineUnavailableError):
+    """The engine's queue is full (503 with Retry-After)."""
+
+
+class EngineTimeoutError(EngineError):
+    """The engine did not answer within the model's timeout (504)."""
+
+
+class EngineInputError(EngineError):
+    """The engine (or upstream) rejected the input itself; the client must change it (422)."""

@@ -1,0 +1,125 @@
+"""The Qwen3-Reranker prompt, built in token space; shared by every local Qwen3 engine.
+
+Qwen's recipe (engines.md, and vLLM's ``qwen3_reranker.jinja``, which renders the same text)::
+
+    <|im_start|>system\\nJudge whether ... "yes" or "no".<|im_end|>\\n<|im_start|>user\\n
+    <Instruct>: {instruction}\\n<Query>: {query}\\n<Document>: {doc}
+    <|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n
+
+Score = softmax([logit("no"), logit("yes")])[1] at the last position.
+
+We tokenize three pieces separately so that documents can be truncated and chunked without
+cutting the suffix, and so that the part one request shares (everything up to ``<Document>:``)
+comes first and is tokenized once:
+
+- shared: ``PREFIX + "<Instruct>: {i}\\n<Query>: {q}\\n<Document>:"``
+- document: ``" " + doc``
+- suffix: ``SUFFIX``
+
+The cut points sit where Qwen's (and GPT-2's) pre-tokenizer always splits -- after ``:``
+before a space, and before a special token -- so the concatenated ids equal those of the whole
+prompt tokenized at once (tests check this against the plain full-string reference).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ("PREFIX", "SUFFIX", "Qwen3PromptTokenizer", "render_prompt")
+
+PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n"
+)
+SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+YES, NO = "yes", "no"
+
+
+def render_prompt(instruction: str, query: str, document: str) -> str:
+    """The whole prompt as one string: the reference the token pieces must reproduce."""
+    return f"{PREFIX}<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}{SUFFIX}"
+
+
+class Qwen3PromptTokenizer:
+    """Token pieces of the Qwen3 prompt over a Hugging Face fast tokenizer.
+
+    Implements :class:`adapters.base.PromptTokenizer`. Thread-safe for reads: the HF fast
+    tokenizer's batch encode runs in Rust (in parallel) and we keep no mutable state beyond an
+    LRU cache of instruction heads.
+    """
+
+    def __init__(self, tokenizer: Any, *, max_length: int, max_query_tokens: int) -> None:
+        self._tok = tokenizer
+        self._max_length = max_length
+        self._max_query_tokens = max_query_tokens
+        self._suffix_ids: list[int] = self._encode(SUFFIX)
+        self.yes_id = self._single_token_id(YES)
+        self.no_id = self._single_token_id(NO)
+        # The instruction head repeats across requests: cache it per instruction.
+        self._head = functools.lru_cache(maxsize=256)(self._encode_head)
+        min_room = len(self._encode_head("x")) + max_query_tokens + len(self._suffix_ids) + 16
+        if max_length < min_room:
+            raise ValueError(
+                f"max_length={max_length} leaves no room for documents: the template, a "
+                f"{max_query_tokens}-token query and the suffix take about {min_room} tokens; "
+                "raise max_length or lower max_query_tokens"
+            )
+
+    # -- PromptTokenizer -------------------------------------------------------------------
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def suffix_length(self) -> int:
+        return len(self._suffix_ids)
+
+    @property
+    def suffix_ids(self) -> list[int]:
+        return self._suffix_ids
+
+    def encode_shared(self, query: str, instruction: str) -> list[int]:
+        query_ids = self._encode(f" {query}")
+        if len(query_ids) > self._max_query_tokens:
+            # Cut in token space, then re-tokenize the kept text with its continuation so the
+            # result is exactly what a full-string tokenization of the truncated query gives.
+            query = self._tok.decode(query_ids[: self._max_query_tokens])[1:]
+        return self._head(instruction) + self._encode(f" {query}\n<Document>:")
+
+    def encode_documents(self, documents: Sequence[str]) -> list[list[int]]:
+        if not documents:
+            return []
+        batch = self._tok([f" {d}" for d in documents], add_special_tokens=False)
+        return [list(ids) for ids in batch["input_ids"]]
+
+    # -- helpers ---------------------------------------------------------------------------
+    def assemble(self, shared_ids: Sequence[int], item_ids: Sequence[int]) -> list[int]:
+        return [*shared_ids, *item_ids, *self._suffix_ids]
+
+    def _encode_head(self, instruction: str) -> list[int]:
+        return self._encode(f"{PREFIX}<Instruct>: {instruction}\n<Query>:")
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self._tok(text, add_special_tokens=False)["input_ids"])
+
+    def _single_token_id(self, word: str) -> int:
+        ids = self._encode(word)
+        if len(ids) != 1:
+            raise ValueError(f"tokenizer does not encode {word!r} as one token: {ids}")
+        return ids[0]
+
+
+def load_hf_tokenizer(path: str, revision: str | None = None) -> Any:
+    """Load the checkpoint's fast tokenizer (the Rust one: batch encode runs in parallel)."""
+    # The fast tokenizer parallelizes batches itself; silence its fork warning in workers.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, revision=revision, use_fast=True)
+    if not getattr(tok, "is_fast", False):
+        raise ValueError(f"{path}: no fast tokenizer (tokenizer.json) found")
+    return tok

@@ -1,0 +1,38 @@
+"""A zero-cost engine: fixed scores, no model, no dependencies.
+
+For tests of the HTTP layer and for measuring the gateway's own overhead (``rerank-gateway
+bench`` against a ``static`` model measures everything but inference). Scores come from the
+config: ``scores`` maps exact document texts to scores, every other document gets ``score``.
+"""
+
+from __future__ import annotations
+
+from adapters.base import ScoreJob, ScoreResult
+from schemas.config import StaticEngineConfig
+
+__all__ = ("StaticEngine",)
+
+
+class StaticEngine:
+    """:class:`adapters.base.RerankEngine` returning configured scores."""
+
+    tokenizer = None
+
+    def __init__(self, config: StaticEngineConfig) -> None:
+        self._default = config.score
+        self._scores = dict(config.scores)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def check_health(self) -> None:
+        return None
+
+    async def score(self, job: ScoreJob) -> ScoreResult:
+        scores = [self._scores.get(text, self._default) for text in job.texts]
+        # Whitespace words: a cheap, deterministic stand-in for a token count.
+        tokens = sum(len(text.split()) for text in job.texts) + len(job.query.split()) * job.size
+        return ScoreResult(scores=scores, input_tokens=tokens)

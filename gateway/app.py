@@ -1,0 +1,78 @@
+"""The single wiring point: ``create_app(settings)`` builds the Litestar application.
+
+Importing this module must not import torch, transformers or vllm (a test enforces it):
+engines are built lazily by ``adapters.registry`` when the lifespan starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from litestar import Litestar
+from litestar.types import Receive, Scope, Send
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
+
+from gateway import __version__
+from gateway.errors import exception_handlers
+from gateway.logging import configure_logging
+from gateway.middleware import request_context
+from gateway.models import ModelRegistry
+from gateway.routes import ROUTES
+from gateway.service import RerankService
+from gateway.settings import load_settings
+from schemas.config import Settings
+
+__all__ = ("create_app",)
+
+
+def _operation_id(handler: Any, method: Any, path_components: list[Any]) -> str:
+    # Handlers serve several paths (aliases): make each path's id unique and readable.
+    path = "_".join(str(getattr(c, "name", c)) for c in path_components) or "root"
+    return f"{handler.handler_name}__{path}"
+
+
+class GatewayApp(Litestar):
+    """Litestar with the request context around everything, routing errors included."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await request_context(scope, receive, send, super().__call__)
+        else:
+            await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, *, configure_logs: bool = True) -> Litestar:
+    settings = settings if settings is not None else load_settings()
+    if configure_logs:
+        configure_logging(settings.logging.level, fmt=settings.logging.format)
+    registry = ModelRegistry(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        registry.start()
+        try:
+            yield
+        finally:
+            await registry.stop()
+
+    app = GatewayApp(
+        route_handlers=ROUTES,
+        lifespan=[lifespan],
+        exception_handlers=exception_handlers(),
+        request_max_body_size=settings.limits.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="rerank-gateway",
+            version=__version__,
+            path="/schema",
+            operation_id_creator=_operation_id,
+            components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
+        ),
+        logging_config=None,
+        debug=False,
+    )
+    app.state.settings = settings
+    app.state.registry = registry
+    app.state.service = RerankService(registry, settings.limits)
+    return app

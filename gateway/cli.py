@@ -1,0 +1,98 @@
+"""``rerank-gateway`` command line: ``serve``, ``check-config`` (and subcommands added by
+other modules: ``keys``, ``bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from gateway.settings import ConfigError, load_settings
+from schemas.config import Settings
+
+__all__ = ("main",)
+
+
+def _override_server(settings: Settings, host: str | None, port: int | None) -> Settings:
+    import msgspec
+
+    server = msgspec.structs.replace(
+        settings.server,
+        **{k: v for k, v in (("host", host), ("port", port)) if v is not None},
+    )
+    return msgspec.structs.replace(settings, server=server)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    settings = _override_server(load_settings(args.config), args.host, args.port)
+    if settings.server.runner == "granian":
+        from granian import Granian  # optional extra `granian`
+
+        if args.config:
+            os.environ["RERANK_CONFIG"] = str(args.config)
+        os.environ["RERANK_SERVER__HOST"] = settings.server.host
+        os.environ["RERANK_SERVER__PORT"] = str(settings.server.port)
+        Granian(
+            "gateway.app:create_app",
+            factory=True,
+            address=settings.server.host,
+            port=settings.server.port,
+            interface="asgi",
+            workers=1,
+        ).serve()
+        return 0
+    import uvicorn
+
+    from gateway.app import create_app
+
+    uvicorn.run(
+        create_app(settings),
+        host=settings.server.host,
+        port=settings.server.port,
+        log_level="warning",  # our own access line replaces uvicorn's
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    from adapters.registry import registered_kinds
+
+    for model in settings.models:
+        kind = type(model).__struct_config__.tag
+        if kind not in registered_kinds():
+            raise ConfigError(f"model {model.name!r}: engine {kind!r} is not installed")
+        print(f"model {model.name}: engine={kind}" + (f" aliases={list(model.aliases)}" if model.aliases else ""))
+    print(f"config OK: {len(settings.models)} model(s); serving on {settings.server.host}:{settings.server.port}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rerank-gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help="TOML config file (default: $RERANK_CONFIG, else built-in defaults)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8000)")
+    serve.set_defaults(func=_serve)
+    check = sub.add_parser("check-config", help="validate the configuration and exit")
+    check.add_argument("--config")
+    check.set_defaults(func=_check_config)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"rerank-gateway: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,163 @@
+"""One exception family, one table from exception to status, one handler writing the body.
+
+Every error response -- ours, the engines', and Litestar's own 404/405/413 -- carries the
+Cohere error body ``{"message", "id"}`` plus ``"detail"`` (Jina-style clients raise
+``RuntimeError(resp["detail"])``). 5xx bodies never contain exception text or a traceback;
+the log line does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import structlog
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from adapters.base import (
+    EngineError,
+    EngineInputError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+)
+from schemas.rerank import ErrorBody
+
+__all__ = (
+    "ERROR_TABLE",
+    "GatewayError",
+    "InvalidRequestError",
+    "MalformedRequestError",
+    "ModelUnavailableError",
+    "PayloadTooLargeError",
+    "UnknownModelError",
+    "error_response",
+    "exception_handlers",
+)
+
+log = structlog.get_logger("gateway.errors")
+
+
+class GatewayError(Exception):
+    """Base of the gateway's own errors; the message is safe to show to the client."""
+
+    headers: dict[str, str] | None = None
+
+
+class MalformedRequestError(GatewayError):
+    """The body is not JSON (400)."""
+
+
+class InvalidRequestError(GatewayError):
+    """The body is JSON but not a valid rerank request (422)."""
+
+
+class UnknownModelError(GatewayError):
+    """No configured model has this name (404)."""
+
+
+class PayloadTooLargeError(GatewayError):
+    """Body, document count or chunk count over the configured limit (413)."""
+
+
+class ModelUnavailableError(GatewayError):
+    """The model is loading, failed to load or is unhealthy (503)."""
+
+    def __init__(self, message: str, *, retry_after: int = 10) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after)}
+
+
+# Most specific class first is not required: lookup walks the exception's MRO.
+ERROR_TABLE: Final[dict[type[Exception], int]] = {
+    MalformedRequestError: 400,
+    InvalidRequestError: 422,
+    UnknownModelError: 404,
+    PayloadTooLargeError: 413,
+    ModelUnavailableError: 503,
+    EngineInputError: 422,
+    EngineUnavailableError: 503,
+    EngineTimeoutError: 504,
+    EngineError: 502,
+    ValidationException: 422,  # the body decoded but does not fit the request schema
+}
+
+# Messages for statuses whose exception text must not reach the client.
+_SAFE_MESSAGES: Final[dict[int, str]] = {
+    500: "internal server error",
+    502: "the model's engine failed to score this request",
+    504: "the model's engine did not answer in time",
+}
+
+
+def classify(exc: Exception) -> int:
+    if isinstance(exc, ValidationException) and _is_empty_body(exc):
+        return 400
+    for cls in type(exc).__mro__:
+        status = ERROR_TABLE.get(cls)
+        if status is not None:
+            return status
+    if isinstance(exc, HTTPException):
+        return exc.status_code
+    return 500
+
+
+def _message(exc: Exception, status: int) -> str:
+    if isinstance(exc, ValidationException):
+        if _is_empty_body(exc):
+            return "the request body is empty; send a JSON object"
+        return "invalid request: " + "; ".join(_validation_messages(exc))
+    if isinstance(exc, HTTPException):
+        # Litestar's own client errors (404 route, 405, 413 body, malformed JSON) are safe.
+        return exc.detail if status < 500 else _SAFE_MESSAGES.get(status, "server error")
+    if isinstance(exc, EngineUnavailableError | GatewayError | EngineInputError):
+        return str(exc)
+    if status in _SAFE_MESSAGES:
+        return _SAFE_MESSAGES[status]
+    return str(exc) if status < 500 else "server error"
+
+
+def _is_empty_body(exc: ValidationException) -> bool:
+    # Litestar reports a missing body as a missing `data` argument.
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    return any(isinstance(i, dict) and i.get("key") == "data" and i.get("message") == "'data'" for i in extra)
+
+
+def _validation_messages(exc: ValidationException) -> list[str]:
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    out = []
+    for item in extra:
+        if not isinstance(item, dict):
+            continue
+        key, message = item.get("key"), str(item.get("message", ""))
+        if key and key != "data":
+            out.append(f"{message} - at `$.{key}`")
+        else:
+            out.append(message)
+    return out or [exc.detail]
+
+
+def _headers(exc: Exception, status: int) -> dict[str, str]:
+    headers = dict(getattr(exc, "headers", None) or {})
+    if isinstance(exc, EngineUnavailableError):
+        headers.setdefault("Retry-After", str(exc.retry_after))
+    if status == 503:
+        headers.setdefault("Retry-After", "5")
+    return headers
+
+
+def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+    status = classify(exc)
+    message = _message(exc, status)
+    request_id = str(request.scope.get("state", {}).get("request_id", ""))
+    if status >= 500:
+        log.error("request_failed", status=status, error=type(exc).__name__, exc_info=exc)
+    return Response(
+        ErrorBody(message=message, id=request_id, detail=message),
+        status_code=status,
+        headers=_headers(exc, status),
+    )
+
+
+def exception_handlers() -> dict[type[Exception] | int, Any]:
+    """Register one handler for everything, so no error leaves without the Cohere body."""
+    return {Exception: error_response, HTTPException: error_response}

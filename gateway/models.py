@@ -1,0 +1,170 @@
+"""The configured models at run time: their engines, load state and admission control.
+
+Engines load in background tasks started by the app lifespan, so the gateway answers
+``/health`` at once and ``/ready`` tells, per model, whether it is loading, ready or failed and
+why. A model that cannot load does not stop the gateway: its requests get 503 with a message
+saying how to point the model at a local directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+
+from adapters.base import RerankEngine
+from adapters.registry import build_engine
+from gateway.errors import ModelUnavailableError, UnknownModelError
+from schemas.config import EngineConfig, Settings
+
+__all__ = ("ModelRegistry", "ModelRuntime", "ModelState")
+
+log = structlog.get_logger("gateway.models")
+
+
+class ModelState(enum.StrEnum):
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    UNHEALTHY = "unhealthy"
+
+
+class ModelRuntime:
+    """One configured model: config, engine, state, and its admission counter."""
+
+    def __init__(self, config: EngineConfig, index: int) -> None:
+        self.config = config
+        self.index = index
+        self.engine: RerankEngine | None = None
+        self.state = ModelState.LOADING
+        self.error: str | None = None
+        self.loaded_at: float | None = None
+        self.in_flight = 0
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def kind(self) -> str:
+        return str(type(self.config).__struct_config__.tag)
+
+    def usable_engine(self) -> RerankEngine:
+        """The engine, or 503 saying why the model cannot serve now."""
+        if self.state is ModelState.READY and self.engine is not None:
+            return self.engine
+        if self.state is ModelState.LOADING:
+            raise ModelUnavailableError(f"model '{self.name}' is still loading; retry shortly", retry_after=10)
+        raise ModelUnavailableError(f"model '{self.name}' is unavailable: {self.error}", retry_after=30)
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "engine": self.kind, "state": self.state.value}
+        if self.error:
+            out["error"] = self.error
+        if self.config.aliases:
+            out["aliases"] = list(self.config.aliases)
+        out["in_flight"] = self.in_flight
+        return out
+
+    async def load(self) -> None:
+        started = time.perf_counter()
+        try:
+            self.engine = build_engine(self.config)
+            await self.engine.start()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any failure to load is reported, never fatal to the gateway
+            self.state, self.error = ModelState.FAILED, self._load_hint(exc)
+            log.error("model_load_failed", model=self.name, error=self.error)
+            if self.engine is not None:
+                await _quietly(self.engine.stop())
+                self.engine = None
+            return
+        self.state, self.error, self.loaded_at = ModelState.READY, None, time.time()
+        log.info("model_ready", model=self.name, engine=self.kind, load_s=round(time.perf_counter() - started, 2))
+
+    def _load_hint(self, exc: Exception) -> str:
+        text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
+        path = getattr(self.config, "path", None)
+        if path is None:
+            return f"could not start: {text}"
+        return (
+            f"could not load weights from '{path}' ({text}). If this machine cannot reach the "
+            f"Hugging Face hub, download the checkpoint elsewhere and set models[{self.index}].path "
+            f"(env RERANK_MODELS__{self.index}__PATH) to its local directory"
+        )
+
+
+class ModelRegistry:
+    """Name (or alias) -> :class:`ModelRuntime`; owns loading and shutdown."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._runtimes = [ModelRuntime(cfg, i) for i, cfg in enumerate(settings.models)]
+        self._by_name: dict[str, ModelRuntime] = {}
+        for rt in self._runtimes:
+            for name in (rt.name, *rt.config.aliases):
+                self._by_name[name] = rt
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def __iter__(self) -> Iterable[ModelRuntime]:
+        return iter(self._runtimes)
+
+    @property
+    def default(self) -> ModelRuntime:
+        return self._runtimes[0]
+
+    def get(self, name: str | None) -> ModelRuntime:
+        if name is None:
+            return self.default
+        runtime = self._by_name.get(name)
+        if runtime is None:
+            raise UnknownModelError(
+                f"model '{name}' not found, make sure the correct model ID was used; "
+                f"available: {', '.join(sorted(self._by_name))}"
+            )
+        return runtime
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(rt.load(), name=f"load:{rt.name}") for rt in self._runtimes]
+
+    async def wait_loaded(self) -> None:
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for rt in self._runtimes:
+            if rt.engine is not None:
+                await _quietly(rt.engine.stop())
+                rt.engine = None
+
+    async def refresh_health(self) -> None:
+        """Ask every loaded engine whether it can serve; flip READY <-> UNHEALTHY."""
+        for rt in self._runtimes:
+            if rt.engine is None or rt.state not in (ModelState.READY, ModelState.UNHEALTHY):
+                continue
+            try:
+                await asyncio.wait_for(rt.engine.check_health(), timeout=5)
+            except Exception as exc:  # any failed probe means "not ready", with the reason
+                rt.state, rt.error = ModelState.UNHEALTHY, f"{type(exc).__name__}: {exc}"[:500]
+            else:
+                rt.state, rt.error = ModelState.READY, None
+
+    @property
+    def ready(self) -> bool:
+        return all(rt.state is ModelState.READY for rt in self._runtimes)
+
+    def statuses(self) -> list[dict[str, Any]]:
+        return [rt.status() for rt in self._runtimes]
+
+
+async def _quietly(awaitable: Any) -> None:
+    try:
+        await awaitable
+    except Exception as exc:  # shutdown must go on for the other models
+        log.warning("engine_stop_failed", error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,85 @@
+"""HTTP handlers: thin, they decode, call the service and shape the HTTP response.
+
+``/v1/rerank`` serves Cohere v1 and Jina clients, ``/v2/rerank`` Cohere v2 (and the fields old
+SDKs still send there), ``/rerank`` is an alias of v1. ``/v1/v1/rerank`` and ``/v1/v2/rerank``
+catch the common ``base_url=".../v1"`` misconfiguration of the cohere SDK.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, get, post
+from litestar.datastructures import State
+
+from gateway.errors import InvalidRequestError
+from gateway.middleware import log_fields, request_id
+from gateway.models import ModelRegistry
+from gateway.service import RerankOutcome, RerankService
+from schemas.rerank import ModelCard, ModelList, RerankRequest, RerankResponse
+
+__all__ = ("ROUTES",)
+
+def _response(outcome: RerankOutcome) -> Response[RerankResponse]:
+    fields = log_fields()
+    fields.update(
+        model=outcome.model, documents=outcome.documents, items=outcome.items, tokens=outcome.input_tokens
+    )
+    return Response(
+        outcome.response,
+        status_code=200,
+        headers={
+            "x-tokenize-time-ms": f"{outcome.tokenize_ms:.2f}",
+            "x-inference-time-ms": f"{outcome.inference_ms:.2f}",
+        },
+    )
+
+
+async def _rerank(request: Request[Any, Any, Any], data: RerankRequest, version: str) -> Response[RerankResponse]:
+    service: RerankService = request.app.state.service
+    log_fields().update(model=data.model, documents=len(data.documents))
+    outcome = await service.rerank(data, api_version=version, request_id=request_id(request.scope))
+    return _response(outcome)
+
+
+@post(
+    ["/v1/rerank", "/rerank", "/v1/v1/rerank"],
+    status_code=200,
+    summary="Rerank (Cohere v1 / Jina)",
+    tags=["rerank"],
+)
+async def rerank_v1(request: Request[Any, Any, Any], data: RerankRequest) -> Response[RerankResponse]:
+    return await _rerank(request, data, "1")
+
+
+@post(["/v2/rerank", "/v1/v2/rerank"], status_code=200, summary="Rerank (Cohere v2)", tags=["rerank"])
+async def rerank_v2(request: Request[Any, Any, Any], data: RerankRequest) -> Response[RerankResponse]:
+    if not data.model:
+        raise InvalidRequestError("invalid request: a model parameter is required for this endpoint.")
+    return await _rerank(request, data, "2")
+
+
+@get(["/v1/models", "/models"], tags=["models"])
+async def list_models(state: State) -> ModelList:
+    registry: ModelRegistry = state.registry
+    cards = [ModelCard(id=name) for rt in registry for name in (rt.name, *rt.config.aliases)]
+    return ModelList(data=cards)
+
+
+@get("/health", operation_id="health", tags=["health"])
+async def health() -> dict[str, str]:
+    """The process is up (liveness)."""
+    return {"status": "ok"}
+
+
+@get("/ready", operation_id="ready", tags=["health"])
+async def ready(state: State) -> Response[dict[str, Any]]:
+    """Every model is loaded and healthy (readiness), with each model's state."""
+    registry: ModelRegistry = state.registry
+    await registry.refresh_health()
+    ok = registry.ready
+    body = {"status": "ready" if ok else "not_ready", "models": registry.statuses()}
+    return Response(body, status_code=200 if ok else 503, headers=None if ok else {"Retry-After": "5"})
+
+
+ROUTES = [rerank_v1, rerank_v2, list_models, health, ready]

@@ -1,0 +1,121 @@
+"""Load :class:`schemas.config.Settings` from one TOML file plus ``RERANK_*`` overrides.
+
+Precedence: built-in defaults < TOML file (``--config`` or ``RERANK_CONFIG``) < environment.
+An environment variable names a path with double underscores, list items by index::
+
+    RERANK_SERVER__PORT=9000
+    RERANK_LOGGING__FORMAT=console
+    RERANK_MODELS__0__PATH=/models/Qwen3-Reranker-0.6B
+
+Values are coerced to the field's type (``msgspec.convert(strict=False)``); a value starting
+with ``[`` or ``{`` is read as JSON. With no ``models`` at all, the default model is served:
+``Qwen/Qwen3-Reranker-0.6B`` as ``qwen3-reranker-0.6b`` on the best engine installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from schemas.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH, Settings
+
+__all__ = ("ConfigError", "default_engine_kind", "load_settings")
+
+ENV_PREFIX = "RERANK_"
+CONFIG_ENV = "RERANK_CONFIG"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message is one line naming the field."""
+
+
+def default_engine_kind() -> str:
+    """The best engine installed for the default model (checked without importing it)."""
+    # vLLM's engines register under these kinds when they are available (see adapters.registry).
+    for kind, module in (("vllm-score", "vllm"), ("transformers", "transformers")):
+        if importlib.util.find_spec(module) is not None and _engine_registered(kind):
+            return kind
+    return "transformers"
+
+
+def _engine_registered(kind: str) -> bool:
+    from adapters.registry import registered_kinds
+
+    return kind in registered_kinds()
+
+
+def load_settings(
+    config_path: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    environ = os.environ if environ is None else environ
+    path = config_path or environ.get(CONFIG_ENV) or None
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path:
+        source = str(path)
+        try:
+            raw = msgspec.toml.decode(Path(path).read_bytes())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except msgspec.DecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    if not raw.get("models"):
+        raw["models"] = [
+            {"name": DEFAULT_MODEL_NAME, "engine": default_engine_kind(), "path": DEFAULT_MODEL_PATH}
+        ]
+    for key, value in environ.items():
+        if key.startswith(ENV_PREFIX) and key != CONFIG_ENV:
+            _apply_override(raw, key, value)
+    try:
+        settings = msgspec.convert(raw, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid config ({source}): {exc}") from None
+    _check_names(settings)
+    return settings
+
+
+def _apply_override(raw: dict[str, Any], key: str, value: str) -> None:
+    parts = key[len(ENV_PREFIX) :].lower().split("__")
+    node: Any = raw
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        parsed = _parse_env_value(value) if last else None
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"{key}: no list item {part!r} at this path")
+            index = int(part)
+            if last:
+                node[index] = parsed
+            else:
+                node = node[index]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = parsed
+            else:
+                node = node.setdefault(part, {})
+        else:
+            raise ConfigError(f"{key}: {'.'.join(parts[:i])} is not a table")
+
+
+def _parse_env_value(value: str) -> Any:
+    if value[:1] in "[{":
+        try:
+            return msgspec.json.decode(value)
+        except msgspec.DecodeError:
+            raise ConfigError(f"environment value {value!r} looks like JSON but is not") from None
+    return value
+
+
+def _check_names(settings: Settings) -> None:
+    seen: dict[str, str] = {}
+    for model in settings.models:
+        for name in (model.name, *model.aliases):
+            if name in seen:
+                raise ConfigError(f"invalid config: model name {name!r} is used twice (by {seen[name]!r} and {model.name!r})")
+            seen[name] = model.name

@@ -1,0 +1,1 @@
+"""Wire formats and typed configuration. Imports only msgspec and the standard library."""

@@ -1,0 +1,150 @@
+"""Wire formats of the rerank routes: one request superset, one response superset.
+
+The request struct accepts what Cohere v1, Cohere v2 (including the fields old SDKs 5.9-5.15
+still send there) and Jina clients put on the wire; every optional field also accepts JSON
+``null`` because the cohere SDK sends explicit ``None`` arguments as null. Unknown fields are
+ignored, as Cohere and vLLM do, so newer clients keep working.
+
+The response is the superset every client parser we know accepts (api-compat.md section 8):
+Cohere's ``id/results/meta`` plus Jina's ``model/usage``; ``document`` is omitted, never null.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+__all__ = (
+    "ApiVersion",
+    "BilledUnits",
+    "ErrorBody",
+    "ModelCard",
+    "ModelList",
+    "RerankMeta",
+    "RerankRequest",
+    "RerankResponse",
+    "RerankResult",
+    "TextObject",
+    "Tokens",
+    "Usage",
+)
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class TextObject(msgspec.Struct, kw_only=True, frozen=True):
+    """Jina lets the query be an object with a ``text`` key."""
+
+    text: str
+
+
+class RerankRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """Body of ``POST /v1/rerank``, ``/v2/rerank`` and ``/rerank``."""
+
+    query: Annotated[
+        str | TextObject,
+        msgspec.Meta(description="The search query (a string, or Jina's {\"text\": ...} object)."),
+    ]
+    documents: Annotated[
+        list[str | dict[str, Any]],
+        msgspec.Meta(
+            description=(
+                "Documents to rank: strings, or objects with a `text` key (other keys are kept "
+                "and echoed back; `rank_fields` picks the keys to rank on)."
+            )
+        ),
+    ]
+    model: Annotated[str | None, msgspec.Meta(description="Public model name.")] = None
+    top_n: Annotated[
+        PositiveInt | None,
+        msgspec.Meta(description="Return only the N best documents (default: all)."),
+    ] = None
+    rank_fields: Annotated[
+        list[str] | None,
+        msgspec.Meta(description="Keys of object documents to rank on, joined in this order."),
+    ] = None
+    return_documents: Annotated[
+        bool | None,
+        msgspec.Meta(description="Echo each document in its result (default false)."),
+    ] = None
+    max_chunks_per_doc: Annotated[
+        PositiveInt | None,
+        msgspec.Meta(description="Cap on the chunks a long document is split into (v1)."),
+    ] = None
+    max_tokens_per_doc: Annotated[
+        PositiveInt | None,
+        msgspec.Meta(description="Truncate each document to this many tokens before ranking (v2)."),
+    ] = None
+    priority: (
+        Annotated[
+            int,
+            msgspec.Meta(ge=0, le=999, description="Accepted for Cohere v2 compatibility; not used."),
+        ]
+        | None
+    ) = None
+    instruction: Annotated[
+        str | None,
+        msgspec.Meta(description="Task instruction for instruction-following rerankers (Qwen3)."),
+    ] = None
+    instruct: Annotated[
+        str | None,
+        msgspec.Meta(description="Alias of `instruction` (DashScope's spelling)."),
+    ] = None
+
+
+class RerankResult(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    index: int
+    relevance_score: float
+    document: dict[str, Any] | None = None
+
+
+class ApiVersion(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    version: str
+    is_experimental: bool | None = None
+
+
+class BilledUnits(msgspec.Struct, kw_only=True, frozen=True):
+    search_units: int
+
+
+class Tokens(msgspec.Struct, kw_only=True, frozen=True):
+    input_tokens: int
+
+
+class RerankMeta(msgspec.Struct, kw_only=True, frozen=True):
+    api_version: ApiVersion
+    billed_units: BilledUnits
+    tokens: Tokens
+
+
+class Usage(msgspec.Struct, kw_only=True, frozen=True):
+    total_tokens: int
+
+
+class RerankResponse(msgspec.Struct, kw_only=True, frozen=True):
+    id: str
+    results: list[RerankResult]
+    meta: RerankMeta
+    model: str
+    usage: Usage
+
+
+class ErrorBody(msgspec.Struct, kw_only=True, frozen=True):
+    """Cohere's error body ``{message, id}`` plus ``detail``, which Jina-style clients read."""
+
+    message: str
+    id: str
+    detail: str
+
+
+class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
+    id: str
+    object: str = "model"
+    created: int = 0
+    owned_by: str = "rerank-gateway"
+
+
+class ModelList(msgspec.Struct, kw_only=True, frozen=True):
+    data: list[ModelCard]
+    object: str = "list"
