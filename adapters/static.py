@@ -7,6 +7,8 @@ config: ``scores`` maps exact document texts to scores, every other document get
 
 from __future__ import annotations
 
+import asyncio
+
 from adapters.base import ScoreJob, ScoreResult
 from schemas.config import StaticEngineConfig
 
@@ -21,6 +23,7 @@ class StaticEngine:
     def __init__(self, config: StaticEngineConfig) -> None:
         self._default = config.score
         self._scores = dict(config.scores)
+        self._delay = config.delay_s
 
     async def start(self) -> None:
         return None
@@ -32,6 +35,8 @@ class StaticEngine:
         return None
 
     async def score(self, job: ScoreJob) -> ScoreResult:
+        if self._delay:
+            await asyncio.sleep(self._delay)
         scores = [self._scores.get(text, self._default) for text in job.texts]
         # Whitespace words: a cheap, deterministic stand-in for a token count.
         tokens = sum(len(text.split()) for text in job.texts) + len(job.query.split()) * job.size

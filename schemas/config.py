@@ -98,6 +98,8 @@ class StaticEngineConfig(ModelConfig, tag="static"):
     score: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
     # Scores by exact document text; documents not listed get `score`.
     scores: dict[str, Annotated[float, msgspec.Meta(ge=0, le=1)]] = {}
+    # Simulated inference time per request (tests of timeouts and overload; latency models).
+    delay_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
 EngineConfig = TransformersEngineConfig | StaticEngineConfig
