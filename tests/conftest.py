@@ -21,6 +21,11 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 @pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3 checkpoint + tokenizer, built once per test run."""
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
