@@ -108,6 +108,8 @@ def _message(exc: Exception, status: int) -> str:
         return "invalid request: " + "; ".join(_validation_messages(exc))
     if isinstance(exc, HTTPException):
         # Litestar's own client errors (404 route, 405, 413 body, malformed JSON) are safe.
+        if status == 400 and "malformed" not in exc.detail.lower():
+            return f"JSON is malformed: {exc.detail}"
         return exc.detail if status < 500 else _SAFE_MESSAGES.get(status, "server error")
     if isinstance(exc, EngineUnavailableError | GatewayError | EngineInputError):
         return str(exc)

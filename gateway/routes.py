@@ -11,6 +11,7 @@ from typing import Any
 
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
+from litestar.params import JSONBody
 
 from gateway.errors import InvalidRequestError
 from gateway.middleware import log_fields, request_id
@@ -48,12 +49,12 @@ async def _rerank(request: Request[Any, Any, Any], data: RerankRequest, version:
     summary="Rerank (Cohere v1 / Jina)",
     tags=["rerank"],
 )
-async def rerank_v1(request: Request[Any, Any, Any], data: RerankRequest) -> Response[RerankResponse]:
+async def rerank_v1(request: Request[Any, Any, Any], data: JSONBody[RerankRequest]) -> Response[RerankResponse]:
     return await _rerank(request, data, "1")
 
 
 @post(["/v2/rerank", "/v1/v2/rerank"], status_code=200, summary="Rerank (Cohere v2)", tags=["rerank"])
-async def rerank_v2(request: Request[Any, Any, Any], data: RerankRequest) -> Response[RerankResponse]:
+async def rerank_v2(request: Request[Any, Any, Any], data: JSONBody[RerankRequest]) -> Response[RerankResponse]:
     if not data.model:
         raise InvalidRequestError("invalid request: a model parameter is required for this endpoint.")
     return await _rerank(request, data, "2")
