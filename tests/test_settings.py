@@ -1,0 +1,90 @@
+"""Config loading: TOML, RERANK_* overrides, defaults, and one clear line for every mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.settings import ConfigError, load_settings
+from schemas.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH, StaticEngineConfig, TransformersEngineConfig
+
+TOML = """
+[server]
+port = 9001
+
+[limits]
+max_documents = 500
+
+[[models]]
+name = "a"
+engine = "static"
+score = 0.25
+
+[[models]]
+name = "b"
+engine = "transformers"
+path = "/models/qwen"
+aliases = ["rerank-v3.5"]
+"""
+
+
+def test_toml_decodes_into_the_tagged_union(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(TOML)
+    s = load_settings(path, environ={})
+    assert s.server.port == 9001 and s.server.host == "127.0.0.1" and s.limits.max_documents == 500
+    assert isinstance(s.models[0], StaticEngineConfig) and s.models[0].score == 0.25
+    assert isinstance(s.models[1], TransformersEngineConfig) and s.models[1].aliases == ("rerank-v3.5",)
+    assert s.models[1].max_length == 8192 and s.models[1].dtype == "auto"
+
+
+def test_env_overrides_file_and_coerces_types(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(TOML)
+    env = {
+        "RERANK_CONFIG": str(path),
+        "RERANK_SERVER__PORT": "9100",
+        "RERANK_LOGGING__FORMAT": "console",
+        "RERANK_MODELS__1__PATH": "/elsewhere",
+        "RERANK_MODELS__1__ALIASES": '["x", "y"]',
+        "RERANK_MODELS__0__SCORE": "0.75",
+        "OTHER": "ignored",
+    }
+    s = load_settings(environ=env)
+    assert s.server.port == 9100 and s.logging.format == "console"
+    assert s.models[1].path == "/elsewhere" and s.models[1].aliases == ("x", "y")
+    assert s.models[0].score == 0.75
+
+
+def test_defaults_serve_qwen3_reranker():
+    s = load_settings(environ={})
+    (model,) = s.models
+    assert model.name == DEFAULT_MODEL_NAME and model.path == DEFAULT_MODEL_PATH
+    s = load_settings(environ={"RERANK_MODELS__0__PATH": "/local/qwen"})
+    assert s.models[0].path == "/local/qwen"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('[server]\nport = "x"', "$.server.port"),
+        ("[server]\nprot = 1", "prot"),
+        ('[[models]]\nname = "a"\nengine = "nope"', "nope"),
+        ('[[models]]\nname = "a"\nengine = "static"\nscore = 2', "$.models[0].score"),
+        ('[[models]]\nname = "a b"\nengine = "static"', "$.models[0].name"),
+        ('[[models]]\nname = "a"\nengine = "static"\n[[models]]\nname = "a"\nengine = "static"', "used twice"),
+        ("[server\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_fails_with_one_line_naming_the_field(tmp_path, text, needle):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(path, environ={})
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_env_override_is_reported(tmp_path):
+    with pytest.raises(ConfigError, match="RERANK_MODELS__5__PATH"):
+        load_settings(environ={"RERANK_MODELS__5__PATH": "/x"})
+    with pytest.raises(ConfigError, match="missing.toml"):
+        load_settings(tmp_path / "missing.toml", environ={})
