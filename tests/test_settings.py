@@ -88,3 +88,10 @@ def test_bad_env_override_is_reported(tmp_path):
         load_settings(environ={"RERANK_MODELS__5__PATH": "/x"})
     with pytest.raises(ConfigError, match="missing.toml"):
         load_settings(tmp_path / "missing.toml", environ={})
+
+
+def test_shipped_example_config_is_valid():
+    from tests.conftest import ROOT
+
+    s = load_settings(ROOT / "deploy" / "gateway.example.toml", environ={})
+    assert s.models[0].name == "qwen3-reranker-0.6b"
