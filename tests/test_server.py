@@ -155,3 +155,11 @@ def test_importing_the_app_loads_no_engine_library():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60, env={**os.environ})
+
+
+@pytest.mark.parametrize("runner", ["uvicorn", "granian"])
+def test_both_asgi_runners_serve(gateway_server, runner):
+    srv = gateway_server(f'[server]\nrunner = "{runner}"\n[[models]]\nname = "s"\nengine = "static"\n')
+    resp = httpx.post(f"{srv.url}/v1/rerank", json={"query": "q", "documents": ["a", "b"]})
+    assert resp.status_code == 200 and len(resp.json()["results"]) == 2
+    assert resp.headers["x-request-id"]
