@@ -38,6 +38,7 @@ class StaticEngine:
         if self._delay:
             await asyncio.sleep(self._delay)
         scores = [self._scores.get(text, self._default) for text in job.texts]
-        # Whitespace words: a cheap, deterministic stand-in for a token count.
-        tokens = sum(len(text.split()) for text in job.texts) + len(job.query.split()) * job.size
+        # Spaces + 1 per text: a deterministic stand-in for a token count that stays cheap
+        # (str.split allocated every word: a third of the gateway's per-request CPU in `bench`).
+        tokens = sum(text.count(" ") + 1 for text in job.texts) + (job.query.count(" ") + 1) * job.size
         return ScoreResult(scores=scores, input_tokens=tokens)

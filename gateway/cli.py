@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate the configuration and exit")
     check.add_argument("--config")
     check.set_defaults(func=_check_config)
+    # bench's module imports only the standard library and msgspec; httpx/tqdm/matplotlib load when it runs.
+    from gateway.bench.command import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 

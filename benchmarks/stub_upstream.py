@@ -1,0 +1,93 @@
+"""A minimal Cohere-compatible rerank server: the trivial baseline and the stub upstream.
+
+Raw ASGI on uvicorn, no framework: it decodes the JSON body (msgspec), gives every document the
+same score and answers in Cohere's v2 shape (``id``, ``results`` cut to ``top_n``, ``meta``).
+That is the least any HTTP rerank server must do, so
+
+- ``rerank-gateway bench GATEWAY --compare STUB`` at one client measures what the gateway adds
+  per request on top of HTTP + JSON (the gateway's static engine is zero-cost too), and
+- as the upstream of the gateway's Cohere pool and of LiteLLM's cohere provider, it makes both
+  proxies' own cost the only difference.
+
+    python -m benchmarks.stub_upstream --port 9100
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from typing import Any
+
+import msgspec
+
+__all__ = ("app",)
+
+
+class _Request(msgspec.Struct):
+    documents: list[Any]
+    query: Any = None
+    top_n: int | None = None
+
+
+_decode = msgspec.json.Decoder(_Request).decode
+_encode = msgspec.json.Encoder().encode
+_HEADERS = [(b"content-type", b"application/json")]
+_HEALTH = b'{"status":"ok"}'
+
+
+async def _body(receive: Any) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["type"] != "http":
+        return
+    path, method = scope["path"], scope["method"]
+    if method == "POST" and path.endswith("rerank"):
+        try:
+            req = _decode(await _body(receive))
+        except msgspec.DecodeError as exc:
+            status, body = 400, _encode({"message": f"invalid request: {exc}"})
+        else:
+            n = len(req.documents)
+            top = min(req.top_n or n, n)
+            status = 200
+            body = _encode({
+                "id": str(uuid.uuid4()),
+                "results": [{"index": i, "relevance_score": 0.5} for i in range(top)],
+                "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1},
+                         "tokens": {"input_tokens": n}},
+            })
+    elif method == "GET" and path in ("/health", "/ready", "/"):
+        status, body = 200, _HEALTH
+    else:
+        status, body = 404, b'{"message":"not found"}'
+    await send({"type": "http.response.start", "status": status, "headers": _HEADERS})
+    await send({"type": "http.response.body", "body": body})
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9100)
+    args = parser.parse_args()
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""The ``rerank-gateway bench`` subcommand: parse, build the workload, drive, report.
+
+Examples::
+
+    rerank-gateway bench http://127.0.0.1:8000 --model qwen3-reranker-0.6b \\
+        --requests 200 --concurrency 1,4,16 --documents 100 --doc-tokens 50-150
+    rerank-gateway bench http://127.0.0.1:8000/v2/rerank --rate 20 --requests 400
+    rerank-gateway bench http://127.0.0.1:8000 --compare http://127.0.0.1:4000/rerank
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+__all__ = ("add_parser", "run")
+
+
+def _endpoint_url(url: str) -> str:
+    """A bare base URL gets ``/v2/rerank``; a URL with a path is used as given."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return url.rstrip("/") + "/v2/rerank" if parts.path in ("", "/") else url
+
+
+def _numbers(text: str, kind: type) -> list[Any]:
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark a Cohere/Jina-compatible rerank endpoint (ours, LiteLLM, vllm serve, ...)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("url", help="endpoint URL; a bare http://host:port gets /v2/rerank")
+    p.add_argument("--model", help="model name sent in every request")
+    load = p.add_argument_group("load")
+    load.add_argument("--requests", type=int, default=100, help="measured requests per load level (default 100)")
+    load.add_argument("--concurrency", default=[1], type=lambda t: _numbers(t, int),
+                      help="closed loop: concurrent clients, a list sweeps (e.g. 1,4,16; default 1)")
+    load.add_argument("--rate", type=lambda t: _numbers(t, float),
+                      help="open loop instead: requests per second, a list sweeps")
+    load.add_argument("--poisson", action="store_true", help="open loop: Poisson arrivals instead of fixed spacing")
+    load.add_argument("--max-in-flight", type=int, default=1024, help="open loop: cap on outstanding requests")
+    load.add_argument("--warmup", type=int, default=2, help="unmeasured requests before each level (default 2)")
+    load.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
+    wl = p.add_argument_group("workload")
+    wl.add_argument("--documents", type=int, default=100, help="documents per request (default 100)")
+    wl.add_argument("--doc-tokens", default="50-150", help="document length: N or A-B tokens (default 50-150)")
+    wl.add_argument("--query-tokens", default="10", help="query length: N or A-B tokens (default 10)")
+    wl.add_argument("--docs-file", help="sample documents from this file (one per line, or JSONL with 'text')")
+    wl.add_argument("--queries-file", help="sample queries from this file")
+    wl.add_argument("--duplicates", type=float, default=0.0, help="share of duplicate documents per request (0-1)")
+    wl.add_argument("--top-n", type=int, help="top_n sent in every request")
+    wl.add_argument("--instruction", help="instruction sent in every request (default: the server's)")
+    wl.add_argument("--tokenizer", help="model dir or tokenizer.json: exact token lengths (else 1 word = 1 token)")
+    wl.add_argument("--seed", type=int, default=0)
+    auth = p.add_argument_group("endpoints")
+    auth.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
+    auth.add_argument("--header", action="append", default=[], help="extra header 'Name: value' (repeatable)")
+    auth.add_argument("--label", help="name of the endpoint in reports (default: host:port)")
+    auth.add_argument("--compare", metavar="URL", help="alternate with this endpoint, round by round, and report ratios")
+    auth.add_argument("--compare-model", help="model name for the --compare endpoint (default: --model)")
+    auth.add_argument("--compare-api-key")
+    auth.add_argument("--compare-label")
+    auth.add_argument("--round-size", type=int, help="--compare: requests per round (default: the concurrency)")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", help="output folder (default bench-out/<UTC time>)")
+    out.add_argument("--title", default="Rerank benchmark", help="report title")
+    out.add_argument("--no-plot", action="store_true", help="skip the PNG plots (no matplotlib needed)")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument("--strict", action="store_true", help="exit 1 if any request failed (default: only if all did)")
+    p.set_defaults(func=run)
+    return p
+
+
+def _headers(raw: list[str], api_key: str | None) -> dict[str, str]:
+    headers = {}
+    for item in raw:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            raise ValueError(f"--header {item!r}: expected 'Name: value'")
+        headers[name.strip()] = value.strip()
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def _label(url: str, given: str | None) -> str:
+    return given or urlsplit(url).netloc
+
+
+async def _drive(args: argparse.Namespace, endpoints: list[Any], progress: Any) -> tuple[list[Any], list[dict[str, Any]]]:
+    from gateway.bench.driver import run_closed, run_compare, run_open
+    from gateway.bench.report import ratios, summarize
+
+    runs, comparisons = [], []
+    if args.compare:
+        a, b = endpoints
+        for c in args.concurrency:
+            size = args.round_size or c
+            ra, rb = await run_compare(a, b, concurrency=c, total=args.requests, round_size=size,
+                                       timeout=args.timeout, progress=progress)
+            runs += [ra, rb]
+            comparisons.append({"a": a.label, "b": b.label, "concurrency": c, "round_size": size,
+                                "ratios": ratios(summarize(ra), summarize(rb))})
+        return runs, comparisons
+    ep = endpoints[0]
+    if args.rate:
+        for r in args.rate:
+            runs.append(await run_open(ep, rate=r, total=args.requests, timeout=args.timeout,
+                                       max_in_flight=args.max_in_flight, poisson=args.poisson,
+                                       seed=args.seed, progress=progress))
+    else:
+        for c in args.concurrency:
+            runs.append(await run_closed(ep, concurrency=c, total=args.requests, timeout=args.timeout,
+                                         progress=progress))
+    return runs, comparisons
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    from gateway.bench.driver import Endpoint
+    from gateway.bench.report import environment, summarize, write_json, write_markdown, write_plots
+    from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter
+
+    try:
+        url = _endpoint_url(args.url)
+        compare_url = _endpoint_url(args.compare) if args.compare else None
+        if args.compare and args.rate:
+            raise ValueError("--compare runs closed loop: use --concurrency, not --rate")
+        counter = load_token_counter(args.tokenizer)
+        spec = WorkloadSpec(
+            requests=min(args.requests, 512),  # distinct bodies; longer runs cycle through them
+            documents=args.documents, query_tokens=args.query_tokens, doc_tokens=args.doc_tokens,
+            duplicate_share=args.duplicates, top_n=args.top_n, instruction=args.instruction,
+            model=args.model, seed=args.seed, docs_file=args.docs_file, queries_file=args.queries_file,
+        )
+        requests = build_workload(spec, counter)
+        warm_spec = msgspec.structs.replace(spec, requests=max(1, args.warmup), seed=spec.seed + 1_000_003)
+        warmup = build_workload(warm_spec, counter) if args.warmup > 0 else []
+        endpoints = [Endpoint(label=_label(url, args.label), url=url, headers=_headers(args.header, args.api_key),
+                              requests=requests, warmup=warmup)]
+        if compare_url:
+            other = msgspec.structs.replace(spec, model=args.compare_model or args.model)
+            endpoints.append(Endpoint(
+                label=_label(compare_url, args.compare_label), url=compare_url,
+                headers=_headers(args.header, args.compare_api_key or args.api_key),
+                requests=build_workload(other, counter),
+                warmup=build_workload(msgspec.structs.replace(warm_spec, model=other.model), counter) if warmup else [],
+            ))
+            if endpoints[0].label == endpoints[1].label:
+                endpoints[1].label += " (compare)"
+    except (ValueError, OSError) as exc:
+        print(f"rerank-gateway bench: {exc}", file=sys.stderr)
+        return 2
+
+    levels = len(args.rate or args.concurrency) * len(endpoints)
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.requests * levels, unit="req", desc="bench", file=sys.stderr)
+    errors = 0
+
+    def progress(sample: Any) -> None:
+        nonlocal errors
+        errors += not sample.ok
+        if bar is not None:
+            bar.update(1)
+            if not sample.ok:
+                bar.set_postfix(errors=errors)
+
+    try:
+        runs, comparisons = asyncio.run(_drive(args, endpoints, progress))
+    finally:
+        if bar is not None:
+            bar.close()
+
+    out_dir = Path(args.out or f"bench-out/{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = [summarize(r) for r in runs]
+    n = len(requests) * args.documents
+    doc = {
+        "tool": "rerank-gateway bench",
+        "command": "rerank-gateway bench " + shlex.join(argv if argv is not None else sys.argv[2:]),
+        "environment": environment(),
+        "workload": msgspec.to_builtins(spec) | {"requests": args.requests, "distinct_requests": len(requests)},
+        "workload_description": spec.describe(),
+        "measured": (
+            f"query {sum(r.query_tokens for r in requests) / len(requests):.1f} tokens, document "
+            f"{sum(r.doc_tokens for r in requests) / n:.1f} tokens on average, "
+            f"{sum(r.unique_documents for r in requests) / len(requests):.1f} unique documents per request "
+            + ("(exact, with the given tokenizer)" if counter.exact else "(estimated: 1 word = 1 token)")
+        ),
+        "summaries": summaries,
+        "comparisons": comparisons,
+        "latencies_ms": [{"endpoint": r.endpoint, "concurrency": r.concurrency, "rate": r.rate,
+                          "ok": [round(s.latency_s * 1e3, 3) for s in r.samples if s.ok]} for r in runs],
+    }
+    doc["plots"] = [] if args.no_plot else write_plots(out_dir, runs, summaries)
+    write_json(out_dir / "bench.json", doc)
+    write_markdown(out_dir / "report.md", doc, title=args.title)
+    print((out_dir / "report.md").read_text(encoding="utf-8"))
+    print(f"wrote {out_dir}/bench.json, report.md" + "".join(f", {p}" for p in doc["plots"]))
+    total_ok = sum(s["ok"] for s in summaries)
+    if total_ok == 0 or (args.strict and errors):
+        for s in summaries:
+            if s["first_error"]:
+                print(f"{s['endpoint']}: first error: {s['first_error']}", file=sys.stderr)
+        return 1
+    return 0

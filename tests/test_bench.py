@@ -1,0 +1,159 @@
+"""``rerank-gateway bench`` against real servers on loopback: the gateway (static engine) and the
+minimal Cohere-compatible stub of ``benchmarks.stub_upstream``; plus the workload generator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.bench.workload import LengthSpec, WorkloadSpec, build_workload, load_token_counter
+from tests.conftest import ROOT, free_port
+
+STATIC = """
+[logging]
+level = "WARNING"
+[[models]]
+name = "static"
+engine = "static"
+"""
+
+
+def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "bench", *args, "--no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def stub_url() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(port)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "stub upstream did not start"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_length_spec_parses_fixed_and_ranges() -> None:
+    assert LengthSpec.parse("100") == LengthSpec(100, 100)
+    assert LengthSpec.parse("50-150") == LengthSpec(50, 150)
+    for bad in ("0", "9-3", "abc", "1-"):
+        with pytest.raises(ValueError):
+            LengthSpec.parse(bad)
+
+
+def test_workload_is_deterministic_with_duplicates_and_word_lengths() -> None:
+    spec = WorkloadSpec(requests=3, documents=20, doc_tokens="5-9", query_tokens="4", duplicate_share=0.25,
+                        top_n=5, instruction="find it", model="m", seed=7)
+    a, b = build_workload(spec), build_workload(spec)
+    assert [r.body for r in a] == [r.body for r in b]
+    body = json.loads(a[0].body)
+    assert body["model"] == "m" and body["top_n"] == 5 and body["instruction"] == "find it"
+    assert len(body["documents"]) == 20 and len(set(body["documents"])) == a[0].unique_documents == 15
+    assert all(5 <= len(d.split()) <= 9 for d in body["documents"])
+    assert a[0].query_tokens == 4 and a[0].content_tokens == 4 * 20 + a[0].doc_tokens
+    assert a[0].expected_results == 5
+    assert build_workload(WorkloadSpec(requests=1, seed=8))[0].body != build_workload(WorkloadSpec(requests=1))[0].body
+
+
+def test_exact_token_lengths_with_the_model_tokenizer(tiny_qwen3_dir: Path) -> None:
+    counter = load_token_counter(str(tiny_qwen3_dir))
+    reqs = build_workload(WorkloadSpec(requests=2, documents=30, doc_tokens="20-40", query_tokens="6"), counter)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tiny_qwen3_dir / "tokenizer.json"))
+    for r in reqs:
+        docs = json.loads(r.body)["documents"]
+        lengths = [len(tok.encode(f" {d}", add_special_tokens=False).ids) for d in docs]
+        # Cut at a token boundary: re-encoding may merge across the cut by a token at most.
+        assert all(19 <= n <= 40 for n in lengths), lengths
+        assert r.doc_tokens == sum(lengths)
+
+
+@pytest.mark.slow
+def test_bench_sweeps_the_gateway_and_writes_reports(gateway_server, tmp_path: Path) -> None:
+    server = gateway_server(STATIC)
+    out = tmp_path / "sweep"
+    proc = bench(f"{server.url}/v1/rerank", "--model", "static", "--requests", "12", "--concurrency", "1,3",
+                 "--documents", "10", "--duplicates", "0.2", "--top-n", "3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "bench.json").read_text())
+    assert [(s["concurrency"], s["requests"], s["ok"]) for s in doc["summaries"]] == [(1, 12, 12), (3, 12, 12)]
+    for s in doc["summaries"]:
+        assert s["errors"] == {} and s["docs_per_s"] == pytest.approx(10 * s["req_per_s"])
+        assert 0 < s["latency_ms"]["p50"] <= s["latency_ms"]["p99"] <= s["latency_ms"]["max"]
+        # The gateway reports its token count; the bench turns it into a rate.
+        assert s["server_tokens_per_s"] > 0
+    assert "8.0 unique documents per request" in doc["measured"]
+    report = (out / "report.md").read_text()
+    assert "| endpoint | load |" in report and "3 clients" in report
+    for png in ("latency_cdf.png", "throughput.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_compare_alternates_two_endpoints_and_reports_ratios(gateway_server, stub_url: str, tmp_path: Path) -> None:
+    server = gateway_server(STATIC)
+    out = tmp_path / "cmp"
+    proc = bench(server.url, "--model", "static", "--compare", stub_url, "--label", "gw", "--compare-label", "stub",
+                 "--requests", "10", "--concurrency", "2", "--documents", "5", "--no-plot", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "bench.json").read_text())
+    assert [(s["endpoint"], s["ok"]) for s in doc["summaries"]] == [("gw", 10), ("stub", 10)]
+    (cmp,) = doc["comparisons"]
+    assert (cmp["a"], cmp["b"], cmp["round_size"]) == ("gw", "stub", 2)
+    assert cmp["ratios"]["req_per_s"] > 0
+    assert "**gw / stub**" in (out / "report.md").read_text()
+    # Rounds interleave: each endpoint's samples span the whole run, not one half of it.
+    lat = {s["endpoint"]: s for s in doc["summaries"]}
+    assert lat["gw"]["wall_s"] > 0 and lat["stub"]["wall_s"] > 0
+
+
+@pytest.mark.slow
+def test_open_loop_keeps_the_schedule(stub_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "open"
+    proc = bench(stub_url, "--rate", "40", "--requests", "9", "--documents", "3", "--warmup", "0",
+                 "--no-plot", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (s,) = json.loads((out / "bench.json").read_text())["summaries"]
+    assert (s["mode"], s["rate"], s["ok"]) == ("open", 40.0, 9)
+    assert s["wall_s"] >= 8 / 40  # the last request is scheduled 0.2 s after the first
+
+
+@pytest.mark.slow
+def test_errors_are_counted_by_status_and_fail_the_run(gateway_server, tmp_path: Path) -> None:
+    server = gateway_server(STATIC)
+    out = tmp_path / "err"
+    proc = bench(server.url, "--model", "no-such-model", "--requests", "4", "--documents", "2", "--warmup", "0",
+                 "--no-plot", "--out", str(out))
+    assert proc.returncode == 1
+    (s,) = json.loads((out / "bench.json").read_text())["summaries"]
+    assert s["ok"] == 0 and s["errors"] == {"404": 4}
+    assert "no-such-model" in proc.stderr  # the first error's body is shown
+
+
+def test_bad_arguments_exit_2(tmp_path: Path) -> None:
+    proc = bench("not-a-url", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "not an http(s) URL" in proc.stderr
