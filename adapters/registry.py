@@ -10,7 +10,12 @@ import importlib
 from typing import Final
 
 from adapters.base import RerankEngine
-from schemas.config import EngineConfig, StaticEngineConfig, TransformersEngineConfig
+from schemas.config import (
+    DashScopeEngineConfig,
+    EngineConfig,
+    StaticEngineConfig,
+    TransformersEngineConfig,
+)
 
 __all__ = ("MissingExtraError", "build_engine", "registered_kinds")
 
@@ -18,6 +23,8 @@ __all__ = ("MissingExtraError", "build_engine", "registered_kinds")
 _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
     TransformersEngineConfig: ("adapters.transformers_qwen3:TransformersQwen3Engine", "transformers"),
     StaticEngineConfig: ("adapters.static:StaticEngine", None),
+    # httpx is a core dependency; tenacity too (retry policy).
+    DashScopeEngineConfig: ("adapters.dashscope:DashScopeEngine", None),
 }
 
 

@@ -1,0 +1,272 @@
+"""Alibaba DashScope text rerank as an engine: the native and the compatible endpoint.
+
+The gateway asks for every score (``top_n`` = all, no documents echoed) and orders, cuts and
+echoes itself, so a DashScope model answers exactly like a local one. A request over the
+model's limits (documents per call, tokens per request) is split into several upstream calls,
+run a few at a time, and their results are put back at their global positions.
+
+DashScope counts tokens with its own tokenizer, which the gateway does not have. The split is
+planned on :func:`estimate_tokens`, an estimate meant to err high; items over the per-item
+limit are truncated by DashScope (not rejected), so they count at most that limit.
+
+Errors (their envelope is ``{code, message, request_id}``): 400/413 become the client's 422
+with their message; 401/403 are the gateway's own credentials (502, details only in the log);
+429, 5xx and connect errors are retried (backoff with jitter, at least ``Retry-After``) and
+then become 503; a read timeout is 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+
+import httpx
+import msgspec
+import structlog
+
+from adapters.base import EngineError, EngineInputError, EngineUnavailableError, ScoreJob, ScoreResult
+from adapters.http_common import (
+    RetryableUpstreamError,
+    call_with_retries,
+    make_client,
+    map_transport_error,
+    parse_retry_after,
+    resolve_api_key,
+    upstream_message,
+)
+from schemas.config import DashScopeEngineConfig
+
+__all__ = ("COMPATIBLE_PATH", "NATIVE_PATH", "DashScopeEngine", "estimate_tokens", "plan_calls")
+
+NATIVE_PATH = "/api/v1/services/rerank/text-rerank/text-rerank"
+# Plural "reranks" under compatible-api; /compatible-mode/v1/reranks does not exist.
+COMPATIBLE_PATH = "/compatible-api/v1/reranks"
+
+log = structlog.get_logger("adapters.dashscope")
+_encoder = msgspec.json.Encoder()
+_DROP_DIGITS = str.maketrans("", "", "0123456789")
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens DashScope will probably count for ``text``, erring high.
+
+    Qwen-family BPE averages ~4 bytes per token in English and ~1 token per CJK character
+    (3 UTF-8 bytes), so bytes / 3 overestimates both; digits are one token each, so they
+    count fully.
+    """
+    digits = len(text) - len(text.translate(_DROP_DIGITS))
+    return math.ceil(len(text.encode("utf-8")) / 3) + math.ceil(2 * digits / 3)
+
+
+def plan_calls(
+    query_tokens: int, item_tokens: Sequence[int], *, max_items: int, max_request_tokens: int
+) -> list[tuple[int, int]]:
+    """Consecutive ``[start, end)`` ranges, each within the item and request-token limits.
+
+    DashScope counts a request as query tokens x documents + document tokens. An item that
+    alone exceeds the request limit still gets a call of its own (the upstream truncates it).
+    """
+    calls: list[tuple[int, int]] = []
+    start, used = 0, 0
+    for i, tokens in enumerate(item_tokens):
+        cost = query_tokens + tokens
+        if i > start and (i - start >= max_items or used + cost > max_request_tokens):
+            calls.append((start, i))
+            start, used = i, 0
+        used += cost
+    calls.append((start, len(item_tokens)))
+    return calls
+
+
+class _Result(msgspec.Struct):
+    index: int
+    relevance_score: float
+
+
+class _Usage(msgspec.Struct):
+    # The docs and SDK disagree on the key: read all three.
+    total_tokens: int | None = None
+    input_tokens: int | None = None
+    prompt_tokens: int | None = None
+
+    def tokens(self) -> int | None:
+        for value in (self.total_tokens, self.input_tokens, self.prompt_tokens):
+            if value is not None:
+                return value
+        return None
+
+
+class _NativeOutput(msgspec.Struct):
+    results: list[_Result]
+
+
+class _NativeResponse(msgspec.Struct):
+    output: _NativeOutput
+    usage: _Usage | None = None
+
+
+class _CompatibleResponse(msgspec.Struct):
+    results: list[_Result]
+    usage: _Usage | None = None
+
+
+_native_decoder = msgspec.json.Decoder(_NativeResponse)
+_compatible_decoder = msgspec.json.Decoder(_CompatibleResponse)
+
+
+class DashScopeEngine:
+    """:class:`adapters.base.RerankEngine` calling DashScope's text rerank API."""
+
+    tokenizer = None
+
+    def __init__(self, config: DashScopeEngineConfig) -> None:
+        self._config = config
+        self._client: httpx.AsyncClient | None = None
+        self._path = NATIVE_PATH if config.endpoint == "native" else COMPATIBLE_PATH
+        self._upstream = f"DashScope ({config.endpoint} endpoint, model {config.model})"
+
+    async def start(self) -> None:
+        cfg = self._config
+        key = resolve_api_key(cfg.api_key, cfg.api_key_env)
+        if key is None:
+            where = f"the environment variable {cfg.api_key_env}" if cfg.api_key_env else "api_key_env"
+            raise RuntimeError(f"no DashScope API key: set api_key or {where}")
+        headers = {"Authorization": f"Bearer {key}", "Accept": "application/json"}
+        if cfg.workspace:
+            headers["X-DashScope-WorkSpace"] = cfg.workspace
+        self._client = make_client(
+            base_url=cfg.base_url.rstrip("/"),
+            headers=headers,
+            connect_timeout_s=cfg.connect_timeout_s,
+            read_timeout_s=cfg.read_timeout_s,
+            max_connections=cfg.max_connections,
+        )
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def check_health(self) -> None:
+        # Probing DashScope would cost quota on every /ready poll; upstream failures surface per
+        # request as 502/503 instead.
+        if self._client is None:
+            raise EngineUnavailableError("the DashScope client is not started")
+
+    async def score(self, job: ScoreJob) -> ScoreResult:
+        client = self._client
+        if client is None:
+            raise EngineUnavailableError("the DashScope client is not started")
+        cfg = self._config
+        deadline = time.monotonic() + cfg.timeout_s
+        cap = min(cfg.max_tokens_per_item, job.max_tokens_per_doc or cfg.max_tokens_per_item)
+        query_tokens = min(estimate_tokens(job.query), cfg.max_tokens_per_item)
+        item_tokens = [min(estimate_tokens(t), cap) for t in job.texts]
+        calls = plan_calls(
+            query_tokens,
+            item_tokens,
+            max_items=cfg.max_documents_per_call,
+            max_request_tokens=cfg.max_tokens_per_request,
+        )
+        limiter = asyncio.Semaphore(cfg.max_parallel_calls)
+
+        async def run(start: int, end: int) -> tuple[list[float], int]:
+            async with limiter:
+                budget = deadline - time.monotonic()
+                scores, tokens = await call_with_retries(
+                    lambda: self._call(client, job, job.texts[start:end]),
+                    retries=cfg.retries,
+                    initial_s=cfg.backoff_initial_s,
+                    max_s=cfg.backoff_max_s,
+                    budget_s=max(0.0, budget),
+                )
+            if tokens is None:
+                tokens = query_tokens * (end - start) + sum(item_tokens[start:end])
+            return scores, tokens
+
+        parts = await asyncio.gather(*(run(s, e) for s, e in calls))
+        scores = [score for part, _ in parts for score in part]
+        return ScoreResult(scores=scores, input_tokens=sum(tokens for _, tokens in parts))
+
+    def _body(self, job: ScoreJob, texts: Sequence[str]) -> bytes:
+        cfg = self._config
+        # Ask for all scores and no documents: ordering, top_n and echo are the gateway's job.
+        if cfg.endpoint == "native":
+            parameters: dict[str, object] = {"top_n": len(texts), "return_documents": False}
+            if job.instruction:
+                parameters["instruct"] = job.instruction
+            body: dict[str, object] = {
+                "model": cfg.model,
+                "input": {"query": job.query, "documents": list(texts)},
+                "parameters": parameters,
+            }
+        else:
+            body = {"model": cfg.model, "query": job.query, "documents": list(texts), "top_n": len(texts)}
+            if job.instruction:
+                body["instruct"] = job.instruction
+        return _encoder.encode(body)
+
+    async def _call(
+        self, client: httpx.AsyncClient, job: ScoreJob, texts: Sequence[str]
+    ) -> tuple[list[float], int | None]:
+        try:
+            response = await client.post(
+                self._path, content=self._body(job, texts), headers={"Content-Type": "application/json"}
+            )
+        except httpx.TransportError as exc:
+            raise map_transport_error(exc, self._upstream) from None
+        if response.status_code == 200:
+            return self._parse(response.content, len(texts))
+        raise self._status_error(response)
+
+    def _parse(self, body: bytes, size: int) -> tuple[list[float], int | None]:
+        try:
+            if self._config.endpoint == "native":
+                native = _native_decoder.decode(body)
+                results, usage = native.output.results, native.usage
+            else:
+                compatible = _compatible_decoder.decode(body)
+                results, usage = compatible.results, compatible.usage
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.error("dashscope_malformed_response", model=self._config.name, error=str(exc)[:300])
+            raise EngineError(f"{self._upstream} returned a malformed response: {exc}") from None
+        scores = [math.nan] * size
+        for result in results:
+            if 0 <= result.index < size:
+                scores[result.index] = result.relevance_score
+        if len(results) != size or any(math.isnan(s) for s in scores):
+            raise EngineError(f"{self._upstream} returned {len(results)} results for {size} documents")
+        return scores, usage.tokens() if usage is not None else None
+
+    def _status_error(self, response: httpx.Response) -> EngineError:
+        status = response.status_code
+        message, code = upstream_message(response.content, f"HTTP {status}")
+        request_id = _request_id(response.content)
+        fields = {"model": self._config.name, "status": status, "code": code, "request_id": request_id}
+        if status in (400, 413):
+            log.info("dashscope_rejected_input", **fields, message=message)
+            return EngineInputError(f"DashScope rejected the request ({code or status}): {message}")
+        if status in (401, 403):
+            # Our key, not the client's: the client sees a generic 502, operators see this line.
+            log.error("dashscope_auth_failed", **fields, message=message)
+            return EngineError(f"{self._upstream} refused the gateway's credentials ({code or status})")
+        if status in (408, 429) or status >= 500:
+            log.warning("dashscope_retryable_error", **fields, message=message)
+            wait = parse_retry_after(response.headers.get("retry-after"))
+            reason = f"HTTP {status} {code}" if code else f"HTTP {status}"
+            return RetryableUpstreamError(f"DashScope is unavailable or rate limited ({reason}); retry later", wait_hint=wait)
+        log.error("dashscope_unexpected_status", **fields, message=message)
+        return EngineError(f"{self._upstream} answered HTTP {status} ({code}): {message}")
+
+
+class _RequestId(msgspec.Struct):
+    request_id: str | None = None
+
+
+def _request_id(body: bytes) -> str | None:
+    try:
+        return msgspec.json.decode(body, type=_RequestId).request_id
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None

@@ -1,0 +1,177 @@
+"""What every HTTP upstream engine shares: the pooled client, error mapping and retry policy.
+
+- One ``httpx.AsyncClient`` per engine, kept for the engine's life: keep-alive connections
+  are reused across requests (a TLS handshake to DashScope costs more than a small rerank).
+- Transport failures and upstream statuses become :mod:`adapters.base` errors here, once, so the
+  gateway's single error table gives every upstream the same client-facing statuses.
+- Retries use tenacity: exponential backoff with jitter, at least the upstream's
+  ``Retry-After``, and never past the request's total time budget (a retry that could not
+  finish in time is not started: the client gets 503 + Retry-After instead of a late 504).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import httpx
+import msgspec
+import tenacity
+
+from adapters.base import EngineError, EngineOverloadedError, EngineTimeoutError, EngineUnavailableError
+
+__all__ = (
+    "RetryableUpstreamError",
+    "call_with_retries",
+    "make_client",
+    "map_transport_error",
+    "parse_retry_after",
+    "resolve_api_key",
+    "upstream_message",
+)
+
+T = TypeVar("T")
+
+# Upstream error text is shown to clients (422) and logged: keep it to one bounded line.
+_MAX_MESSAGE = 500
+
+
+class RetryableUpstreamError(EngineUnavailableError):
+    """A call failed in a way worth retrying (429, 5xx, connect error); 503 if retries run out."""
+
+    def __init__(self, message: str, *, wait_hint: float | None = None) -> None:
+        super().__init__(message, retry_after=max(1, math.ceil(wait_hint or 1)))
+        # Seconds the upstream asked us to wait (Retry-After), if it said.
+        self.wait_hint = wait_hint
+
+
+def make_client(
+    *,
+    connect_timeout_s: float,
+    read_timeout_s: float,
+    max_connections: int,
+    base_url: str = "",
+    headers: dict[str, str] | None = None,
+) -> httpx.AsyncClient:
+    """A keep-alive client with the model's timeouts (the total is enforced by the caller)."""
+    return httpx.AsyncClient(
+        base_url=base_url,
+        headers=headers,
+        # pool: how long a call may wait for a free connection; a full pool is an overload.
+        timeout=httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s),
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        follow_redirects=False,
+    )
+
+
+def resolve_api_key(api_key: str | None, api_key_env: str | None) -> str | None:
+    """The configured key, else the named environment variable's value (None if neither)."""
+    if api_key:
+        return api_key
+    if api_key_env:
+        return os.environ.get(api_key_env) or None
+    return None
+
+
+def map_transport_error(exc: httpx.TransportError, upstream: str) -> EngineError:
+    """The adapters.base error for a failed HTTP exchange (the message never holds secrets)."""
+    kind = type(exc).__name__
+    if isinstance(exc, httpx.PoolTimeout):
+        # Our own connection pool is full: the gateway is overloaded, the upstream is not at fault.
+        return EngineOverloadedError(f"no free connection to {upstream} ({kind})", retry_after=1)
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        # Nothing reached the upstream: safe to retry, here or on another replica.
+        return RetryableUpstreamError(f"{upstream} is unreachable ({kind})")
+    if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
+        # The connection broke (a replica going down, a stale keep-alive connection). Scoring
+        # has no side effects, so sending the request again is safe.
+        return RetryableUpstreamError(f"{upstream} dropped the connection ({kind})")
+    if isinstance(exc, httpx.TimeoutException):
+        return EngineTimeoutError(f"{upstream} did not answer in time ({kind})")
+    return EngineError(f"{upstream} call failed ({kind})")
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), None if absent/invalid."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+class _AnyError(msgspec.Struct):
+    # DashScope: code/message (or msg); vLLM: error{message} or flat message; TEI: error;
+    # FastAPI (Infinity): detail; Cohere: message.
+    message: Any = None
+    msg: Any = None
+    error: Any = None
+    detail: Any = None
+    code: Any = None
+
+
+def upstream_message(body: bytes, fallback: str) -> tuple[str, str | None]:
+    """(message, code) from an upstream error body in any of the common envelopes."""
+    try:
+        err = msgspec.json.decode(body, type=_AnyError)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        text = body.decode("utf-8", "replace").strip()
+        return (text[:_MAX_MESSAGE] or fallback), None
+    nested = err.error if isinstance(err.error, dict) else {}
+    for candidate in (err.message, err.msg, nested.get("message"), err.error, err.detail):
+        if isinstance(candidate, str) and candidate:
+            code = err.code if isinstance(err.code, str) else nested.get("type")
+            return candidate[:_MAX_MESSAGE], code if isinstance(code, str) else None
+        if isinstance(candidate, list) and candidate:  # FastAPI validation errors
+            return msgspec.json.encode(candidate).decode()[:_MAX_MESSAGE], None
+    return fallback, None
+
+
+def _wait(initial_s: float, max_s: float) -> Callable[[tenacity.RetryCallState], float]:
+    # initial, 2x, 4x ... capped at max_s, plus up to `initial_s` of jitter so that clients
+    # throttled together do not retry together.
+    backoff = tenacity.wait_exponential(multiplier=initial_s, max=max_s) + tenacity.wait_random(0, initial_s)
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        hint = getattr(exc, "wait_hint", None)
+        # The upstream's Retry-After is a floor: retrying earlier only earns another 429.
+        return max(backoff(state), hint or 0.0)
+
+    return wait
+
+
+async def call_with_retries(
+    call: Callable[[], Awaitable[T]],
+    *,
+    retries: int,
+    initial_s: float,
+    max_s: float,
+    budget_s: float,
+) -> T:
+    """Run ``call``; on :class:`RetryableUpstreamError` retry up to ``retries`` times.
+
+    A retry whose wait would end after ``budget_s`` (from the first attempt) is not made;
+    the last error is raised as it is (503 with the upstream's Retry-After).
+    """
+    retrying = tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_attempt(retries + 1) | tenacity.stop_before_delay(budget_s),
+        wait=_wait(initial_s, max_s),
+        retry=tenacity.retry_if_exception_type(RetryableUpstreamError),
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            return await call()
+    raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
