@@ -15,8 +15,10 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from gateway import __version__
+from gateway.access import AccessControl, AccessMiddleware
 from gateway.errors import exception_handlers
 from gateway.logging import configure_logging
+from gateway.metrics import metrics_endpoint
 from gateway.middleware import request_context
 from gateway.models import ModelRegistry
 from gateway.routes import ROUTES
@@ -48,17 +50,21 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     if configure_logs:
         configure_logging(settings.logging.level, fmt=settings.logging.format)
     registry = ModelRegistry(settings)
+    access = AccessControl(settings)  # API keys, per-key limits, usage metrics
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         registry.start()
+        await access.start()
         try:
             yield
         finally:
+            await access.stop()
             await registry.stop()
 
     app = GatewayApp(
-        route_handlers=ROUTES,
+        route_handlers=[*ROUTES, metrics_endpoint],
+        middleware=[AccessMiddleware],
         lifespan=[lifespan],
         exception_handlers=exception_handlers(),
         request_max_body_size=settings.limits.max_body_bytes,
@@ -74,5 +80,7 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     )
     app.state.settings = settings
     app.state.registry = registry
+    app.state.access = access
+    app.state.usage_metrics = access.metrics
     app.state.service = RerankService(registry, settings.limits)
     return app

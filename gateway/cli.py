@@ -27,6 +27,9 @@ def _override_server(settings: Settings, host: str | None, port: int | None) -> 
 
 def _serve(args: argparse.Namespace) -> int:
     settings = _override_server(load_settings(args.config), args.host, args.port)
+    from gateway.auth import check_exposure
+
+    check_exposure(settings)  # no keys on a public address: refuse unless auth.open = true
     if settings.server.runner == "granian":
         from granian import Granian  # optional extra `granian`
 
@@ -86,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.bench.command import add_parser as add_bench_parser
 
     add_bench_parser(sub)
+    from gateway.keys_cli import add_parser as add_keys_parser
+
+    add_keys_parser(sub)
     return parser
 
 

@@ -24,6 +24,10 @@ from schemas.rerank import ErrorBody
 
 __all__ = (
     "ERROR_TABLE",
+    "AuthError",
+    "ForbiddenModelError",
+    "RateLimitStoreError",
+    "RateLimitedError",
     "GatewayError",
     "InvalidRequestError",
     "MalformedRequestError",
@@ -67,6 +71,31 @@ class ModelUnavailableError(GatewayError):
         self.headers = {"Retry-After": str(retry_after)}
 
 
+class AuthError(GatewayError):
+    """No API key, or an unknown or expired one (401). The message never quotes the key."""
+
+    headers = {"WWW-Authenticate": 'Bearer realm="rerank-gateway"'}
+
+
+class ForbiddenModelError(GatewayError):
+    """The API key is valid but not allowed to use this model (403)."""
+
+
+class RateLimitedError(GatewayError):
+    """The API key is over one of its limits (429); headers carry Retry-After and X-RateLimit-*."""
+
+    def __init__(self, message: str, *, headers: dict[str, str], limit: str) -> None:
+        super().__init__(message)
+        self.headers = headers
+        self.limit = limit  # "rpm", "tpm" or "max_concurrent": a metrics label
+
+
+class RateLimitStoreError(GatewayError):
+    """The shared rate-limit store (Redis) is unreachable and limits.redis_failure is "closed" (503)."""
+
+    headers = {"Retry-After": "5"}
+
+
 # Most specific class first is not required: lookup walks the exception's MRO.
 ERROR_TABLE: Final[dict[type[Exception], int]] = {
     MalformedRequestError: 400,
@@ -74,6 +103,10 @@ ERROR_TABLE: Final[dict[type[Exception], int]] = {
     UnknownModelError: 404,
     PayloadTooLargeError: 413,
     ModelUnavailableError: 503,
+    AuthError: 401,
+    ForbiddenModelError: 403,
+    RateLimitedError: 429,
+    RateLimitStoreError: 503,
     EngineInputError: 422,
     EngineUnavailableError: 503,
     EngineTimeoutError: 504,

@@ -20,6 +20,7 @@ import anyio.to_thread
 import msgspec
 
 from adapters.base import EngineError, EngineOverloadedError, EngineTimeoutError, PromptTokenizer, ScoreJob
+from gateway.auth import authorize_model, record_usage
 from gateway.errors import InvalidRequestError, PayloadTooLargeError
 from gateway.models import ModelRegistry, ModelRuntime
 from schemas.config import LimitsConfig
@@ -75,6 +76,7 @@ class RerankService:
 
     async def rerank(self, request: RerankRequest, *, api_version: str, request_id: str) -> RerankOutcome:
         runtime = self._registry.get(request.model)
+        authorize_model(runtime.name)  # 403 unless the caller's API key covers this canonical name
         query = request.query if isinstance(request.query, str) else request.query.text
         if not query.strip():
             raise InvalidRequestError("invalid request: query must not be empty or be only whitespace")
@@ -141,6 +143,11 @@ class RerankService:
             ),
             model=runtime.name,
             usage=Usage(total_tokens=result.input_tokens),
+        )
+        record_usage(
+            documents=len(documents),
+            tokens=result.input_tokens,
+            search_units=response.meta.billed_units.search_units,
         )
         return RerankOutcome(
             response=response,

@@ -7,11 +7,14 @@ compares against. Loading (file, env, defaults) lives in ``gateway.settings``.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Literal
 
 import msgspec
 
 __all__ = (
+    "ApiKeyConfig",
+    "AuthConfig",
     "DEFAULT_INSTRUCTION",
     "DEFAULT_MODEL_NAME",
     "DEFAULT_MODEL_PATH",
@@ -59,6 +62,34 @@ class LimitsConfig(_Strict):
     max_documents: Positive = 10_000
     # Cohere caps documents x chunks at 10,000; we cap the chunks actually produced.
     max_total_chunks: Positive = 10_000
+    # Per-key rate limits live in this Redis when set (shared by every replica), else in memory.
+    redis_url: str | None = None
+    # Redis unreachable: "closed" answers 503, "open" falls back to this process's own counters.
+    redis_failure: Literal["open", "closed"] = "closed"
+    redis_timeout_s: PositiveFloat = 0.5
+
+
+KeyId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+KeyHash = Annotated[str, msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class ApiKeyConfig(_Strict):
+    """One API key, stored as the SHA-256 of the key (``rerank-gateway keys create``), never the key."""
+
+    id: KeyId  # shown in logs, metrics and errors instead of the key
+    hash: KeyHash
+    # Canonical model names or globs ("qwen3-*", "*"); aliases are resolved before matching.
+    models: Annotated[tuple[ModelName, ...], msgspec.Meta(min_length=1)]
+    expires_at: datetime | None = None  # without an offset: UTC
+    rpm: Positive | None = None  # requests per minute (moving window)
+    tpm: Positive | None = None  # engine-counted input tokens per minute
+    max_concurrent: Positive | None = None  # requests in flight at once
+
+
+class AuthConfig(_Strict):
+    # Without keys the gateway only serves on loopback unless this is set.
+    open: bool = False
+    keys: tuple[ApiKeyConfig, ...] = ()
 
 
 class ModelConfig(_Strict, tag_field="engine"):
@@ -173,4 +204,5 @@ class Settings(_Strict):
     server: ServerConfig = ServerConfig()
     logging: LoggingConfig = LoggingConfig()
     limits: LimitsConfig = LimitsConfig()
+    auth: AuthConfig = AuthConfig()
     models: tuple[EngineConfig, ...] = ()

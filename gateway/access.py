@@ -1,0 +1,109 @@
+"""Access control around every route but the open ones: API key (401), limits (429), usage.
+
+It is app-level middleware, so a route added later is protected by default; only the paths in
+:data:`OPEN_PATHS` (health, readiness, the OpenAPI schema, the model list and ``/metrics``)
+are served without a key. The model scope (403) needs the request's model, so the service
+checks it through :func:`gateway.auth.authorize_model` once the model is resolved.
+
+Order: authenticate -> admit under the key's limits -> run the handler -> release the
+concurrency slot, charge the tokens the engine counted, count the request in ``/metrics``.
+Failed requests count too (toward rpm, and in the metrics by status).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from litestar import Litestar
+from litestar.datastructures import MutableScopeHeaders
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.auth import KeyStore, RequestAccess, request_access
+from gateway.errors import RateLimitedError, classify
+from gateway.metrics import ANONYMOUS, UNAUTHENTICATED, UsageMetrics
+from gateway.middleware import log_fields
+from gateway.ratelimit import Admission, KeyLimiter
+from schemas.config import Settings
+
+__all__ = ("OPEN_PATHS", "AccessControl", "AccessMiddleware")
+
+OPEN_PATHS: Final = frozenset({"/health", "/ready", "/metrics", "/v1/models", "/models"})
+_OPEN_PREFIXES: Final = ("/schema",)
+
+
+class AccessControl:
+    """The keys, the limiter and the usage counters of one app (``app.state.access``)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.keys = KeyStore(settings.auth.keys)
+        # A Redis lease outlives the longest request, so only a dead replica's slots expire.
+        longest = max((m.timeout_s for m in settings.models), default=60.0)
+        self.limiter = KeyLimiter(settings.limits, lease_s=longest + 60.0)
+        self.metrics = UsageMetrics()
+
+    async def start(self) -> None:
+        await self.limiter.start()
+
+    async def stop(self) -> None:
+        await self.limiter.stop()
+
+
+def _is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(_OPEN_PREFIXES)
+
+
+class AccessMiddleware:
+    """ASGI middleware (Litestar app-level) enforcing :class:`AccessControl` per request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _is_open(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        control: AccessControl = Litestar.from_scope(scope).state.access
+        access = RequestAccess(key=None, label=ANONYMOUS)
+        admission: Admission | None = None
+        status = 500
+
+        async def send_with_limits(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if admission is not None:
+                    headers = MutableScopeHeaders.from_message(message)
+                    used = access.usage.tokens if access.usage else 0
+                    for name, value in admission.headers(tokens_used=used).items():
+                        headers[name] = value
+            await send(message)
+
+        with request_access(access):
+            try:
+                if control.keys.enabled:
+                    access.label = UNAUTHENTICATED
+                    key = control.keys.authenticate(scope["headers"])
+                    access.key, access.label = key, key.id
+                    log_fields()["key_id"] = key.id
+                    admission = await control.limiter.admit(key)
+                await self.app(scope, receive, send_with_limits)
+            except Exception as exc:
+                # Raised before the handler ran (401, 429, 503): Litestar's outer handler answers.
+                status = classify(exc)
+                if isinstance(exc, RateLimitedError):
+                    control.metrics.record_rate_limited(access.label, exc.limit)
+                    log_fields()["rate_limited"] = exc.limit
+                raise
+            finally:
+                usage = access.usage
+                if admission is not None:
+                    await control.limiter.finish(admission, usage.tokens if usage else 0)
+                control.metrics.record_request(access.label, access.model, status)
+                if usage is not None and access.model is not None:
+                    control.metrics.record_usage(
+                        access.label,
+                        access.model,
+                        documents=usage.documents,
+                        tokens=usage.tokens,
+                        search_units=usage.search_units,
+                    )

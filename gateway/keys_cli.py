@@ -1,0 +1,124 @@
+"""``rerank-gateway keys``: make API keys and the config entries that hold only their hashes.
+
+``keys create`` prints the new key once (first line of stdout) and the ``[[auth.keys]]`` entry
+to paste into the config; the gateway never sees or stores the key itself. ``keys hash`` reads
+an existing key from stdin (not from argv, which other users can see in ``ps``) and prints its
+hash, for keys made elsewhere or to find which entry a key belongs to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime, timedelta
+
+__all__ = ("add_parser", "format_entry")
+
+
+def _json_str(text: str) -> str:
+    # A JSON string is a valid TOML basic string (same quotes and escapes).
+    import msgspec
+
+    return msgspec.json.encode(text).decode()
+
+
+def format_entry(entry: dict[str, object]) -> str:
+    """The ``[[auth.keys]]`` TOML block of one validated key entry."""
+    lines = ["[[auth.keys]]"]
+    for name, value in entry.items():
+        if value is None:
+            continue
+        if isinstance(value, str):
+            text = _json_str(value)
+        elif isinstance(value, datetime):
+            text = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        elif isinstance(value, list | tuple):
+            text = "[" + ", ".join(_json_str(v) for v in value) + "]"
+        else:
+            text = str(value)
+        lines.append(f"{name} = {text}")
+    return "\n".join(lines) + "\n"
+
+
+def _models(values: list[str]) -> list[str]:
+    # Accept both `--models a b` and `--models a,b`.
+    return [m.strip() for v in values for m in v.split(",") if m.strip()]
+
+
+def _create(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from gateway.auth import generate_key, hash_key
+    from gateway.settings import ConfigError
+    from schemas.config import ApiKeyConfig
+
+    expires_at: datetime | None = None
+    if args.expires_at:
+        try:
+            expires_at = datetime.fromisoformat(args.expires_at)
+        except ValueError:
+            raise ConfigError(f"--expires-at: not an ISO 8601 date/time: {args.expires_at!r}") from None
+        if expires_at.tzinfo is None:
+            expires_at = expires_at.replace(tzinfo=UTC)
+    elif args.expires_in_days:
+        expires_at = (datetime.now(UTC) + timedelta(days=args.expires_in_days)).replace(microsecond=0)
+    key = generate_key()
+    entry: dict[str, object] = {
+        "id": args.name,
+        "hash": hash_key(key),
+        "models": _models(args.models),
+        "expires_at": expires_at,
+        "rpm": args.rpm,
+        "tpm": args.tpm,
+        "max_concurrent": args.max_concurrent,
+    }
+    try:  # the same validation the gateway applies when it reads the entry
+        msgspec.convert({k: v for k, v in entry.items() if v is not None}, ApiKeyConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid key entry: {exc}") from None
+    print(
+        "New API key below, shown only this once: store it in your secret manager. "
+        "Only its hash goes into the gateway config.",
+        file=sys.stderr,
+    )
+    print(key)
+    print()
+    print(format_entry(entry), end="")
+    return 0
+
+
+def _hash(args: argparse.Namespace) -> int:
+    from gateway.auth import hash_key
+
+    key = sys.stdin.readline().strip()
+    if not key:
+        print("rerank-gateway: keys hash: no key on stdin", file=sys.stderr)
+        return 2
+    print(hash_key(key))
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    keys = sub.add_parser("keys", help="create API keys and hash them for the config")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="print a new random key once, and its [[auth.keys]] entry")
+    create.add_argument("--name", "--id", required=True, help="key id shown in logs and metrics (not secret)")
+    create.add_argument(
+        "--models", nargs="+", required=True, help="canonical model names or globs it may use ('*' for all)"
+    )
+    create.add_argument("--rpm", type=_positive, help="requests per minute")
+    create.add_argument("--tpm", type=_positive, help="input tokens per minute, as the engine counts them")
+    create.add_argument("--max-concurrent", type=_positive, help="requests in flight at once")
+    expiry = create.add_mutually_exclusive_group()
+    expiry.add_argument("--expires-at", help="ISO 8601 date/time (UTC if no offset)")
+    expiry.add_argument("--expires-in-days", type=_positive)
+    create.set_defaults(func=_create)
+    hash_cmd = keys_sub.add_parser("hash", help="read a key on stdin and print its sha256:<hex> config hash")
+    hash_cmd.set_defaults(func=_hash)

@@ -1,0 +1,82 @@
+"""Usage accounting per API key and model, exposed on ``/metrics`` in the Prometheus format.
+
+Each app has its own :class:`prometheus_client.CollectorRegistry` (not the global one), so
+several apps in one process (tests) do not share counters. Labels carry the key's ``id`` from
+the config, never the key or its hash; requests without a valid key are ``key="unauthenticated"``
+and requests to a gateway without keys ``key="anonymous"``. ``model`` is the canonical model
+name (aliases resolved), or ``"-"`` when the request failed before a model was resolved.
+
+``/metrics`` needs no key (Prometheus scrapers rarely hold one); it shows key ids and model
+names, no secrets. Keep it off the public network at the load balancer if ids are sensitive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, get
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+
+__all__ = ("ANONYMOUS", "NO_MODEL", "UNAUTHENTICATED", "UsageMetrics", "metrics_endpoint")
+
+ANONYMOUS = "anonymous"
+UNAUTHENTICATED = "unauthenticated"
+NO_MODEL = "-"
+
+
+class UsageMetrics:
+    """Counters per key id x model: requests by status, documents, tokens, search units."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._requests = Counter(
+            "rerank_requests",
+            "Rerank requests by API key id, canonical model and HTTP status (failed ones included).",
+            ("key", "model", "status"),
+            registry=self.registry,
+        )
+        self._documents = Counter(
+            "rerank_documents",
+            "Documents in successful rerank requests.",
+            ("key", "model"),
+            registry=self.registry,
+        )
+        self._tokens = Counter(
+            "rerank_tokens",
+            "Input tokens as the engine counts them (query tokens x documents + document tokens); these are what tpm limits.",
+            ("key", "model"),
+            registry=self.registry,
+        )
+        self._search_units = Counter(
+            "rerank_search_units",
+            "Billed search units (Cohere's: one per 100 scored items, at least one per request).",
+            ("key", "model"),
+            registry=self.registry,
+        )
+        self._rate_limited = Counter(
+            "rerank_rate_limited",
+            "Requests refused with 429, by API key id and the limit that refused them.",
+            ("key", "limit"),
+            registry=self.registry,
+        )
+
+    def record_request(self, key: str, model: str | None, status: int) -> None:
+        self._requests.labels(key, model or NO_MODEL, str(status)).inc()
+
+    def record_usage(self, key: str, model: str, *, documents: int, tokens: int, search_units: int) -> None:
+        self._documents.labels(key, model).inc(documents)
+        self._tokens.labels(key, model).inc(tokens)
+        self._search_units.labels(key, model).inc(search_units)
+
+    def record_rate_limited(self, key: str, limit: str) -> None:
+        self._rate_limited.labels(key, limit).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+@get("/metrics", tags=["metrics"], include_in_schema=False, sync_to_thread=False)
+def metrics_endpoint(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Prometheus text exposition of the usage counters."""
+    metrics: UsageMetrics = request.app.state.usage_metrics
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
