@@ -180,7 +180,9 @@ class _Backend:
             if key.tpm is not None:
                 item = RateLimitItemPerMinute(key.tpm)
                 stats = await self._fixed.get_window_stats(item, key.id)
-                admission.tokens = _window(key.tpm, stats.remaining, stats.reset_time)
+                # An unused window does not exist yet: it opens, for 60 s, with the first charge.
+                reset_at = stats.reset_time if stats.remaining < key.tpm else time.time() + 60
+                admission.tokens = _window(key.tpm, stats.remaining, reset_at)
                 if stats.remaining <= 0:
                     raise _refused(
                         f"API key '{key.id}' used its {key.tpm} tokens per minute; "

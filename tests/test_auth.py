@@ -200,6 +200,7 @@ def test_tpm_admits_while_budget_is_left_and_charges_engine_tokens(client):
     assert resp.headers["x-ratelimit-limit-tokens"] == "10"
     assert resp.headers["x-ratelimit-remaining-tokens"] == "3"
     assert resp.headers["x-ratelimit-limit"] == "10"  # no rpm: the plain headers are the token window
+    assert 55 <= int(resp.headers["x-ratelimit-reset-tokens"]) <= 60
     # 3 tokens left: admitted, and its 7 tokens are charged in full (overshoot included).
     assert client.post("/v1/rerank", json=body(docs=docs), headers=bearer("tpm")).status_code == 200
     resp = client.post("/v1/rerank", json=body(docs=("x",)), headers=bearer("tpm"))
