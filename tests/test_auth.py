@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
@@ -220,16 +221,20 @@ def test_max_concurrent_is_429_while_a_request_runs(client):
     assert call(0).status_code == 200
 
 
+def wait_in_flight(get, model: str) -> None:
+    """Until ``model`` has a request in flight (per /ready), so the key's slot is surely taken."""
+    deadline = time.monotonic() + 10
+    while not any(m["name"] == model and m["in_flight"] for m in get("/ready").json()["models"]):
+        assert time.monotonic() < deadline, f"no request of {model!r} in flight"
+        time.sleep(0.01)
+
+
 def test_max_concurrent_429_headers(client):
-    with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(client.post, "/v1/rerank", json=body("slow"), headers=bearer("conc"))
-        responses = []
-        while not first.done():
-            responses.append(client.post("/v1/rerank", json=body("team-small"), headers=bearer("conc")))
-            if responses[-1].status_code == 429:
-                break
-        assert first.result().status_code == 200
-    refused = responses[-1]
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(client.post, "/v1/rerank", json=body("slow"), headers=bearer("conc"))
+        wait_in_flight(client.get, "slow")
+        refused = client.post("/v1/rerank", json=body("team-small"), headers=bearer("conc"))
+        assert running.result().status_code == 200
     data = assert_error(refused, 429)
     assert "max_concurrent" in data["message"]
     assert refused.headers["retry-after"] == "1" and refused.headers["x-ratelimit-limit"] == "1"

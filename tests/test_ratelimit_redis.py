@@ -26,6 +26,7 @@ from gateway.app import create_app
 from gateway.auth import generate_key, hash_key
 from schemas.config import ApiKeyConfig, AuthConfig, LimitsConfig, Settings, StaticEngineConfig
 from tests.conftest import ServerProcess, free_port
+from tests.test_auth import wait_in_flight
 
 pytestmark = pytest.mark.slow
 
@@ -146,15 +147,10 @@ def test_max_concurrent_is_shared_across_replicas(replicas):
     headers = {"Authorization": f"bearer {KEYS['conc']}"}
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(httpx.post, f"{a}/v1/rerank", json=_body("slow"), headers=headers, timeout=30)
-        refused = None
-        while not running.done():
-            resp = httpx.post(f"{b}/v1/rerank", json=_body(), headers=headers)
-            if resp.status_code == 429:
-                refused = resp
-                break
-            time.sleep(0.02)
+        wait_in_flight(lambda path: httpx.get(f"{a}{path}"), "slow")  # replica A holds the key's one slot
+        refused = httpx.post(f"{b}/v1/rerank", json=_body(), headers=headers)
         assert running.result().status_code == 200
-    assert refused is not None, "the second replica never saw the first one's request in flight"
+    assert refused.status_code == 429, refused.text
     assert "max_concurrent" in refused.json()["message"] and refused.headers["retry-after"] == "1"
     # The lease was released in Redis: the other replica admits the key again.
     assert httpx.post(f"{b}/v1/rerank", json=_body(), headers=headers).status_code == 200
