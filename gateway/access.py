@@ -65,7 +65,7 @@ class AccessMiddleware:
         control: AccessControl = Litestar.from_scope(scope).state.access
         access = RequestAccess(key=None, label=ANONYMOUS)
         admission: Admission | None = None
-        status = 500
+        status: int | None = None  # set when the response starts
 
         async def send_with_limits(message: Message) -> None:
             nonlocal status
@@ -89,7 +89,8 @@ class AccessMiddleware:
                 await self.app(scope, receive, send_with_limits)
             except Exception as exc:
                 # Raised before the handler ran (401, 429, 503): Litestar's outer handler answers.
-                status = classify(exc)
+                if status is None:
+                    status = classify(exc)
                 if isinstance(exc, RateLimitedError):
                     control.metrics.record_rate_limited(access.label, exc.limit)
                     log_fields()["rate_limited"] = exc.limit
@@ -98,7 +99,8 @@ class AccessMiddleware:
                 usage = access.usage
                 if admission is not None:
                     await control.limiter.finish(admission, usage.tokens if usage else 0)
-                control.metrics.record_request(access.label, access.model, status)
+                # No status: the client went away before any response (cancelled), counted as 499.
+                control.metrics.record_request(access.label, access.model, status or 499)
                 if usage is not None and access.model is not None:
                     control.metrics.record_usage(
                         access.label,
