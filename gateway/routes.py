@@ -48,12 +48,19 @@ async def _rerank(request: Request[Any, Any, Any], data: RerankRequest, version:
     status_code=200,
     summary="Rerank (Cohere v1 / Jina)",
     tags=["rerank"],
+    security=[{"bearer": []}],  # enforced by gateway.access when keys are configured
 )
 async def rerank_v1(request: Request[Any, Any, Any], data: JSONBody[RerankRequest]) -> Response[RerankResponse]:
     return await _rerank(request, data, "1")
 
 
-@post(["/v2/rerank", "/v1/v2/rerank"], status_code=200, summary="Rerank (Cohere v2)", tags=["rerank"])
+@post(
+    ["/v2/rerank", "/v1/v2/rerank"],
+    status_code=200,
+    summary="Rerank (Cohere v2)",
+    tags=["rerank"],
+    security=[{"bearer": []}],
+)
 async def rerank_v2(request: Request[Any, Any, Any], data: JSONBody[RerankRequest]) -> Response[RerankResponse]:
     if not data.model:
         raise InvalidRequestError("invalid request: a model parameter is required for this endpoint.")

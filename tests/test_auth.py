@@ -361,3 +361,10 @@ def test_keys_create_end_to_end_and_logs_hold_no_key_material(gateway_server):
     # Not even a fragment long enough to narrow a guess (16 characters = 96 bits of the key).
     for i in range(3, len(key) - 16):
         assert key[i : i + 16] not in logs
+
+
+def test_openapi_declares_bearer_on_rerank_routes_only(client):
+    paths = client.get("/schema/openapi.json").json()["paths"]
+    for path in RERANK_PATHS:
+        assert paths[path]["post"]["security"] == [{"bearer": []}]
+    assert "security" not in paths["/health"]["get"] and "security" not in paths["/v1/models"]["get"]
