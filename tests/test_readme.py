@@ -15,6 +15,7 @@ def test_ci_runs_the_readme_test_command():
     readme = _commands((ROOT / "README.md").read_text())
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     test_cmd = next(line for line in ci if "pytest" in line and "pip install" in line)
+    assert "redis-server" in test_cmd  # the Redis tests need the server, CI installs it through this line
     assert test_cmd in readme
     serve_cmd = next(line for line in readme if "rerank-gateway serve" in line)
     assert serve_cmd.startswith("python3 -m venv .venv && .venv/bin/pip install -e ")
