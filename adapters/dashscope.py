@@ -30,6 +30,7 @@ from adapters.base import EngineError, EngineInputError, EngineUnavailableError,
 from adapters.http_common import (
     RetryableUpstreamError,
     call_with_retries,
+    gather_or_cancel,
     make_client,
     map_transport_error,
     parse_retry_after,
@@ -186,7 +187,7 @@ class DashScopeEngine:
                 tokens = query_tokens * (end - start) + sum(item_tokens[start:end])
             return scores, tokens
 
-        parts = await asyncio.gather(*(run(s, e) for s, e in calls))
+        parts = await gather_or_cancel(*(run(s, e) for s, e in calls))
         scores = [score for part, _ in parts for score in part]
         return ScoreResult(scores=scores, input_tokens=sum(tokens for _, tokens in parts))
 

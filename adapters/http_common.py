@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import math
 import os
@@ -27,6 +28,7 @@ from adapters.base import EngineError, EngineOverloadedError, EngineTimeoutError
 __all__ = (
     "RetryableUpstreamError",
     "call_with_retries",
+    "gather_or_cancel",
     "make_client",
     "map_transport_error",
     "parse_retry_after",
@@ -136,6 +138,18 @@ def upstream_message(body: bytes, fallback: str) -> tuple[str, str | None]:
         if isinstance(candidate, list) and candidate:  # FastAPI validation errors
             return msgspec.json.encode(candidate).decode()[:_MAX_MESSAGE], None
     return fallback, None
+
+
+async def gather_or_cancel(*calls: Awaitable[T]) -> list[T]:
+    """``asyncio.gather``, but the first failure cancels the other calls: their answers would
+    be thrown away, and they hold upstream capacity and rate-limit quota meanwhile."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
 
 
 def _wait(initial_s: float, max_s: float) -> Callable[[tenacity.RetryCallState], float]:

@@ -13,6 +13,7 @@ from adapters.base import RerankEngine
 from schemas.config import (
     DashScopeEngineConfig,
     EngineConfig,
+    PoolEngineConfig,
     StaticEngineConfig,
     TransformersEngineConfig,
 )
@@ -25,6 +26,7 @@ _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
     StaticEngineConfig: ("adapters.static:StaticEngine", None),
     # httpx is a core dependency; tenacity too (retry policy).
     DashScopeEngineConfig: ("adapters.dashscope:DashScopeEngine", None),
+    PoolEngineConfig: ("adapters.pool:PoolEngine", None),
 }
 
 

@@ -1,0 +1,275 @@
+"""A model served by several upstream replicas (vLLM, TEI, Infinity, Cohere-compatible).
+
+Whole requests are forwarded (never one call per document): the upstream batches far better
+than we could. Only a protocol's own limit splits a request (TEI: 32 texts per call).
+
+Replica choice:
+- affinity: rendezvous hashing of (instruction, query) ranks the healthy replicas, so one
+  query's requests land on the replica holding its prompt prefix in cache, and losing a
+  replica moves only the queries that lived there;
+- least outstanding requests decides when affinity is off, and overrides affinity when the
+  preferred replica has more than ``affinity_slack`` requests beyond the least busy one.
+
+Passive health: connect errors, dropped connections, timeouts and 502/503/504 count as
+failures; ``eject_after_failures`` consecutive ones eject the replica for ``cooldown_s``; after
+that its ``health_path`` is probed, and only a passing probe readmits it. A call that could
+not reach a replica (or got 503/429) is sent to another replica, each tried at most once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import time
+from typing import Any
+
+import httpx
+import structlog
+
+from adapters.base import (
+    EngineError,
+    EngineInputError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    ScoreJob,
+    ScoreResult,
+)
+from adapters.http_common import (
+    RetryableUpstreamError,
+    gather_or_cancel,
+    make_client,
+    map_transport_error,
+    parse_retry_after,
+    resolve_api_key,
+    upstream_message,
+)
+from adapters.upstream_protocols import UpstreamCall, make_protocol
+from schemas.config import PoolEngineConfig
+
+__all__ = ("PoolEngine", "Replica", "rendezvous_order")
+
+log = structlog.get_logger("adapters.pool")
+
+
+class Replica:
+    """One upstream URL and what the pool knows about it."""
+
+    __slots__ = ("consecutive_failures", "ejected_until", "outstanding", "probe", "served", "url")
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.outstanding = 0
+        self.served = 0
+        self.consecutive_failures = 0
+        # None while admitted; the monotonic time its cooldown ends while ejected.
+        self.ejected_until: float | None = None
+        self.probe: asyncio.Task[None] | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.ejected_until is None
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "admitted": self.admitted,
+            "outstanding": self.outstanding,
+            "served": self.served,
+            "consecutive_failures": self.consecutive_failures,
+        }
+
+
+def rendezvous_order(key: bytes, replicas: list[Replica]) -> list[Replica]:
+    """Replicas by descending hash weight of (key, url): stable per key, minimal movement."""
+
+    def weight(replica: Replica) -> bytes:
+        return hashlib.blake2b(key + replica.url.encode(), digest_size=8).digest()
+
+    return sorted(replicas, key=weight, reverse=True)
+
+
+class PoolEngine:
+    """:class:`adapters.base.RerankEngine` over a list of upstream replicas."""
+
+    tokenizer = None
+
+    def __init__(self, config: PoolEngineConfig) -> None:
+        self._config = config
+        model = config.model if config.model is not None or config.protocol != "cohere" else config.name
+        self._protocol = make_protocol(config.protocol, model=model, forward_instruction=config.forward_instruction)
+        self._replicas = [Replica(url) for url in config.urls]
+        self._client: httpx.AsyncClient | None = None
+        self._round_robin = itertools.count()
+
+    def replica_stats(self) -> list[dict[str, Any]]:
+        """Per-replica counters (for tests, debugging and status pages)."""
+        return [r.stats() for r in self._replicas]
+
+    async def start(self) -> None:
+        cfg = self._config
+        key = resolve_api_key(cfg.api_key, cfg.api_key_env)
+        headers = {"Accept": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        # Replicas that are down now are not a start failure: passive health and probes
+        # admit them when they come up, and /ready reports the pool meanwhile.
+        self._client = make_client(
+            headers=headers,
+            connect_timeout_s=cfg.connect_timeout_s,
+            read_timeout_s=cfg.read_timeout_s,
+            max_connections=cfg.max_connections,
+        )
+
+    async def stop(self) -> None:
+        probes = [r.probe for r in self._replicas if r.probe is not None]
+        for task in probes:
+            task.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def check_health(self) -> None:
+        """Probe every replica now; unavailable when none passes."""
+        await asyncio.gather(*(self._probe(r) for r in self._replicas))
+        if not any(r.admitted for r in self._replicas):
+            raise EngineUnavailableError(
+                f"no replica of '{self._config.name}' passes its health probe", retry_after=self._retry_after()
+            )
+
+    async def score(self, job: ScoreJob) -> ScoreResult:
+        if self._client is None:
+            raise EngineUnavailableError("the pool's HTTP client is not started")
+        texts = list(job.texts)
+        size = self._config.max_batch or self._protocol.default_max_batch or len(texts)
+        key = f"{job.instruction}\x00{job.query}".encode() if self._config.affinity else None
+        calls = [
+            UpstreamCall(job.query, job.instruction, texts[i : i + size], job.max_tokens_per_doc)
+            for i in range(0, len(texts), size)
+        ]
+        parts = await gather_or_cancel(*(self._forward(key, call) for call in calls))
+        scores = [s for part, _ in parts for s in part]
+        return ScoreResult(scores=scores, input_tokens=sum(tokens for _, tokens in parts))
+
+    # -- routing -------------------------------------------------------------------------------
+    async def _forward(self, key: bytes | None, call: UpstreamCall) -> tuple[list[float], int]:
+        tried: set[str] = set()
+        last: EngineError | None = None
+        while True:
+            replica = await self._choose(key, tried)
+            if replica is None:
+                # The client sees no replica URLs (internal topology); the log line has them.
+                if last is not None:
+                    log.warning("pool_exhausted", model=self._config.name, tried=len(tried), last_error=str(last))
+                    raise EngineUnavailableError(
+                        f"no replica of '{self._config.name}' could take the request ({len(tried)} tried)",
+                        retry_after=max(last.retry_after, 1),
+                    )
+                raise EngineUnavailableError(
+                    f"no healthy replica of '{self._config.name}'", retry_after=self._retry_after()
+                )
+            tried.add(replica.url)
+            try:
+                return await self._send(replica, call)
+            except RetryableUpstreamError as exc:
+                last = exc  # this replica could not take it: try the next one
+
+    async def _choose(self, key: bytes | None, tried: set[str]) -> Replica | None:
+        now = time.monotonic()
+        candidates = [r for r in self._replicas if r.url not in tried]
+        due = [r for r in candidates if r.ejected_until is not None and r.ejected_until <= now]
+        for replica in due:
+            if replica.probe is None:
+                replica.probe = asyncio.create_task(self._probe(replica), name=f"probe:{replica.url}")
+                replica.probe.add_done_callback(lambda _task, r=replica: setattr(r, "probe", None))
+        admitted = [r for r in candidates if r.admitted]
+        if not admitted and due:
+            # Everything left is ejected: wait for the probes (bounded by probe_timeout_s).
+            await asyncio.gather(*(asyncio.shield(r.probe) for r in due if r.probe is not None), return_exceptions=True)
+            admitted = [r for r in candidates if r.admitted]
+        if not admitted:
+            return None
+        least = min(r.outstanding for r in admitted)
+        if key is not None:
+            for replica in rendezvous_order(key, admitted):
+                if replica.outstanding <= least + self._config.affinity_slack:
+                    return replica
+        idle = [r for r in admitted if r.outstanding == least]
+        return idle[next(self._round_robin) % len(idle)]
+
+    async def _send(self, replica: Replica, call: UpstreamCall) -> tuple[list[float], int]:
+        assert self._client is not None
+        upstream = f"replica {replica.url}"
+        replica.outstanding += 1
+        try:
+            response = await self._client.post(
+                replica.url + self._protocol.path,
+                content=self._protocol.encode(call),
+                headers={"Content-Type": "application/json"},
+            )
+        except httpx.TransportError as exc:
+            error = map_transport_error(exc, upstream)
+            if isinstance(error, RetryableUpstreamError | EngineTimeoutError):
+                self._failed(replica, type(exc).__name__)
+            raise error from None
+        finally:
+            replica.outstanding -= 1
+        status = response.status_code
+        if status == 200:
+            result = self._protocol.decode(response.content, response.headers, call)
+            replica.consecutive_failures = 0
+            replica.served += 1
+            return result
+        message, _ = upstream_message(response.content, f"HTTP {status}")
+        if status in (502, 503, 504):
+            self._failed(replica, f"HTTP {status}")
+        if status in (429, 502, 503):
+            wait = parse_retry_after(response.headers.get("retry-after"))
+            raise RetryableUpstreamError(f"{upstream} is unavailable (HTTP {status})", wait_hint=wait)
+        if status == 504:
+            raise EngineTimeoutError(f"{upstream} timed out (HTTP 504)")
+        if status in (400, 413, 422):
+            # The input itself (too long for max_model_len, too many texts): the client's to fix.
+            raise EngineInputError(f"upstream rejected the request: {message}")
+        # A 500 is not counted against the replica: one poisonous input would otherwise eject
+        # every healthy replica in turn.
+        log.error("pool_upstream_error", model=self._config.name, replica=replica.url, status=status, message=message)
+        raise EngineError(f"{upstream} answered HTTP {status}: {message}")
+
+    # -- health ----------------------------------------------------------------------------
+    def _failed(self, replica: Replica, reason: str) -> None:
+        replica.consecutive_failures += 1
+        if replica.admitted and replica.consecutive_failures >= self._config.eject_after_failures:
+            replica.ejected_until = time.monotonic() + self._config.cooldown_s
+            log.warning(
+                "replica_ejected",
+                model=self._config.name,
+                replica=replica.url,
+                failures=replica.consecutive_failures,
+                reason=reason,
+                cooldown_s=self._config.cooldown_s,
+            )
+
+    async def _probe(self, replica: Replica) -> None:
+        assert self._client is not None
+        try:
+            response = await self._client.get(
+                replica.url + self._config.health_path, timeout=self._config.probe_timeout_s
+            )
+            ok, reason = response.status_code == 200, f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            ok, reason = False, type(exc).__name__
+        if ok:
+            if not replica.admitted:
+                log.info("replica_readmitted", model=self._config.name, replica=replica.url)
+            replica.ejected_until, replica.consecutive_failures = None, 0
+        else:
+            if replica.admitted:
+                log.warning("replica_ejected", model=self._config.name, replica=replica.url, reason=f"probe {reason}")
+            replica.ejected_until = time.monotonic() + self._config.cooldown_s
+
+    def _retry_after(self) -> int:
+        now = time.monotonic()
+        waits = [r.ejected_until - now for r in self._replicas if r.ejected_until is not None]
+        return max(1, int(min(waits, default=self._config.cooldown_s)) + 1)
