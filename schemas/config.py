@@ -185,7 +185,7 @@ class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
     max_batch: Positive | None = None
     # Route one (instruction, query) to the same replica so its prompt prefix stays cached...
     affinity: bool = True
-    # ... unless that replica has this many more requests in flight than the least busy one.
+    # ... unless that replica has more than this many requests in flight beyond the least busy one.
     affinity_slack: Annotated[int, msgspec.Meta(ge=0)] = 4
     # Send the instruction upstream (vllm/cohere protocols; tei and infinity have no such field).
     forward_instruction: bool = True

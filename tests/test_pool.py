@@ -189,6 +189,7 @@ class FakeReplica:
     def __init__(self, protocol: str) -> None:
         self.protocol = protocol
         self.healthy = True
+        self.delay_s = 0.0
         self.calls: list[dict[str, Any]] = []
         self.probes = 0
         fake = self
@@ -205,6 +206,7 @@ class FakeReplica:
                 if not fake.healthy:
                     return self._send(503, {"error": "Model is overloaded", "error_type": "overloaded"})
                 fake.calls.append(body)
+                time.sleep(fake.delay_s)
                 texts = body["texts"] if fake.protocol == "tei" else body["documents"]
                 ranked = sorted(
                     ({"index": i, "score": fake_score(body["query"], t)} for i, t in enumerate(texts)),
@@ -307,6 +309,38 @@ def test_infinity_protocol_and_passive_health(replicas):
         a.healthy = b.healthy = False
         r = ask()
         assert r.status_code == 503 and "retry-after" in r.headers
+
+
+def test_affinity_yields_to_least_outstanding_beyond_the_slack(replicas):
+    import asyncio
+
+    from adapters.base import ScoreJob
+    from adapters.pool import PoolEngine
+
+    a, b = replicas("infinity"), replicas("infinity")
+    a.delay_s = b.delay_s = 0.3
+    config = PoolEngineConfig(name="inf", protocol="infinity", urls=(a.url, b.url), affinity_slack=1)
+    job = ScoreJob(query=Q, instruction="", texts=DOCS)
+
+    async def run() -> list[dict[str, Any]]:
+        engine = PoolEngine(config)
+        await engine.start()
+        try:
+            await engine.score(job)  # alone: goes to the query's preferred replica
+            first = {s["url"]: s["served"] for s in engine.replica_stats()}
+            # Eight at once: the preferred replica takes each while it is at most 1 (the slack)
+            # ahead of the other in flight; otherwise the other one does.
+            results = await asyncio.gather(*(engine.score(job) for _ in range(8)))
+            assert all(len(r.scores) == len(DOCS) for r in results)
+            return [first, {s["url"]: s["served"] for s in engine.replica_stats()}]
+        finally:
+            await engine.stop()
+
+    first, after = asyncio.run(run())
+    preferred = next(url for url, n in first.items() if n == 1)
+    other = next(url for url in first if url != preferred)
+    # Picked while at most 1 ahead of the other: 1,2 | other 1 | 3 | other 2 | 4 | other 3 | 5.
+    assert after[preferred] - 1 == 5 and after[other] == 3
 
 
 def test_cohere_protocol_chains_to_another_gateway(gateway_server, tmp_path):
