@@ -125,11 +125,20 @@ async def bench_variant(
     """Alone (sequential) and 16 clients, per workload. ``batch_many`` replaces concurrent
     clients for offline engines (one call holding all 16 requests)."""
     rows = []
+    timings = getattr(score, "timings", None)  # gateway service: (tokenize ms, inference ms) per request
+
+    def split(since: int) -> dict[str, float] | None:
+        new = timings[since:] if timings is not None else []
+        if not new:
+            return None
+        return {"tokenize_ms": sum(a for a, _ in new) / len(new), "inference_ms": sum(b for _, b in new) / len(new)}
+
     for wl, reqs in requests.items():
         _, _, reps, per_client = (SMALL_WORKLOADS if small else WORKLOADS)[wl]
         for r in reqs[:WARMUP]:
             await score(r)
         seq = reqs[WARMUP : WARMUP + reps]
+        mark = len(timings) if timings is not None else 0
         lat = []
         for r in seq:
             t = time.perf_counter()
@@ -137,7 +146,8 @@ async def bench_variant(
             lat.append(time.perf_counter() - t)
             if len(scores) != len(r[1]) or not all(0.0 <= s <= 1.0 for s in scores):
                 raise RuntimeError(f"{name}: bad scores {scores[:5]}...")
-        rows.append(_row(name, wl, "alone", seq, lat, sum(lat), lengths, cfg, tflops))
+        rows.append(_row(name, wl, "alone", seq, lat, sum(lat), lengths, cfg, tflops) | {"service_split": split(mark)})
+        mark = len(timings) if timings is not None else 0
         conc = reqs[WARMUP + reps : WARMUP + reps + CLIENTS * per_client]
         clat: list[float] = []
         t0 = time.perf_counter()
@@ -156,7 +166,8 @@ async def bench_variant(
 
             await asyncio.gather(*(client(conc[i::CLIENTS]) for i in range(CLIENTS)))
             mode = f"{CLIENTS} clients"
-        rows.append(_row(name, wl, mode, conc, clat, time.perf_counter() - t0, lengths, cfg, tflops))
+        rows.append(_row(name, wl, mode, conc, clat, time.perf_counter() - t0, lengths, cfg, tflops)
+                    | {"service_split": split(mark)})
         print(json.dumps({k: rows[-2][k] for k in ("variant", "workload", "load", "docs_per_s", "p50_ms")}),
               json.dumps({k: rows[-1][k] for k in ("variant", "workload", "load", "docs_per_s", "mfu")}), flush=True)
     return rows
@@ -279,11 +290,13 @@ def seed_fn(llm: Any, pool: ThreadPoolExecutor, infer_batch_size: int = 100) -> 
 
 def markdown(rows: list[dict[str, Any]], tflops: float, device: str) -> str:
     lines = [f"Matmul rate measured here: {tflops:,.2f} TFLOP/s ({device}); MFU = model FLOPs / that rate.", "",
-             "| variant | workload | load | docs/s | tokens/s | MFU | p50 ms | p99 ms | prompt tokens/request |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| variant | workload | load | docs/s | tokens/s | MFU | p50 ms | p99 ms | prompt tokens/request | tokenize / engine ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        sp = r.get("service_split")
+        split = f"{sp['tokenize_ms']:.1f} / {sp['inference_ms']:.1f}" if sp else "–"
         lines.append(f"| {r['variant']} | {r['workload']} | {r['load']} | {r['docs_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | "
-                     f"{100 * r['mfu']:.1f} % | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['prompt_tokens_per_request']:,.0f} |")
+                     f"{100 * r['mfu']:.1f} % | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['prompt_tokens_per_request']:,.0f} | {split} |")
     return "\n".join(lines) + "\n"
 
 

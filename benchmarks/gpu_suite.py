@@ -95,20 +95,20 @@ async def _bench_http(url: str, model: str, model_dir: Path, wl: str, out: Path,
     return json.loads((out / "bench.json").read_text())
 
 
-async def phase_gateway(model_dir: Path, engine_cfg: dict[str, Any], work: Path, small: bool,
+async def phase_gateway(model_dir: Path, kinds: list[str], engine_cfg: dict[str, Any], work: Path, small: bool,
                         lengths: Any, cfg: dict[str, Any], tflops: float) -> dict[str, Any]:
+    """One gateway serving one model per engine kind (named after the kind), over HTTP then in-process."""
+    import socket
+
     import uvicorn
 
     from gateway.app import create_app
     from schemas.config import Settings
     from schemas.rerank import RerankRequest
 
-    settings = msgspec.convert({"logging": {"level": "WARNING"},
-                                "models": [{"name": "qwen3-reranker-0.6b", "engine": "vllm-score",
-                                            "path": str(model_dir), **engine_cfg}]}, Settings)
+    models = [{"name": kind, "engine": kind, "path": str(model_dir), **engine_cfg.get(kind, {})} for kind in kinds]
+    settings = msgspec.convert({"logging": {"level": "WARNING"}, "models": models}, Settings)
     app = create_app(settings)
-    import socket
-
     with socket.socket() as sock:  # a free loopback port, chosen now
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -120,23 +120,24 @@ async def phase_gateway(model_dir: Path, engine_cfg: dict[str, Any], work: Path,
         if task.done() or any(s["state"] == "failed" for s in registry.statuses()):
             raise RuntimeError(f"gateway did not start: {registry.statuses()}")
         await asyncio.sleep(0.5)
-    out: dict[str, Any] = {"start_s": time.time() - t0, "http": {}}
-    log(f"gateway ready in {out['start_s']:.0f}s on :{port}")
+    out: dict[str, Any] = {"start_s": time.time() - t0, "http": {}, "rows": []}
+    log(f"gateway ready in {out['start_s']:.0f}s on :{port} with {kinds}")
     try:
-        for wl in ("d100", "d300"):
-            n = 8 if small else (160 if wl == "d100" else 96)
-            out["http"][wl] = await _bench_http(f"http://127.0.0.1:{port}", "qwen3-reranker-0.6b", model_dir, wl,
-                                                work / f"http-{wl}", small, n)
-            for s in out["http"][wl]["summaries"]:
-                log(f"HTTP {wl} c={s['concurrency']}: {s['docs_per_s']:.0f} docs/s, p50 {s['latency_ms']['p50']:.1f} ms, "
-                    f"p99 {s['latency_ms']['p99']:.1f} ms, errors {s['errors']}")
-        score = eb.service_score(app.state.service, "qwen3-reranker-0.6b", RerankRequest)
+        for kind in kinds:
+            out["http"][kind] = {}
+            for wl in ("d100", "d300"):
+                n = 8 if small else (160 if wl == "d100" else 96)
+                d = await _bench_http(f"http://127.0.0.1:{port}", kind, model_dir, wl, work / f"http-{kind}-{wl}", small, n)
+                out["http"][kind][wl] = {"summaries": d["summaries"], "measured": d["measured"]}
+                for s in d["summaries"]:
+                    log(f"HTTP {kind} {wl} c={s['concurrency']}: {s['docs_per_s']:.0f} docs/s, p50 {s['latency_ms']['p50']:.1f} ms, "
+                        f"p99 {s['latency_ms']['p99']:.1f} ms, timing {s.get('server_timing_ms')}, errors {s['errors']}")
         sizes = eb.SMALL_WORKLOADS if small else eb.WORKLOADS
-        reqs = {wl: eb.make_requests(str(model_dir), wl, eb.WARMUP + r + eb.CLIENTS * pc, small, salt=101)
-                for wl, (_, _, r, pc) in sizes.items()}
-        out["rows"] = await eb.bench_variant("gateway service + vllm-score (no HTTP)", score, reqs, lengths, cfg, tflops, small)
-        t = score.timings  # type: ignore[attr-defined]
-        out["service_split_ms"] = {"tokenize_mean": sum(a for a, _ in t) / len(t), "inference_mean": sum(b for _, b in t) / len(t)}
+        for i, kind in enumerate(kinds):
+            score = eb.service_score(app.state.service, kind, RerankRequest)
+            reqs = {wl: eb.make_requests(str(model_dir), wl, eb.WARMUP + r + eb.CLIENTS * pc, small, salt=101 + i)
+                    for wl, (_, _, r, pc) in sizes.items()}
+            out["rows"] += await eb.bench_variant(f"gateway service + {kind} (no HTTP)", score, reqs, lengths, cfg, tflops, small)
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 120)
@@ -186,16 +187,20 @@ async def main_async(args: argparse.Namespace) -> None:
             log(f"{name} took {time.time() - t0:.0f}s")
             save()
 
-    gw = await phase("gateway vllm-score (HTTP + in-process)", 150,
-                     lambda: phase_gateway(model_dir, engine_cfg.get("vllm-score", {}), work, args.small, lengths, cfg, tflops))
+    phases = args.phases.split(",")
+    kinds = args.http_engines.split(",")
+    gw = None
+    if "gateway" in phases:
+        gw = await phase(f"gateway {'+'.join(kinds)} (HTTP + in-process)", 150,
+                         lambda: phase_gateway(model_dir, kinds, engine_cfg, work, args.small, lengths, cfg, tflops))
     if gw:
         rows += gw.pop("rows", [])
-        results["gateway"] = {"start_s": gw["start_s"], "service_split_ms": gw.get("service_split_ms"),
-                              "http": {wl: {"summaries": d["summaries"], "measured": d["measured"]} for wl, d in gw["http"].items()}}
-        for wl in gw["http"]:
+        results["gateway"] = gw
+        for kind in gw["http"]:  # 4 plots per engine at most: the device returns 8 files
             for png in ("latency_cdf.png", "throughput.png"):
-                if (work / f"http-{wl}" / png).exists():
-                    shutil.copy(work / f"http-{wl}" / png, out_dir / f"{wl}_{png}")
+                src = work / f"http-{kind}-d100" / png
+                if src.exists():
+                    shutil.copy(src, out_dir / f"{kind}_d100_{png}")
 
     async def raw_and_seed() -> None:
         llm = eb.raw_llm(str(model_dir), args.small, 0.05 if args.small else 0.3)
@@ -222,15 +227,18 @@ async def main_async(args: argparse.Namespace) -> None:
         finally:
             await stop()
 
-    await phase("raw LLM.score + seed design", 120, raw_and_seed)
-    await phase("transformers engine", 60, lambda: ours("transformers", 404))
-    await phase("vllm-generate engine", 110, lambda: ours("vllm-generate", 505))
+    if "raw" in phases:
+        await phase("raw LLM.score + seed design", 120, raw_and_seed)
+    if "transformers" in phases:
+        await phase("transformers engine", 60, lambda: ours("transformers", 404))
+    if "generate" in phases:
+        await phase("vllm-generate engine", 110, lambda: ours("vllm-generate", 505))
     save()
     log("done; results in", out_dir)
 
 
-def _targets(results: dict[str, Any]) -> list[str]:
-    http = results.get("gateway", {}).get("http", {})
+def _targets(results: dict[str, Any], kind: str) -> list[str]:
+    http = results.get("gateway", {}).get("http", {}).get(kind, {})
 
     def get(wl: str, c: int) -> dict[str, Any] | None:
         return next((s for s in http.get(wl, {}).get("summaries", []) if s["concurrency"] == c), None)
@@ -258,12 +266,14 @@ def report(results: dict[str, Any]) -> str:
              f"- date: {env['date_utc']}; host CPUs: {env['cpus']}; versions: "
              + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
              f"- model: random bf16 weights, Qwen3-Reranker-0.6B config {results.get('model_config')}",
-             f"- matmul rate: {results.get('tflops', 0):,.0f} TFLOP/s", "", "## Targets", "", *_targets(results), ""]
+             f"- matmul rate: {results.get('tflops', 0):,.0f} TFLOP/s",
+             f"- engine config: {results.get('engine_config')}", ""]
     gw = results.get("gateway")
-    if gw:
-        lines += ["## Gateway over HTTP (vllm-score engine)", "", f"engine start {gw['start_s']:.0f}s; "
-                  f"service split (in-process run): {gw.get('service_split_ms')}", ""]
-        for wl, d in gw["http"].items():
+    for kind in (gw or {}).get("http", {}):
+        lines += [f"## Targets, gateway over HTTP with {kind}", "", *_targets(results, kind), ""]
+    for kind, by_wl in (gw or {}).get("http", {}).items():
+        lines += [f"## Gateway over HTTP ({kind} engine)", "", f"engines ready {gw['start_s']:.0f}s after start", ""]
+        for wl, d in by_wl.items():
             lines += [f"### {wl}", "", f"measured: {d['measured']}", "", markdown_table(d["summaries"])]
             # FLOPs per document from the in-process rows of the same workload (same lengths).
             ref = [r for r in results.get("rows", []) if r["workload"] == wl and r["docs_per_s"] > 0]
@@ -285,6 +295,8 @@ def main() -> None:
     ap.add_argument("--out", default="bench-out/gpu")
     ap.add_argument("--work", default="/tmp/rr-suite")
     ap.add_argument("--small", action="store_true", help="tiny model on CPU: a smoke test of this script")
+    ap.add_argument("--phases", default="gateway,raw,transformers,generate", help="which phases to run")
+    ap.add_argument("--http-engines", default="vllm-score", help="engine kinds the HTTP gateway serves (comma list)")
     ap.add_argument("--engine-config", default=os.environ.get("RR_ENGINE_CONFIG"),
                     help='JSON per engine kind, e.g. {"vllm-score": {"gpu_memory_utilization": 0.3}}')
     asyncio.run(main_async(ap.parse_args()))

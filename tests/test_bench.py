@@ -106,6 +106,10 @@ def test_bench_sweeps_the_gateway_and_writes_reports(gateway_server, tmp_path: P
         assert 0 < s["latency_ms"]["p50"] <= s["latency_ms"]["p99"] <= s["latency_ms"]["max"]
         # The gateway reports its token count; the bench turns it into a rate.
         assert s["server_tokens_per_s"] > 0
+        # Our timing headers split the latency: server work vs what lies outside the server.
+        t = s["server_timing_ms"]
+        assert set(t) == {"process", "tokenize", "inference", "outside_server"}
+        assert 0 < t["process"] < s["latency_ms"]["mean"]
     assert "8.0 unique documents per request" in doc["measured"]
     report = (out / "report.md").read_text()
     assert "| endpoint | load |" in report and "3 clients" in report
@@ -126,9 +130,9 @@ def test_compare_alternates_two_endpoints_and_reports_ratios(gateway_server, stu
     assert (cmp["a"], cmp["b"], cmp["round_size"]) == ("gw", "stub", 2)
     assert cmp["ratios"]["req_per_s"] > 0
     assert "**gw / stub**" in (out / "report.md").read_text()
-    # Rounds interleave: each endpoint's samples span the whole run, not one half of it.
-    lat = {s["endpoint"]: s for s in doc["summaries"]}
-    assert lat["gw"]["wall_s"] > 0 and lat["stub"]["wall_s"] > 0
+    by = {s["endpoint"]: s for s in doc["summaries"]}
+    assert by["gw"]["wall_s"] > 0 and by["stub"]["wall_s"] > 0
+    assert by["gw"]["server_timing_ms"] and by["stub"]["server_timing_ms"] is None  # the stub sends no timing
 
 
 @pytest.mark.slow

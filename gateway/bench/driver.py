@@ -42,6 +42,10 @@ class Sample(msgspec.Struct, kw_only=True, array_like=True):
     content_tokens: int
     server_tokens: int | None = None
     error: str | None = None
+    # Server-side timing headers when the server sends them (ours does): where the time went.
+    process_ms: float | None = None  # x-process-time-ms: request in -> response headers out
+    tokenize_ms: float | None = None  # x-tokenize-time-ms
+    inference_ms: float | None = None  # x-inference-time-ms
 
 
 class LevelRun(msgspec.Struct, kw_only=True):
@@ -79,6 +83,15 @@ class _Reply(msgspec.Struct):
 
 
 _decode_reply = msgspec.json.Decoder(_Reply).decode
+_TIMING_HEADERS = (("process_ms", "x-process-time-ms"), ("tokenize_ms", "x-tokenize-time-ms"),
+                   ("inference_ms", "x-inference-time-ms"))
+
+
+def _header_ms(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
 
 Progress = Callable[[Sample], None]
 
@@ -94,9 +107,11 @@ def make_client(concurrency: int, timeout: float) -> httpx.AsyncClient:
 
 async def _send(client: httpx.AsyncClient, ep: Endpoint, req: BenchRequest, t_ref: float, t_sched: float) -> Sample:
     status, ok, error, tokens = 0, False, None, None
+    timing: dict[str, float | None] = {}
     try:
         resp = await client.post(ep.url, content=req.body, headers=ep.headers)
         status = resp.status_code
+        timing = {field: _header_ms(resp.headers.get(name)) for field, name in _TIMING_HEADERS}
         if status == 200:
             try:
                 reply = _decode_reply(resp.content)
@@ -124,6 +139,7 @@ async def _send(client: httpx.AsyncClient, ep: Endpoint, req: BenchRequest, t_re
         content_tokens=req.content_tokens,
         server_tokens=tokens,
         error=error,
+        **timing,
     )
 
 

@@ -72,7 +72,20 @@ def summarize(run: LevelRun) -> dict[str, Any]:
         },
         "errors": dict(errors),
         "first_error": first_error,
+        "server_timing_ms": _server_timing(ok),
     }
+
+
+def _server_timing(ok: Sequence[Any]) -> dict[str, float] | None:
+    """Means of the server's timing headers, and what is left for transport + client."""
+    out: dict[str, float] = {}
+    for field in ("process_ms", "tokenize_ms", "inference_ms"):
+        values = [getattr(s, field) for s in ok if getattr(s, field) is not None]
+        if values and len(values) == len(ok):
+            out[field.removesuffix("_ms")] = sum(values) / len(values)
+    if "process" in out:
+        out["outside_server"] = sum(s.latency_s for s in ok) / len(ok) * 1e3 - out["process"]
+    return out or None
 
 
 def environment() -> dict[str, Any]:
@@ -142,7 +155,16 @@ def markdown_table(summaries: Sequence[dict[str, Any]]) -> str:
             f"{_fmt(s['docs_per_s'])} | {_fmt(s['tokens_per_s'])} | {_fmt(lat['p50'], 2)} | {_fmt(lat['p90'], 2)} | "
             f"{_fmt(lat['p99'], 2)} | {_fmt(lat['max'], 2)} | {errs} |"
         )
-    return head + "\n".join(rows) + "\n"
+    notes = []
+    for s in summaries:
+        t = s.get("server_timing_ms")
+        if t:
+            load = f"{s['concurrency']} clients" if s["mode"] == "closed" else f"{s['rate']:g} req/s"
+            notes.append(f"- {s['endpoint']}, {load}: mean ms per request: " + ", ".join(
+                f"{k.replace('_', ' ')} {v:.2f}" for k, v in t.items()))
+    split = ("\nServer timing headers (process = request in to response out; outside server = client + "
+             "transport):\n\n" + "\n".join(notes) + "\n") if notes else ""
+    return head + "\n".join(rows) + "\n" + split
 
 
 def write_markdown(path: Path, doc: dict[str, Any], *, title: str = "Rerank benchmark") -> None:
