@@ -111,8 +111,12 @@ def test_engine_args_from_config() -> None:
     )
     args = build_engine_args(cfg, {"runner": "pooling"})
     assert args["model"] == "/models/q" and args["max_model_len"] == 1024
-    assert args["dtype"] == "float32"  # "auto" on a CPU build of vLLM
-    assert args["gpu_memory_utilization"] == 0.1  # None on CPU: a RAM fraction, kept small
+    from vllm.platforms import current_platform
+
+    # "auto" / None: fp32 and a small RAM share on CPU builds (CI); bf16 and 0.9 on CUDA.
+    on_cpu = current_platform.is_cpu()
+    assert args["dtype"] == ("float32" if on_cpu else "bfloat16")
+    assert args["gpu_memory_utilization"] == (0.1 if on_cpu else 0.9)
     assert args["enable_prefix_caching"] is True and args["runner"] == "pooling"
     assert args["max_num_batched_tokens"] == 8192 and args["attention_backend"] == "FLEX_ATTENTION"
     assert args["seed"] == 7 and args["max_num_seqs"] == 64  # pass-through wins
