@@ -145,7 +145,10 @@ class ModelRuntime:
     def _load_hint(self, exc: Exception) -> str:
         text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
         path = getattr(self.config, "path", None)
-        if path is None:
+        # Only a failure to find or fetch the checkpoint gets the local-directory hint; a config
+        # error (window too small, bad engine argument) is shown as it is.
+        missing = isinstance(exc, OSError) or "huggingface" in text.lower()
+        if path is None or not missing:
             return f"could not start: {text}"
         return (
             f"could not load weights from '{path}' ({text}). If this machine cannot reach the "
