@@ -110,8 +110,7 @@ class ModelRuntime:
                 await _quietly(old.stop())
             started = time.perf_counter()
             try:
-                self.engine = build_engine(self.config)
-                await self.engine.start()
+                await self._start_engine()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # keep trying: the cause (memory, a GPU fault) may pass
@@ -125,19 +124,25 @@ class ModelRuntime:
             log.info("engine_restarted", model=self.name, load_s=round(time.perf_counter() - started, 2))
             return
 
+    async def _start_engine(self) -> None:
+        """Build and start a fresh engine as ``self.engine``; one that fails to start is stopped."""
+        engine = build_engine(self.config)
+        try:
+            await engine.start()
+        except BaseException:
+            await _quietly(engine.stop())
+            raise
+        self.engine = engine
+
     async def load(self) -> None:
         started = time.perf_counter()
         try:
-            self.engine = build_engine(self.config)
-            await self.engine.start()
+            await self._start_engine()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # any failure to load is reported, never fatal to the gateway
             self.state, self.error = ModelState.FAILED, self._load_hint(exc)
             log.error("model_load_failed", model=self.name, error=self.error)
-            if self.engine is not None:
-                await _quietly(self.engine.stop())
-                self.engine = None
             return
         self.state, self.error, self.loaded_at = ModelState.READY, None, time.time()
         log.info("model_ready", model=self.name, engine=self.kind, load_s=round(time.perf_counter() - started, 2))
