@@ -115,7 +115,7 @@ def ensure_litellm() -> Path:
 
 def litellm_version() -> str:
     out = subprocess.run([str(VENV / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, check=False)
     return out.stdout.strip() or "?"
 
 

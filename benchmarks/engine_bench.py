@@ -38,7 +38,7 @@ from gateway.bench.report import percentile
 from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter
 from schemas.config import DEFAULT_INSTRUCTION
 
-__all__ = ("WORKLOADS", "bench_variant", "flops_per_prompt", "matmul_tflops", "make_requests")
+__all__ = ("WORKLOADS", "bench_variant", "flops_per_prompt", "make_requests", "matmul_tflops")
 
 HF_OVERRIDES = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"],
                 "is_original_qwen3_reranker": True}
@@ -158,13 +158,13 @@ async def bench_variant(
                 clat += [time.perf_counter() - t] * CLIENTS
             mode = f"{CLIENTS} requests per call"
         else:
-            async def client(mine: list[Request]) -> None:
+            async def client(mine: list[Request], out: list[float]) -> None:
                 for r in mine:
                     t = time.perf_counter()
                     await score(r)
-                    clat.append(time.perf_counter() - t)
+                    out.append(time.perf_counter() - t)
 
-            await asyncio.gather(*(client(conc[i::CLIENTS]) for i in range(CLIENTS)))
+            await asyncio.gather(*(client(conc[i::CLIENTS], clat) for i in range(CLIENTS)))
             mode = f"{CLIENTS} clients"
         rows.append(_row(name, wl, mode, conc, clat, time.perf_counter() - t0, lengths, cfg, tflops)
                     | {"service_split": split(mark)})

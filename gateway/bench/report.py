@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import math
 import os
 import platform
 import sys
@@ -135,7 +136,7 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 
 
 def _fmt(x: float | None, digits: int = 0) -> str:
-    if x is None or x != x:  # None or NaN
+    if x is None or math.isnan(x):
         return "–"
     return f"{x:,.{digits}f}"
 
@@ -183,9 +184,11 @@ def write_markdown(path: Path, doc: dict[str, Any], *, title: str = "Rerank benc
     for cmp in doc.get("comparisons", []):
         r = cmp["ratios"]
         lines += [
-            f"**{cmp['a']} / {cmp['b']}** at {cmp['concurrency']} clients (rounds of {cmp['round_size']} "
-            f"requests, ABBA order): req/s x{r['req_per_s']:.2f}, docs/s x{r['docs_per_s']:.2f}, "
-            f"p50 x{r['p50']:.2f} ({r['p50_diff_ms']:+.2f} ms), p99 x{r['p99']:.2f}.",
+            (
+                f"**{cmp['a']} / {cmp['b']}** at {cmp['concurrency']} clients (rounds of {cmp['round_size']} "
+                f"requests, ABBA order): req/s x{r['req_per_s']:.2f}, docs/s x{r['docs_per_s']:.2f}, "
+                f"p50 x{r['p50']:.2f} ({r['p50_diff_ms']:+.2f} ms), p99 x{r['p99']:.2f}."
+            ),
             "",
         ]
     for name in doc.get("plots", []):
