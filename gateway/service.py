@@ -47,10 +47,11 @@ __all__ = ("RerankOutcome", "RerankService", "chunk_ids", "dedup")
 # Cohere v2's documented default for max_tokens_per_doc.
 V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
 # Above this many characters, tokenization moves to a worker thread (the Rust tokenizer
-# releases the GIL there); below it, the hop costs more than it saves. On the H200 with 16
-# clients, tokenizing 100-document requests on the event loop (then the rule for < 16 kB)
-# made requests queue ~54 ms behind each other's tokenization.
-_THREAD_TOKENIZE_CHARS = 2_048
+# releases the GIL there); below it, the hop costs more than it saves. Measured on the H200
+# (docs/benchmarks/gpu-h200-2026-11-30, run 3): lowering this to 2 kB, so 100-document
+# requests tokenize in threads, tripled tokenize time under 16 clients (66 vs 23 ms per
+# request: the Python side of the fast tokenizer contends for the GIL), so it stays high.
+_THREAD_TOKENIZE_CHARS = 16_384
 _json = msgspec.json.Encoder()
 
 
