@@ -16,6 +16,7 @@ tokens it reports. We always ask for every score, no documents echoed and activa
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -76,7 +77,7 @@ def estimate_tokens(call: UpstreamCall) -> int:
     return sum(query + len(t.encode()) // 4 + 1 for t in call.texts)
 
 
-class WireProtocol:
+class WireProtocol(abc.ABC):
     """One upstream API: how to ask it for scores and how to read its answer."""
 
     name: ClassVar[str]
@@ -93,11 +94,13 @@ class WireProtocol:
     def encode(self, call: UpstreamCall) -> bytes:
         return _encoder.encode(self.body(call))
 
+    @abc.abstractmethod
     def body(self, call: UpstreamCall) -> dict[str, Any]:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def decode(self, content: bytes, headers: httpx.Headers, call: UpstreamCall) -> tuple[list[float], int]:
-        raise NotImplementedError
+        ...
 
     def _common(self, body: dict[str, Any], call: UpstreamCall) -> dict[str, Any]:
         if self.model:

@@ -20,6 +20,7 @@ Imported only through ``adapters.registry``: importing it imports vllm.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import dataclasses
@@ -142,7 +143,7 @@ def _stat_logger_factory(stats: BatchStats) -> type[StatLoggerBase]:
     return _BatchRecorder
 
 
-class VllmQwen3Engine:
+class VllmQwen3Engine(abc.ABC):
     """:class:`adapters.base.RerankEngine` over vLLM's ``AsyncLLM``; subclasses pick the runner."""
 
     def __init__(self, config: VllmEngineConfig) -> None:
@@ -155,12 +156,13 @@ class VllmQwen3Engine:
         self._id_prefix = secrets.token_hex(4)
 
     # -- what a runner provides --------------------------------------------------------------
+    @abc.abstractmethod
     def runner_args(self, prompt: Qwen3PromptTokenizer) -> dict[str, Any]:
         """Engine args of this runner; called once per start, before vLLM starts."""
-        raise NotImplementedError
+        ...
 
     async def score_prompt(self, engine: AsyncLLM, prompt_ids: list[int], request_id: str) -> float:
-        raise NotImplementedError
+        ...
 
     # -- RerankEngine ------------------------------------------------------------------------
     @property

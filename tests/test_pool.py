@@ -155,6 +155,21 @@ def test_vllm_pool_scores_equal_the_in_process_engine(vllm_client, extra):
             assert remote[i] == pytest.approx(local[i], abs=1e-4), (model, i)
 
 
+def test_bench_tool_drives_vllm_serve(vllm_replicas, tmp_path):
+    """`rerank-gateway bench` against a real `vllm serve` /rerank route (runs before a replica is killed)."""
+    out = tmp_path / "bench-vllm"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "bench", f"{vllm_replicas[0].url}/rerank", "--model", "tiny",
+         "--requests", "4", "--documents", "5", "--doc-tokens", "5-10", "--warmup", "1",
+         "--no-progress", "--no-plot", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (summary,) = json.loads((out / "bench.json").read_text())["summaries"]
+    assert summary["ok"] == 4 and summary["errors"] == {}
+    assert summary["docs_per_s"] > 0 and summary["server_tokens_per_s"] > 0  # from vLLM's usage block
+
+
 def test_same_query_sticks_to_one_replica_and_fails_over_when_it_dies(vllm_client, vllm_replicas):
     client, app = vllm_client
     engine = app.state.registry.get("pool").engine
