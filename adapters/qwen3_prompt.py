@@ -54,6 +54,15 @@ class Qwen3PromptTokenizer:
 
     def __init__(self, tokenizer: Any, *, max_length: int, max_query_tokens: int) -> None:
         self._tok = tokenizer
+        # The Rust tokenizer under the HF wrapper: calling it directly skips building a
+        # BatchEncoding, and `encode_batch_fast` (tokenizers >= 0.21) skips character offsets we
+        # never read -- 5.9 vs 9.6 ms for 100 documents of ~100 tokens on this project's CPU box.
+        # The HF wrapper resets truncation and padding before each of its own calls; we do it
+        # once, so a tokenizer.json that ships either cannot cut or pad our pieces.
+        self._rust = tokenizer.backend_tokenizer
+        self._rust.no_truncation()
+        self._rust.no_padding()
+        self._encode_batch = getattr(self._rust, "encode_batch_fast", self._rust.encode_batch)
         self._max_length = max_length
         self._max_query_tokens = max_query_tokens
         self._suffix_ids: list[int] = self._encode(SUFFIX)
@@ -93,8 +102,7 @@ class Qwen3PromptTokenizer:
     def encode_documents(self, documents: Sequence[str]) -> list[list[int]]:
         if not documents:
             return []
-        batch = self._tok([f" {d}" for d in documents], add_special_tokens=False)
-        return [list(ids) for ids in batch["input_ids"]]
+        return [enc.ids for enc in self._encode_batch([f" {d}" for d in documents], add_special_tokens=False)]
 
     # -- helpers ---------------------------------------------------------------------------
     def assemble(self, shared_ids: Sequence[int], item_ids: Sequence[int]) -> list[int]:
@@ -104,7 +112,7 @@ class Qwen3PromptTokenizer:
         return self._encode(f"{PREFIX}<Instruct>: {instruction}\n<Query>:")
 
     def _encode(self, text: str) -> list[int]:
-        return list(self._tok(text, add_special_tokens=False)["input_ids"])
+        return self._rust.encode(text, add_special_tokens=False).ids
 
     def _single_token_id(self, word: str) -> int:
         ids = self._encode(word)
