@@ -161,7 +161,9 @@ class VllmQwen3Engine(abc.ABC):
         """Engine args of this runner; called once per start, before vLLM starts."""
         ...
 
+    @abc.abstractmethod
     async def score_prompt(self, engine: AsyncLLM, prompt_ids: list[int], request_id: str) -> float:
+        """One prompt's score in [0, 1] from ``engine`` (the runner's way: pooling or one token)."""
         ...
 
     # -- RerankEngine ------------------------------------------------------------------------
