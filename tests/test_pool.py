@@ -137,6 +137,24 @@ def vllm_client(vllm_replicas, tiny_qwen3_dir):
         yield client, app
 
 
+@pytest.fixture(scope="module")
+def in_process_vllm(tiny_qwen3_dir, tmp_path_factory):
+    """A gateway process serving the same checkpoint on the in-process `vllm-score` engine."""
+    from tests.conftest import ServerProcess
+
+    server = ServerProcess(
+        f'[[models]]\nname = "local-vllm"\nengine = "vllm-score"\npath = "{tiny_qwen3_dir}"\n'
+        "dtype = \"float32\"\nmax_length = 512\nmax_query_tokens = 64\n"
+        "enforce_eager = true\ngpu_memory_utilization = 0.1\n",
+        tmp_path_factory.mktemp("in-process-vllm"),
+    )
+    try:
+        server.wait_ready(timeout=300)
+        yield server
+    finally:
+        server.stop()
+
+
 def _scores(client: TestClient, model: str, **extra: Any) -> dict[int, float]:
     r = client.post("/v1/rerank", json={"model": model, "query": Q, "documents": DOCS, **extra})
     assert r.status_code == 200, r.text
@@ -144,15 +162,23 @@ def _scores(client: TestClient, model: str, **extra: Any) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("extra", [{}, {"instruction": "Find the document naming the capital"}])
-def test_vllm_pool_scores_equal_the_in_process_engine(vllm_client, extra):
+def test_vllm_pool_scores_equal_the_in_process_engine(vllm_client, in_process_vllm, extra):
     client, _ = vllm_client
     local = _scores(client, "local", **extra)
     assert len(set(local.values())) == len(DOCS)  # distinct scores: the comparison means something
+    resp = httpx.post(
+        f"{in_process_vllm.url}/v1/rerank", json={"model": "local-vllm", "query": Q, "documents": DOCS, **extra}
+    )
+    assert resp.status_code == 200, resp.text
+    in_process = {x["index"]: x["relevance_score"] for x in resp.json()["results"]}
+    for i in local:  # the in-process vLLM engine and transformers agree, so the pool is held to both
+        assert in_process[i] == pytest.approx(local[i], abs=1e-4), i
     for model in ("pool", "pool-score"):
         remote = _scores(client, model, **extra)
         assert remote.keys() == local.keys()
         for i in local:
             assert remote[i] == pytest.approx(local[i], abs=1e-4), (model, i)
+            assert remote[i] == pytest.approx(in_process[i], abs=1e-4), (model, i)
 
 
 def test_bench_tool_drives_vllm_serve(vllm_replicas, tmp_path):
