@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -37,6 +38,37 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_http_ok(
+    url: str,
+    proc: subprocess.Popen[bytes],
+    *,
+    deadline: float,
+    what: str,
+    log: Callable[[], str] = lambda: "",
+    interval: float = 0.2,
+) -> None:
+    """Poll ``url`` until it answers 200; fail at once if ``proc`` exits, or at ``deadline``."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not ready in time:\n{log()}")
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate, then kill if it does not exit within 30 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 class ServerProcess:
     """A real ``rerank-gateway serve`` process on loopback, with its captured output."""
 
@@ -56,30 +88,16 @@ class ServerProcess:
         )
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"gateway not ready after {timeout}s:\n{self.output()}")
+        wait_http_ok(
+            f"{self.url}/ready", self.proc, deadline=time.monotonic() + timeout, what="gateway", log=self.output
+        )
 
     def output(self) -> str:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         self._log.close()
 
 

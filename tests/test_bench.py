@@ -10,11 +10,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gateway.bench.workload import LengthSpec, WorkloadSpec, build_workload, load_token_counter
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, wait_http_ok
 
 STATIC = """
 [logging]
@@ -41,15 +40,7 @@ def stub_url() -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "stub upstream did not start"
-            time.sleep(0.1)
+        wait_http_ok(f"{url}/health", proc, deadline=time.monotonic() + 30, what="stub upstream", interval=0.1)
         yield url
     finally:
         proc.terminate()

@@ -26,7 +26,7 @@ from litestar.testing import TestClient
 
 from gateway.app import create_app
 from schemas.config import PoolEngineConfig, Settings, TransformersEngineConfig
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, stop_process, wait_http_ok
 from tests.fake_dashscope import fake_score
 
 pytestmark = pytest.mark.slow
@@ -62,25 +62,13 @@ class VllmServer:
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
     def wait_ready(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"vllm not ready:\n{self.log_path.read_text()[-3000:]}")
+        wait_http_ok(
+            f"{self.url}/health", self.proc, deadline=deadline, what="vllm", interval=0.5,
+            log=lambda: self.log_path.read_text()[-3000:],
+        )  # fmt: skip
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         self._log.close()
 
 
