@@ -200,15 +200,10 @@ class InfinityRerank(WireProtocol):
         return _in_order(ranked.results, len(call.texts), self.name), _usage_tokens(ranked.usage, call)
 
 
-class CohereRerank(WireProtocol):
+class CohereRerank(VllmRerank):
     # Also another rerank-gateway (gateway -> gateway chaining), which accepts `instruction`.
+    # The request body is vLLM's /rerank body (vLLM follows Cohere v2 there); the usage differs.
     name, path, takes_instruction = "cohere", "/v2/rerank", True
-
-    def body(self, call: UpstreamCall) -> dict[str, Any]:
-        body: dict[str, Any] = {"query": call.query, "documents": list(call.texts), "top_n": len(call.texts)}
-        if call.max_tokens_per_doc:
-            body["max_tokens_per_doc"] = call.max_tokens_per_doc
-        return self._common(body, call)
 
     def decode(self, content: bytes, headers: httpx.Headers, call: UpstreamCall) -> tuple[list[float], int]:
         ranked = _decode(content, _Ranked, self.name)
