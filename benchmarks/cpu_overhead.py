@@ -121,7 +121,7 @@ def litellm_version() -> str:
 
 # -- 1. in-process ------------------------------------------------------------------------------
 _BUCKETS = [
-    ("engine (static)", "adapters/static.py"),
+    ("engine (static)", "adapters/runtimes/static.py"),
     ("rerank service (dedup, sort, response)", "gateway/service.py"),
     ("routes", "gateway/routes.py"),
     ("gateway middleware, auth, access log, metrics", "gateway/"),

@@ -105,7 +105,7 @@ class PromptLengths:
     """Whole-prompt token counts (template + instruction + query + document + suffix)."""
 
     def __init__(self, model_dir: str) -> None:
-        from adapters.qwen3_prompt import Qwen3PromptTokenizer, load_hf_tokenizer
+        from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
 
         self.tok = Qwen3PromptTokenizer(load_hf_tokenizer(model_dir), max_length=8192, max_query_tokens=2048)
 
@@ -234,7 +234,7 @@ def raw_llm(model_dir: str, small: bool, gpu_util: float) -> Any:
 
 
 def _texts(req: Request) -> tuple[str, list[str]]:
-    from adapters.qwen3_prompt import PREFIX, SUFFIX
+    from adapters.families.qwen3 import PREFIX, SUFFIX
 
     query = f"{PREFIX}<Instruct>: {DEFAULT_INSTRUCTION}\n<Query>: {req[0]}\n"
     return query, [f"<Document>: {d}{SUFFIX}" for d in req[1]]

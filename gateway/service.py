@@ -185,7 +185,7 @@ class RerankService:
             shared, doc_ids = await anyio.to_thread.run_sync(encode)
         else:
             shared, doc_ids = encode()
-        room = tokenizer.max_length - len(shared) - tokenizer.suffix_length
+        room = tokenizer.item_room(shared)
         if room < 1:  # the query is capped, so only a misconfigured model gets here
             raise InvalidRequestError("invalid request: the query leaves no room for documents in the model's window")
         items: list[Sequence[int]] = []

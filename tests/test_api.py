@@ -313,7 +313,7 @@ def test_503_overloaded_with_retry_after(client):
 
 
 def test_500_never_leaks_internals(client, monkeypatch):
-    from adapters.static import StaticEngine
+    from adapters.runtimes.static import StaticEngine
 
     async def boom(self, job):
         raise RuntimeError("secret internal detail /etc/passwd")
@@ -327,7 +327,7 @@ def test_500_never_leaks_internals(client, monkeypatch):
 
 def test_engine_returning_nan_is_502(client, monkeypatch):
     from adapters.base import ScoreResult
-    from adapters.static import StaticEngine
+    from adapters.runtimes.static import StaticEngine
 
     async def nan(self, job):
         return ScoreResult(scores=[float("nan")] * job.size, input_tokens=1)

@@ -13,7 +13,7 @@ import pytest
 import structlog
 from litestar.testing import TestClient
 
-from adapters.dashscope import estimate_tokens, plan_calls
+from adapters.upstreams.dashscope import estimate_tokens, plan_calls
 from gateway.app import create_app
 from schemas.config import DashScopeEngineConfig, Settings
 from tests.conftest import free_port

@@ -92,7 +92,7 @@ def test_shipped_vllm_template_renders_qwens_prompt(instruction):
     # the file ends with three: the prompt must end "</think>\n\n" (one less moves scores ~1e-2).
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    from adapters.qwen3_prompt import render_prompt
+    from adapters.families.qwen3 import render_prompt
     from schemas.config import DEFAULT_INSTRUCTION
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -344,7 +344,7 @@ def test_affinity_yields_to_least_outstanding_beyond_the_slack(replicas):
     import asyncio
 
     from adapters.base import ScoreJob
-    from adapters.pool import PoolEngine
+    from adapters.upstreams.pool import PoolEngine
 
     a, b = replicas("infinity"), replicas("infinity")
     a.delay_s = b.delay_s = 0.3

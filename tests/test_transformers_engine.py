@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from adapters.base import ScoreJob
-from adapters.qwen3_prompt import Qwen3PromptTokenizer
-from adapters.transformers_qwen3 import TransformersQwen3Engine, plan_batches
+from adapters.families.qwen3 import Qwen3PromptTokenizer
+from adapters.runtimes.transformers import TransformersQwen3Engine, plan_batches
 from schemas.config import DEFAULT_INSTRUCTION, TransformersEngineConfig
 from tests import reference
 
@@ -108,14 +108,14 @@ def test_plan_batches_respects_budgets():
 
 
 def test_window_too_small_fails_clearly(tiny_qwen3_dir):
-    from adapters.qwen3_prompt import load_hf_tokenizer
+    from adapters.families.qwen3 import load_hf_tokenizer
 
     with pytest.raises(ValueError, match="max_length=64 leaves no room"):
         Qwen3PromptTokenizer(load_hf_tokenizer(str(tiny_qwen3_dir)), max_length=64, max_query_tokens=32)
 
 
 def test_long_query_is_truncated_in_tokens(engine, tiny_qwen3_dir):
-    from adapters.qwen3_prompt import load_hf_tokenizer
+    from adapters.families.qwen3 import load_hf_tokenizer
 
     tok = Qwen3PromptTokenizer(load_hf_tokenizer(str(tiny_qwen3_dir)), max_length=512, max_query_tokens=8)
     long_query = "What is the capital of the United States and of France and of Spain?"

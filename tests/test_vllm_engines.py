@@ -30,9 +30,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from adapters.qwen3_prompt import Qwen3PromptTokenizer, load_hf_tokenizer  # noqa: E402
-from adapters.vllm_engine import build_engine_args  # noqa: E402
-from adapters.vllm_generate import p_yes  # noqa: E402
+from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer  # noqa: E402
+from adapters.runtimes.vllm_base import build_engine_args  # noqa: E402
+from adapters.runtimes.vllm_generate import p_yes  # noqa: E402
 from schemas.config import Settings, VllmGenerateEngineConfig, VllmScoreEngineConfig  # noqa: E402
 from tests.conftest import ServerProcess  # noqa: E402
 

@@ -27,7 +27,7 @@ import msgspec
 import structlog
 
 from adapters.base import EngineError, EngineInputError, EngineUnavailableError, ScoreJob, ScoreResult
-from adapters.http_common import (
+from adapters.upstreams.http import (
     RetryableUpstreamError,
     call_with_retries,
     gather_or_cancel,
@@ -45,7 +45,7 @@ NATIVE_PATH = "/api/v1/services/rerank/text-rerank/text-rerank"
 # Plural "reranks" under compatible-api; /compatible-mode/v1/reranks does not exist.
 COMPATIBLE_PATH = "/compatible-api/v1/reranks"
 
-log = structlog.get_logger("adapters.dashscope")
+log = structlog.get_logger("adapters.upstreams.dashscope")
 _encoder = msgspec.json.Encoder()
 _DROP_DIGITS = str.maketrans("", "", "0123456789")
 

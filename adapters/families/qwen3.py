@@ -87,6 +87,9 @@ class Qwen3PromptTokenizer:
     def suffix_length(self) -> int:
         return len(self._suffix_ids)
 
+    def item_room(self, shared_ids: Sequence[int]) -> int:
+        return self._max_length - len(shared_ids) - len(self._suffix_ids)
+
     @property
     def suffix_ids(self) -> list[int]:
         return self._suffix_ids

@@ -1,12 +1,12 @@
 """Shared plumbing of the vLLM engines: engine args, start + warm-up, stop, death, batch stats.
 
-Both Qwen3 vLLM engines (``adapters.vllm_score``, ``adapters.vllm_generate``) run vLLM's v1
+Both Qwen3 vLLM engines (``adapters.runtimes.vllm_score``, ``adapters.runtimes.vllm_generate``) run vLLM's v1
 ``AsyncLLM``: every item of every HTTP request becomes its own vLLM request, submitted at once,
 so vLLM's scheduler packs items of concurrent HTTP requests into the same engine steps. There is
 no lock around inference (the seed's offline ``LLM`` behind a process-wide lock ran concurrent
 requests one after another).
 
-The gateway builds the prompt itself (``adapters.qwen3_prompt``, the same token pieces as the
+The gateway builds the prompt itself (``adapters.families.qwen3``, the same token pieces as the
 transformers engine) and hands vLLM token ids, shared part (system + instruction + query) first
 so vLLM's prefix cache reuses it across a request's documents.
 
@@ -38,7 +38,7 @@ from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from adapters.base import EngineDeadError, EngineError, EngineUnavailableError, ScoreJob, ScoreResult
-from adapters.qwen3_prompt import Qwen3PromptTokenizer, load_hf_tokenizer
+from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
 from schemas.config import VllmEngineConfig
 
 __all__ = ("BatchStats", "VllmQwen3Engine", "build_engine_args")

@@ -15,8 +15,8 @@ from vllm import PoolingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from adapters.base import EngineError
-from adapters.qwen3_prompt import Qwen3PromptTokenizer
-from adapters.vllm_engine import VllmQwen3Engine
+from adapters.families.qwen3 import Qwen3PromptTokenizer
+from adapters.runtimes.vllm_base import VllmQwen3Engine
 
 __all__ = ("QWEN3_RERANKER_OVERRIDES", "VllmScoreEngine")
 

@@ -20,7 +20,7 @@ import anyio.to_thread
 import torch
 
 from adapters.base import EngineUnavailableError, ScoreJob, ScoreResult
-from adapters.qwen3_prompt import Qwen3PromptTokenizer, load_hf_tokenizer
+from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
 from schemas.config import TransformersEngineConfig
 
 __all__ = ("TransformersQwen3Engine", "plan_batches")

@@ -35,7 +35,7 @@ from adapters.base import (
     ScoreJob,
     ScoreResult,
 )
-from adapters.http_common import (
+from adapters.upstreams.http import (
     RetryableUpstreamError,
     gather_or_cancel,
     make_client,
@@ -44,12 +44,12 @@ from adapters.http_common import (
     resolve_api_key,
     upstream_message,
 )
-from adapters.upstream_protocols import UpstreamCall, make_protocol
+from adapters.upstreams.protocols import UpstreamCall, make_protocol
 from schemas.config import PoolEngineConfig
 
 __all__ = ("PoolEngine", "Replica", "rendezvous_order")
 
-log = structlog.get_logger("adapters.pool")
+log = structlog.get_logger("adapters.upstreams.pool")
 
 
 class Replica:
