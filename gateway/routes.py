@@ -70,7 +70,11 @@ async def rerank_v2(request: Request[Any, Any, Any], data: JSONBody[RerankReques
 @get(["/v1/models", "/models"], tags=["models"])
 async def list_models(state: State) -> ModelList:
     registry: ModelRegistry = state.registry
-    cards = [ModelCard(id=name) for rt in registry for name in (rt.name, *rt.config.aliases)]
+    cards = [
+        ModelCard(id=name, family=rt.family, engine=rt.kind)
+        for rt in registry
+        for name in (rt.name, *rt.config.aliases)
+    ]
     return ModelList(data=cards)
 
 

@@ -42,7 +42,7 @@ from schemas.rerank import (
     Usage,
 )
 
-__all__ = ("RerankOutcome", "RerankService", "chunk_ids", "dedup")
+__all__ = ("RerankOutcome", "RerankService", "chunk_ids", "dedup", "wants_raw_scores")
 
 # Cohere v2's documented default for max_tokens_per_doc.
 V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
@@ -121,6 +121,8 @@ class RerankService:
             else:
                 job = ScoreJob(query=query, instruction=instruction, texts=unique, max_tokens_per_doc=max_tokens)
                 owners = list(range(len(unique)))
+            if wants_raw_scores(runtime, engine):
+                job = msgspec.structs.replace(job, raw_scores=True)
             t1 = time.perf_counter()
             result = await self._score(runtime, job)
             t2 = time.perf_counter()
@@ -216,9 +218,21 @@ class RerankService:
             raise
         if len(result.scores) != job.size:
             raise EngineError(f"engine returned {len(result.scores)} scores for {job.size} items")
-        if any(not (0.0 <= s <= 1.0) for s in result.scores):  # also catches NaN
+        if job.raw_scores:  # logits or cosines: any finite number
+            if not all(math.isfinite(s) for s in result.scores):
+                raise EngineError("engine returned a non-finite raw score (NaN or inf)")
+        elif any(not (0.0 <= s <= 1.0) for s in result.scores):  # also catches NaN
             raise EngineError("engine returned a score outside [0, 1] (NaN?)")
         return result
+
+
+def wants_raw_scores(runtime: ModelRuntime, engine: Any) -> bool:
+    """The model is configured for raw outputs (``raw_scores = true``) and its engine has them.
+
+    ``create_family`` refuses ``raw_scores = true`` at start for families without raw outputs,
+    so a started engine that lacks them means the model simply was not asked for them.
+    """
+    return bool(getattr(runtime.config, "raw_scores", False)) and bool(getattr(engine, "supports_raw_scores", False))
 
 
 def rank_texts(documents: Sequence[str | dict[str, Any]], rank_fields: list[str] | None) -> list[str]:

@@ -143,6 +143,10 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     object: str = "model"
     created: int = 0
     owned_by: str = "rerank-gateway"
+    # Local models: the family serving it (qwen3, cross-encoder, bi-encoder, jina-v3; "auto"
+    # until the engine has read the checkpoint); null for upstream and static models.
+    family: str | None = None
+    engine: str | None = None
 
 
 class ModelList(msgspec.Struct, kw_only=True, frozen=True):

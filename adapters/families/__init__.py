@@ -54,6 +54,9 @@ def create_family(config: LocalModelConfig, runtime: str) -> Family:
             f"'{config.path}' is a {detection.family} model ({detection.reason}), which engine "
             f"{runtime!r} cannot run; use engine = one of {', '.join(sorted(runtimes))}"
         )
+    cls = load_family_class(detection.family)
+    if config.raw_scores and not cls.supports_raw_scores:
+        raise ValueError(f"raw_scores = true: the {detection.family} family has no raw output; remove it")
     log.info(
         "model_family",
         model=config.name,
@@ -61,4 +64,4 @@ def create_family(config: LocalModelConfig, runtime: str) -> Family:
         reason=detection.reason,
         runtime=runtime,
     )
-    return load_family_class(detection.family)(config, files, detection)
+    return cls(config, files, detection)

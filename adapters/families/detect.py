@@ -53,6 +53,8 @@ class ModelFiles:
     # sentence-transformers: the module pipeline and the pooling settings (empty when absent).
     modules: list[dict[str, Any]] = field(default_factory=list)
     pooling: dict[str, Any] = field(default_factory=dict)
+    # sentence_bert_config.json (max_seq_length: the window the embedding model was trained for).
+    sentence_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def architectures(self) -> list[str]:
@@ -94,7 +96,10 @@ def read_model_files(path: str, revision: str | None = None) -> ModelFiles:
     for module in modules:
         if module.get("type") == _POOLING_MODULE:
             pooling = load(f"{module.get('path') or '1_Pooling'}/config.json", required=False) or {}
-    return ModelFiles(path=path, config=config, modules=list(modules), pooling=pooling)
+    sentence_config = (load("sentence_bert_config.json", required=False) or {}) if modules else {}
+    return ModelFiles(
+        path=path, config=config, modules=list(modules), pooling=pooling, sentence_config=sentence_config
+    )
 
 
 def _hub_json(repo: str, name: str, revision: str | None, *, required: bool) -> Any:

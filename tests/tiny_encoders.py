@@ -1,0 +1,188 @@
+"""Tiny random encoder checkpoints with real trained tokenizers, built offline in seconds.
+
+- BERT: WordPiece tokenizer with BERT's post-processor (``[CLS] a [SEP] b [SEP]``, token types
+  0/1), ``BertForSequenceClassification`` (a cross-encoder like ms-marco-MiniLM) or ``BertModel``
+  plus sentence-transformers files (a bi-encoder like all-MiniLM).
+- XLM-R: Unigram tokenizer with RoBERTa's post-processor (``<s> a </s></s> b </s>``, no token
+  types), ``XLMRobertaForSequenceClassification`` (a cross-encoder like bge-reranker).
+
+Random weights give meaningless relevance but exact numbers to compare engines with. hidden 128
+with 2 heads: vLLM's CPU attention needs a head size of at least 64.
+
+Usable from the command line: ``python -m tests.tiny_encoders OUT_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+_CORPUS = [
+    "The capital of France is Paris. Berlin is the capital of Germany. Madrid is in Spain.",
+    "Carson City is the capital city of the American state of Nevada.",
+    "Washington, D.C. is the capital of the United States. It is a federal district.",
+    "Capital punishment has existed in the United States since before it was a country.",
+    "What is the capital of the United States? How do I change my password? Click Settings.",
+    "Quantum computing uses qubits. Text rerank models are widely used in search engines.",
+    "The quick brown fox jumps over the lazy dog 0123456789 !?.,;:-_()[]{}'\"/\\@#$%^&*+=<>|~`",
+]
+_ENCODER = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 256,
+            "initializer_range": 0.2}
+CLASSIFIER_SCALE = 0.3
+
+
+def _bert_tokenizer(out: Path) -> Any:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(_CORPUS * 20, trainer=trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=512,
+        # What BertTokenizer declares: pairs get token types 0/1.
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )
+    fast.save_pretrained(out)
+    return fast
+
+
+def _xlmr_tokenizer(out: Path) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(
+        _CORPUS * 20, trainer=trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
+    )
+    tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        cls_token="<s>",
+        sep_token="</s>",
+        mask_token="<mask>",
+        model_max_length=512,
+    )
+    fast.save_pretrained(out)
+    return fast
+
+
+def build_tiny_cross_encoder(
+    out_dir: str | Path,
+    *,
+    kind: str = "bert",
+    num_labels: int = 1,
+    id2label: dict[int, str] | None = None,
+    seed: int = 0,
+    config_extra: dict[str, Any] | None = None,
+) -> Path:
+    """A ``BertForSequenceClassification`` (kind "bert") or XLM-R one (kind "xlmr") in ``out_dir``."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, XLMRobertaConfig, XLMRobertaForSequenceClassification
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    labels = {"num_labels": num_labels}
+    if id2label is not None:
+        labels = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
+    torch.manual_seed(seed)
+    if kind == "bert":
+        fast = _bert_tokenizer(out)
+        cfg = BertConfig(vocab_size=len(fast), max_position_embeddings=512, type_vocab_size=2,
+                         pad_token_id=fast.pad_token_id, **_ENCODER, **labels)
+        model: Any = BertForSequenceClassification(cfg)
+    elif kind == "xlmr":
+        fast = _xlmr_tokenizer(out)
+        cfg = XLMRobertaConfig(vocab_size=len(fast), max_position_embeddings=514, type_vocab_size=1,
+                               pad_token_id=fast.pad_token_id, bos_token_id=fast.bos_token_id,
+                               eos_token_id=fast.eos_token_id, **_ENCODER, **labels)
+        model = XLMRobertaForSequenceClassification(cfg)
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    # Wide random init (0.2) makes the pairs' representations differ; a narrower classifier keeps
+    # the logits within a few units so sigmoid does not saturate.
+    with torch.no_grad():
+        for p in model.classifier.parameters():
+            p.mul_(CLASSIFIER_SCALE)
+    model.save_pretrained(out)
+    if config_extra:
+        path = out / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **config_extra}, indent=2))
+    return out
+
+
+def set_known_logit(model_dir: str | Path, logit: float) -> None:
+    """Make every pair's logit exactly ``logit``: zero classifier weights, bias = ``logit``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = Path(model_dir) / "model.safetensors"
+    tensors = load_file(path)
+    out_weight = [k for k in tensors if k.startswith("classifier.") and k.endswith(("out_proj.weight", "classifier.weight"))]
+    out_bias = [k for k in tensors if k.startswith("classifier.") and k.endswith(("out_proj.bias", "classifier.bias"))]
+    assert len(out_weight) == 1 and len(out_bias) == 1, sorted(tensors)
+    tensors[out_weight[0]] = torch.zeros_like(tensors[out_weight[0]])
+    tensors[out_bias[0]] = torch.full_like(tensors[out_bias[0]], logit)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def build_tiny_bi_encoder(out_dir: str | Path, *, pooling: str = "mean", seed: int = 0, normalize: bool = True) -> Path:
+    """A ``BertModel`` with sentence-transformers' modules.json and 1_Pooling/config.json."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fast = _bert_tokenizer(out)
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=len(fast), max_position_embeddings=512, type_vocab_size=2,
+                     pad_token_id=fast.pad_token_id, **_ENCODER)
+    BertModel(cfg).save_pretrained(out)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 128,
+        "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean",
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_lasttoken": pooling == "lasttoken",
+    }))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
+    return out
+
+
+if __name__ == "__main__":
+    base = Path(sys.argv[1])
+    print(build_tiny_cross_encoder(base / "bert-ce"))
+    print(build_tiny_cross_encoder(base / "xlmr-ce", kind="xlmr"))
+    print(build_tiny_bi_encoder(base / "bert-bi"))
