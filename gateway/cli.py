@@ -30,6 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.auth import check_exposure
 
     check_exposure(settings)  # no keys on a public address: refuse unless auth.open = true
+    model_families(settings)  # an undetectable family or a family the engine cannot run: one line, exit 2
     if settings.server.runner == "granian":
         from granian import Granian  # optional extra `granian`
 
@@ -61,15 +62,51 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def model_families(settings: Settings) -> dict[int, str]:
+    """For each local model whose checkpoint is a directory here: the family it would get, and why.
+
+    Raises ConfigError (one line, naming ``models[i].family``) for a family that cannot be
+    detected or cannot run on the model's engine. Hub ids are left to the engine's start.
+    """
+    from adapters.families.detect import FamilyNotDetectedError, resolve_family
+    from schemas.config import FAMILY_RUNTIMES, LocalModelConfig
+
+    found: dict[int, str] = {}
+    for i, model in enumerate(settings.models):
+        if not isinstance(model, LocalModelConfig) or not os.path.isdir(model.path):
+            continue
+        kind = str(type(model).__struct_config__.tag)
+        try:
+            detection, _ = resolve_family(model.family, model.path, model.revision)
+        except FamilyNotDetectedError as exc:
+            raise ConfigError(exc.for_field(f"models[{i}].family")) from None
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"models[{i}].path: cannot read '{model.path}' ({exc})") from None
+        if kind not in FAMILY_RUNTIMES.get(detection.family, frozenset()):
+            runtimes = ", ".join(sorted(FAMILY_RUNTIMES.get(detection.family, ())))
+            raise ConfigError(
+                f"models[{i}].engine: '{model.path}' is a {detection.family} model ({detection.reason}), "
+                f"which engine {kind!r} cannot run; use one of {runtimes}"
+            )
+        found[i] = f"{detection.family} ({detection.reason})"
+    return found
+
+
 def _check_config(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     from adapters.registry import registered_kinds
 
-    for model in settings.models:
+    families = model_families(settings)
+    for i, model in enumerate(settings.models):
         kind = type(model).__struct_config__.tag
         if kind not in registered_kinds():
             raise ConfigError(f"model {model.name!r}: engine {kind!r} is not installed")
-        print(f"model {model.name}: engine={kind}" + (f" aliases={list(model.aliases)}" if model.aliases else ""))
+        line = f"model {model.name}: engine={kind}"
+        if i in families:
+            line += f" family={families[i]}"
+        elif getattr(model, "family", None) is not None:
+            line += f" family={model.family} (decided at start: '{model.path}' is not a local directory)"
+        print(line + (f" aliases={list(model.aliases)}" if model.aliases else ""))
     print(f"config OK: {len(settings.models)} model(s); serving on {settings.server.host}:{settings.server.port}")
     return 0
 

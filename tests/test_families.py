@@ -252,3 +252,35 @@ def test_gateway_reports_families_and_serves_raw_scores(tiny_dirs):
         assert len(chunks) > 1
         best = max(ref.cross_scores(tiny_dirs["bert"], Q, chunks))
         assert body["results"][0]["relevance_score"] == pytest.approx(best, abs=1e-4)
+
+
+# -- command line ------------------------------------------------------------------------------
+def test_check_config_prints_the_family_and_serve_refuses_an_undetectable_one(tiny_dirs, tmp_path, capsys):
+    from gateway.cli import main
+
+    good = tmp_path / "good.toml"
+    good.write_text(
+        f'[[models]]\nname = "ce"\nengine = "transformers"\npath = "{tiny_dirs["xlmr"]}"\n'
+        f'[[models]]\nname = "bi"\nengine = "transformers"\npath = "{tiny_dirs["bi"]}"\n'
+        '[[models]]\nname = "hub"\nengine = "transformers"\npath = "BAAI/bge-reranker-v2-m3"\n'
+    )
+    assert main(["check-config", "--config", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "model ce: engine=transformers family=cross-encoder (config.json architectures has XLMRobertaForSequenceClassification" in out
+    assert "model bi: engine=transformers family=bi-encoder (sentence-transformers modules.json" in out
+    assert "model hub: engine=transformers family=auto (decided at start" in out
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_dirs["bi"], bare)
+    (bare / "modules.json").unlink()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[[models]]\nname = "bare"\nengine = "transformers"\npath = "{bare}"\n')
+    for command in ("check-config", "serve"):
+        assert main([command, "--config", str(bad)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "set models[0].family to one of qwen3, cross-encoder" in err, err
+
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(f'[[models]]\nname = "bi"\nengine = "vllm-score"\npath = "{tiny_dirs["bi"]}"\n')
+    assert main(["check-config", "--config", str(wrong)]) == 2
+    assert "models[0].engine: " in capsys.readouterr().err
