@@ -284,3 +284,11 @@ def test_check_config_prints_the_family_and_serve_refuses_an_undetectable_one(ti
     wrong.write_text(f'[[models]]\nname = "bi"\nengine = "vllm-score"\npath = "{tiny_dirs["bi"]}"\n')
     assert main(["check-config", "--config", str(wrong)]) == 2
     assert "models[0].engine: " in capsys.readouterr().err
+
+
+def test_raw_scores_refused_for_a_family_without_raw_output(tiny_qwen3_dir):
+    from adapters.families import create_family
+
+    cfg = TransformersEngineConfig(name="q", path=str(tiny_qwen3_dir), raw_scores=True)
+    with pytest.raises(ValueError, match="raw_scores = true: the qwen3 family has no raw output"):
+        create_family(cfg, "transformers")
