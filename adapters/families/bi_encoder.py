@@ -3,7 +3,8 @@
 The query and each document are embedded apart (the query once per request, as its own row in
 the same length-sorted batches as the documents), pooled as the checkpoint's
 ``1_Pooling/config.json`` says (mean, CLS or last token; ``pooling`` overrides), and scored by
-cosine similarity. Scores: ``(1 + cos) / 2`` in [0, 1] (monotone, so the order is the cosine's);
+cosine similarity (so a trailing Normalize module changes nothing). Scores: ``(1 + cos) / 2`` in
+[0, 1] (monotone, so the order is the cosine's);
 ``raw_scores``: the cosine itself, in [-1, 1].
 
 The service still truncates and chunks in token space: a document's room is the window minus

@@ -12,7 +12,6 @@ must win over) and nothing else changes.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,13 +187,3 @@ def pooling_mode(files: ModelFiles, configured: str) -> str:
     if configured != "auto":
         return configured
     return _pooling_mode(files.pooling) or "mean"
-
-
-def normalizes(files: ModelFiles) -> bool:
-    """Whether the sentence-transformers pipeline ends with a Normalize module."""
-    return any(str(m.get("type", "")).endswith("models.Normalize") for m in files.modules)
-
-
-def local_or_cached(path: str) -> bool:
-    """True when ``path`` is a directory here (check-config reads hub ids only if cached)."""
-    return os.path.isdir(path)
