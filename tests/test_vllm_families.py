@@ -6,8 +6,10 @@ tests compare them over HTTP:
 
 - a BERT cross-encoder (token types 0/1 through vLLM's compressed token types),
 - an XLM-R cross-encoder with a three-label head (positive label in the middle),
-- an XLM-R cross-encoder whose every logit is exactly 2.0: the score must be sigmoid(2.0),
-  not sigmoid(sigmoid(2.0)) -- vLLM applies its own activation unless asked not to.
+- an XLM-R cross-encoder whose every logit is exactly 2.0, served with ``raw_scores``: vLLM
+  must hand back 2.0 itself, not sigmoid(2.0) -- it applies its own activation unless asked
+  not to, and the family's sigmoid on top would apply it twice (the transformers side of the
+  same known logit is test_families.py::test_activation_applied_once_on_a_known_logit).
 
 vLLM engines start once for the module (run under ``flock /tmp/vllm.lock``).
 """
@@ -64,13 +66,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             _model("vs-bert", "vllm-score", bert, VLLM_KEYS),
             _model("tf-multi", "transformers", multi, 'dtype = "float32"\n'),
             _model("vs-multi", "vllm-score", multi, VLLM_KEYS),
-            _model("vs-known", "vllm-score", known, VLLM_KEYS),
-            _model("vs-known-raw", "vllm-score", known, VLLM_KEYS + "raw_scores = true\n"),
+            # raw_scores: the known model answers logits, so one engine checks both sides.
+            _model("vs-known", "vllm-score", known, VLLM_KEYS + "raw_scores = true\n"),
         ]
     )
     proc = ServerProcess(config, base)
     try:
-        proc.wait_ready(timeout=540)
+        proc.wait_ready(timeout=900)
         yield proc
     finally:
         proc.stop()
@@ -97,9 +99,12 @@ def test_vllm_cross_encoder_equals_transformers(server, name):
 
 
 def test_vllm_applies_the_activation_once(server):
-    once = 1 / (1 + math.exp(-2.0))  # 0.8808; twice: 0.7069
-    assert list(_scores(server.url, "vs-known", DOCS[:3]).values()) == pytest.approx([once] * 3, abs=1e-5)
-    assert list(_scores(server.url, "vs-known-raw", DOCS[:3]).values()) == pytest.approx([2.0] * 3, abs=1e-5)
+    # vLLM's head gives exactly 2.0 for every pair and the gateway passes it through raw ...
+    assert list(_scores(server.url, "vs-known", DOCS[:3]).values()) == pytest.approx([2.0] * 3, abs=1e-5)
+    # ... so vLLM applied no activation of its own; the family applies sigmoid once. Without
+    # use_activation=False vLLM would have answered sigmoid(2.0) = 0.8808 here, and the scores
+    # of a non-raw model would have been sigmoid(sigmoid(2.0)) = 0.7069.
+    assert all(abs(s - 1 / (1 + math.exp(-2.0))) > 0.1 for s in _scores(server.url, "vs-known", DOCS[:3]).values())
 
 
 def test_ready_reports_family_runtime_device_dtype(server):
