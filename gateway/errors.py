@@ -25,6 +25,8 @@ from schemas.rerank import ErrorBody
 __all__ = (
     "ERROR_TABLE",
     "AuthError",
+    "InputTooLongError",
+    "RawScoresUnsupportedError",
     "ForbiddenModelError",
     "RateLimitStoreError",
     "RateLimitedError",
@@ -34,6 +36,7 @@ __all__ = (
     "ModelUnavailableError",
     "PayloadTooLargeError",
     "UnknownModelError",
+    "describe_error",
     "error_response",
     "exception_handlers",
 )
@@ -55,12 +58,21 @@ class InvalidRequestError(GatewayError):
     """The body is JSON but not a valid rerank request (422)."""
 
 
+class RawScoresUnsupportedError(InvalidRequestError):
+    """Raw scores were asked for (TEI ``raw_scores``, vLLM ``use_activation: false``) but the
+    model's engine only outputs scores in [0, 1] (422; the TEI dialect answers TEI's 424)."""
+
+
 class UnknownModelError(GatewayError):
     """No configured model has this name (404)."""
 
 
 class PayloadTooLargeError(GatewayError):
     """Body, document count or chunk count over the configured limit (413)."""
+
+
+class InputTooLongError(PayloadTooLargeError):
+    """A text does not fit the model's window and the request forbids truncating it (413)."""
 
 
 class ModelUnavailableError(GatewayError):
@@ -180,16 +192,26 @@ def _headers(exc: Exception, status: int) -> dict[str, str]:
     return headers
 
 
-def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+def describe_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[int, str, str, dict[str, str]]:
+    """Status, client-safe message, request id and headers of ``exc``; logs 5xx.
+
+    The Cohere body below and the other dialects' bodies (``gateway.dialects``) are all built
+    from this one table; a dialect only renames a status where its server uses another code.
+    """
     status = classify(exc)
     message = _message(exc, status)
     request_id = str(request.scope.get("state", {}).get("request_id", ""))
     if status >= 500:
         log.error("request_failed", status=status, error=type(exc).__name__, exc_info=exc)
+    return status, message, request_id, _headers(exc, status)
+
+
+def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+    status, message, request_id, headers = describe_error(request, exc)
     return Response(
         ErrorBody(message=message, id=request_id, detail=message),
         status_code=status,
-        headers=_headers(exc, status),
+        headers=headers,
     )
 
 

@@ -19,6 +19,7 @@ __all__ = (
     "DEFAULT_MODEL_NAME",
     "DEFAULT_MODEL_PATH",
     "DashScopeEngineConfig",
+    "DialectsConfig",
     "EngineConfig",
     "LimitsConfig",
     "LoggingConfig",
@@ -167,6 +168,9 @@ class StaticEngineConfig(ModelConfig, tag="static"):
     scores: dict[str, Annotated[float, msgspec.Meta(ge=0, le=1)]] = {}
     # Simulated inference time per request (tests of timeouts and overload; latency models).
     delay_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    # Answer raw-score requests (TEI `raw_scores`, vLLM `use_activation: false`) with the
+    # logit of the score; false makes the engine one that has no raw output.
+    raw_scores: bool = True
 
 
 class UpstreamHttpConfig(ModelConfig):
@@ -240,9 +244,18 @@ EngineConfig = (
 )
 
 
+class DialectsConfig(_Strict):
+    """The non-Cohere request dialects (TEI's /rerank body and /info, vLLM's /score)."""
+
+    # The model that serves TEI-shaped requests and GET /info (TEI bodies name no model);
+    # None: the first configured model.
+    tei_model: ModelName | None = None
+
+
 class Settings(_Strict):
     server: ServerConfig = ServerConfig()
     logging: LoggingConfig = LoggingConfig()
     limits: LimitsConfig = LimitsConfig()
     auth: AuthConfig = AuthConfig()
+    dialects: DialectsConfig = DialectsConfig()
     models: tuple[EngineConfig, ...] = ()
