@@ -13,6 +13,7 @@ from litestar import Request, Response, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
+from gateway.decoding import StrictBody
 from gateway.errors import InvalidRequestError
 from gateway.middleware import log_fields, request_id
 from gateway.models import ModelRegistry
@@ -49,6 +50,8 @@ async def _rerank(request: Request[Any, Any, Any], data: RerankRequest, version:
     summary="Rerank (Cohere v1 / Jina)",
     tags=["rerank"],
     security=[{"bearer": []}],  # enforced by gateway.access when keys are configured
+    dto=StrictBody[RerankRequest],  # strict msgspec decode: no coercion, depth-checked (gateway.decoding)
+    return_dto=None,
 )
 async def rerank_v1(request: Request[Any, Any, Any], data: JSONBody[RerankRequest]) -> Response[RerankResponse]:
     return await _rerank(request, data, "1")
@@ -60,6 +63,8 @@ async def rerank_v1(request: Request[Any, Any, Any], data: JSONBody[RerankReques
     summary="Rerank (Cohere v2)",
     tags=["rerank"],
     security=[{"bearer": []}],
+    dto=StrictBody[RerankRequest],
+    return_dto=None,
 )
 async def rerank_v2(request: Request[Any, Any, Any], data: JSONBody[RerankRequest]) -> Response[RerankResponse]:
     if not data.model:

@@ -30,7 +30,10 @@ __all__ = (
     "Usage",
 )
 
-PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+# Bounded above so OpenAPI states the range and no engine or tokenizer sees an integer it
+# cannot hold (msgspec decodes JSON integers of any size).
+INT32_MAX = 2**31 - 1
+PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
 
 
 class TextObject(msgspec.Struct, kw_only=True, frozen=True):
