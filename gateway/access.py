@@ -27,7 +27,8 @@ from schemas.config import Settings
 
 __all__ = ("OPEN_PATHS", "AccessControl", "AccessMiddleware")
 
-OPEN_PATHS: Final = frozenset({"/health", "/ready", "/metrics", "/v1/models", "/models"})
+# /info (TEI's model info) is as public as the model list.
+OPEN_PATHS: Final = frozenset({"/health", "/ready", "/metrics", "/v1/models", "/models", "/info"})
 _OPEN_PREFIXES: Final = ("/schema",)
 
 

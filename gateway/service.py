@@ -66,7 +66,8 @@ class LongTexts(msgspec.Struct, kw_only=True, frozen=True):
     ``chunk`` (the gateway's default): split into chunks, score each, keep the max.
     ``truncate``: keep one window's worth of tokens, the first (``side="right"`` cuts the end)
     or the last (``side="left"``). ``reject``: answer 413 naming the lengths (TEI ``truncate:
-    false``). Text engines (upstreams) truncate themselves and only honour ``chunk``/right.
+    false``). Text engines (upstreams) truncate at the end themselves: they take ``chunk`` and
+    ``truncate``/right only.
     """
 
     mode: Literal["chunk", "truncate", "reject"] = "chunk"
@@ -74,6 +75,7 @@ class LongTexts(msgspec.Struct, kw_only=True, frozen=True):
 
 
 CHUNK = LongTexts()
+_CUT_RIGHT = LongTexts(mode="truncate", side="right")
 
 
 class RerankOutcome(msgspec.Struct, kw_only=True, frozen=True):
@@ -138,11 +140,13 @@ class RerankService:
                 f"raw scores are not available for model '{runtime.name}': its engine ({runtime.kind}) "
                 "outputs only relevance scores in [0, 1]; ask without raw scores"
             )
-        if long_texts != CHUNK and engine.tokenizer is None:
+        if engine.tokenizer is None and long_texts not in (CHUNK, _CUT_RIGHT):
+            # Text engines (upstreams) cut long texts at the end themselves; the gateway cannot
+            # count their tokens, so it can neither cut at the start nor refuse long texts.
             raise InvalidRequestError(
                 f"invalid request: model '{runtime.name}' ({runtime.kind}) is scored upstream, which "
-                "truncates texts itself; the gateway cannot truncate or check their length in tokens here: "
-                "leave `truncate` unset"
+                "truncates long texts at the end itself; the gateway cannot count their tokens to cut at "
+                "the start or to refuse them: leave `truncate` unset or send `truncate: true` with `Right`"
             )
         if runtime.in_flight >= runtime.config.max_concurrent_requests:
             raise EngineOverloadedError(
