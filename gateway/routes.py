@@ -60,7 +60,7 @@ async def _rerank(request: Request[Any, Any, Any], data: RerankRequest, version:
     exception_handlers={Exception: rerank_error_response, HTTPException: rerank_error_response},
 )
 async def rerank_v1(
-    request: Request[Any, Any, Any], data: DetectedRequest
+    request: Request[Any, Any, Any], data: JSONBody[DetectedRequest]
 ) -> Response[RerankResponse | list[TeiRank]]:
     if data.dialect == "tei":
         return await tei_rerank(request, data.body)

@@ -24,6 +24,7 @@ from typing import Any, Final
 from litestar import Request, Response, post
 from litestar.exceptions import HTTPException
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import JSONBody
 
 from gateway.decoding import StrictBody
 from gateway.dialects.common import finish
@@ -75,7 +76,8 @@ def vllm_error_response(request: Request[Any, Any, Any], exc: Exception) -> Resp
     status, message, _, headers = describe_error(request, exc)
     if status == 422:
         status = 400
-    kind = _TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "") + "Error"
+    # vLLM's own error classes where it has one, else the status phrase, as its HTTP handler does.
+    kind = _TYPES.get(status) or HTTPStatus(status).phrase
     body = VllmErrorBody(error=VllmErrorInfo(message=message, type=kind, code=status))
     return Response(body, status_code=status, headers=headers)
 
@@ -101,7 +103,7 @@ def vllm_error_response(request: Request[Any, Any, Any], exc: Exception) -> Resp
     },
     exception_handlers={Exception: vllm_error_response, HTTPException: vllm_error_response},
 )
-async def score(request: Request[Any, Any, Any], data: VllmScoreRequest) -> Response[VllmScoreResponse]:
+async def score(request: Request[Any, Any, Any], data: JSONBody[VllmScoreRequest]) -> Response[VllmScoreResponse]:
     settings: Settings = request.app.state.settings
     service: RerankService = request.app.state.service
     queries, texts = _sides(data)
