@@ -27,14 +27,23 @@ __all__ = (
     "VllmUsage",
 )
 
+# Checked by the service with its own messages; stated in the JSON schema only (as in
+# schemas.rerank), so OpenAPI describes them without changing the decoder's errors.
+NonBlank = msgspec.Meta(extra_json_schema={"minLength": 1, "pattern": r"\S"})
+NonEmpty = msgspec.Meta(extra_json_schema={"minItems": 1})
+
 # -- TEI -----------------------------------------------------------------------------------
 
 
 class TeiRerankRequest(msgspec.Struct, kw_only=True, frozen=True):
     """TEI's ``POST /rerank`` body: ``texts`` instead of ``documents``, no ``model``."""
 
-    query: Annotated[str, msgspec.Meta(description="The search query.")]
-    texts: Annotated[list[str], msgspec.Meta(description="Texts to rank against the query (strings only).")]
+    query: Annotated[str, NonBlank, msgspec.Meta(description="The search query; not empty or only whitespace.")]
+    texts: Annotated[
+        list[str],
+        NonEmpty,
+        msgspec.Meta(description="Texts to rank against the query (strings only); empty is TEI's 400 `Empty`."),
+    ]
     truncate: Annotated[
         bool | None,
         msgspec.Meta(
@@ -102,8 +111,12 @@ class TeiInfo(msgspec.Struct, kw_only=True, frozen=True):
 
 # -- vLLM score API --------------------------------------------------------------------------
 
-ScoreSide = Annotated[
-    str | list[str],
+QuerySide = Annotated[
+    Annotated[str, NonBlank] | Annotated[list[Annotated[str, NonBlank]], NonEmpty],
+    msgspec.Meta(description="The query, or one query per pair (not empty or only whitespace)."),
+]
+TextSide = Annotated[
+    str | Annotated[list[str], NonEmpty],
     msgspec.Meta(description="One text, or a list of texts (multimodal content parts are not supported)."),
 ]
 
@@ -117,13 +130,13 @@ class VllmScoreRequest(msgspec.Struct, kw_only=True, frozen=True):
     """
 
     model: Annotated[str | None, msgspec.Meta(description="Public model name (default: the first model).")] = None
-    text_1: ScoreSide | None = None
-    text_2: ScoreSide | None = None
-    queries: ScoreSide | None = None
-    documents: ScoreSide | None = None
-    items: ScoreSide | None = None
-    data_1: ScoreSide | None = None
-    data_2: ScoreSide | None = None
+    text_1: QuerySide | None = None
+    text_2: TextSide | None = None
+    queries: QuerySide | None = None
+    documents: TextSide | None = None
+    items: TextSide | None = None
+    data_1: QuerySide | None = None
+    data_2: TextSide | None = None
     max_tokens_per_doc: Annotated[
         int, msgspec.Meta(ge=0, description="Truncate each text of the second side to this many tokens; 0: none.")
     ] = 0
