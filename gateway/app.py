@@ -40,7 +40,8 @@ class GatewayApp(Litestar):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            await request_context(scope, receive, send, super().__call__)
+            timeout = self.state.settings.server.body_read_timeout_s
+            await request_context(scope, receive, send, super().__call__, body_timeout_s=timeout)
         else:
             await super().__call__(scope, receive, send)
 
