@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import structlog
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 
 from adapters.base import (
     EngineError,
@@ -25,6 +25,8 @@ from schemas.rerank import ErrorBody
 __all__ = (
     "ERROR_TABLE",
     "AuthError",
+    "BodyTimeoutError",
+    "ClientDisconnectedError",
     "InputTooLongError",
     "RawScoresUnsupportedError",
     "ForbiddenModelError",
@@ -108,6 +110,16 @@ class RateLimitStoreError(GatewayError):
     headers = {"Retry-After": "5"}
 
 
+class BodyTimeoutError(GatewayError):
+    """The body did not arrive within server.body_read_timeout_s (408); the connection is closed."""
+
+    headers = {"Connection": "close"}
+
+
+class ClientDisconnectedError(GatewayError):
+    """The client went away before the gateway answered (499, logged and counted, never sent)."""
+
+
 # Most specific class first is not required: lookup walks the exception's MRO.
 ERROR_TABLE: Final[dict[type[Exception], int]] = {
     MalformedRequestError: 400,
@@ -124,6 +136,8 @@ ERROR_TABLE: Final[dict[type[Exception], int]] = {
     EngineTimeoutError: 504,
     EngineError: 502,
     ValidationException: 422,  # the body decoded but does not fit the request schema
+    ClientDisconnectedError: 499,
+    BodyTimeoutError: 408,
 }
 
 # Messages for statuses whose exception text must not reach the client.
@@ -135,6 +149,8 @@ _SAFE_MESSAGES: Final[dict[int, str]] = {
 
 
 def classify(exc: Exception) -> int:
+    if _is_disconnect(exc):
+        return 499
     if isinstance(exc, ValidationException) and _is_empty_body(exc):
         return 400
     for cls in type(exc).__mro__:
@@ -146,7 +162,15 @@ def classify(exc: Exception) -> int:
     return 500
 
 
+def _is_disconnect(exc: Exception) -> bool:
+    # Litestar reports a client that disconnected while it read the body (mid-body hang-up,
+    # or chunked framing the server rejected) as this 500; it is the client's doing.
+    return isinstance(exc, InternalServerException) and exc.detail == "client disconnected prematurely"
+
+
 def _message(exc: Exception, status: int) -> str:
+    if status == 499:
+        return "the client disconnected before the request was answered"
     if isinstance(exc, ValidationException):
         if _is_empty_body(exc):
             return "the request body is empty; send a JSON object"

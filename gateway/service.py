@@ -298,9 +298,11 @@ def rank_texts(documents: Sequence[str | dict[str, Any]], rank_fields: list[str]
             texts.append(doc)
         elif rank_fields:
             parts = [f"{f}: {_field_text(doc[f])}" for f in rank_fields if f in doc and doc[f] is not None]
+            if not parts and isinstance(doc.get("text"), str):
+                parts = [doc["text"]]  # none of the fields: its text, so every schema-valid request ranks
             if not parts:
                 raise InvalidRequestError(
-                    f"invalid request: document {i} has none of the rank_fields {rank_fields}"
+                    f"invalid request: document {i} has none of the rank_fields {rank_fields} and no 'text'"
                 )
             texts.append("\n".join(parts))
         else:

@@ -54,6 +54,10 @@ class ServerConfig(_Strict):
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
     # uvicorn is a hard dependency; granian is faster but optional (extra `granian`).
     runner: Literal["uvicorn", "granian"] = "uvicorn"
+    # Connection bounds (gateway.servers): no client holds a descriptor forever.
+    keep_alive_timeout_s: PositiveFloat = 5.0  # idle connection, fresh or between requests
+    header_read_timeout_s: PositiveFloat = 10.0  # a request's headers, from their first byte
+    body_read_timeout_s: PositiveFloat = 30.0  # the whole body, from the headers (then 408)
 
 
 class LoggingConfig(_Strict):
