@@ -21,6 +21,7 @@ from gateway.logging import configure_logging
 from gateway.metrics import metrics_endpoint
 from gateway.middleware import request_context
 from gateway.models import ModelRegistry
+from gateway.dialects.openapi import finalize_dialects_openapi
 from gateway.openapi import finalize_openapi
 from gateway.routes import ROUTES
 from gateway.service import RerankService
@@ -86,4 +87,5 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     app.state.usage_metrics = access.metrics
     app.state.service = RerankService(registry, settings.limits)
     finalize_openapi(app, settings)  # the schemas and error responses the wire really has
+    finalize_dialects_openapi(app, settings)  # ... and those of the TEI and vLLM dialects
     return app
