@@ -86,6 +86,17 @@ def _integral_float(value: object) -> bool:
     return False
 
 
+def _unequal_score_pairs(body: object) -> bool:
+    """vLLM's N:N rule (as many first-side texts as second-side ones) that JSON Schema cannot state."""
+    if not isinstance(body, dict):
+        return False
+    for first, second in (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2")):
+        a, b = body.get(first), body.get(second)
+        if isinstance(a, list) and len(a) > 1 and len(a) != (len(b) if isinstance(b, list) else 1):
+            return True
+    return False
+
+
 def test_served_schema_is_the_one_fuzzed(server):
     assert httpx.get(f"{server.url}/schema/openapi.json", timeout=10).json() == json.loads(json.dumps(OPENAPI))
 
@@ -96,6 +107,10 @@ def test_schemathesis(case, server):
     if case.body is not None and _integral_float(case.body):
         # JSON Schema counts 1.0 as an integer; the gateway decodes strictly and answers 422
         # (README "Strict types"), so such bodies are not schema-valid requests for us.
+        return
+    if case.path in ("/score", "/v1/score") and _unequal_score_pairs(case.body):
+        # Two lists of unequal lengths are vLLM's 400 "Input lengths must be either 1:1, 1:N or
+        # N:N"; JSON Schema cannot compare lengths, so the schema describes it only in words.
         return
     case.call_and_validate(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"})
 

@@ -59,6 +59,10 @@ def _score_request(schema: dict[str, Any], settings: Settings) -> None:
         for branch in props[name]["anyOf"][0]["anyOf"]:
             if branch.get("type") == "array":
                 branch["maxItems"] = settings.limits.max_documents
+    schema["description"] = (
+        schema.get("description", "") + " A list on the first side needs as many texts on the second "
+        "(N:N); lengths that differ are a 400 (JSON Schema cannot state it)."
+    ).strip()
     # Exactly one pair of sides, both present and not null.
     schema["oneOf"] = [
         {"required": [a, b], "properties": {a: {"not": {"type": "null"}}, b: {"not": {"type": "null"}}}}
