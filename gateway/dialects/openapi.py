@@ -100,6 +100,11 @@ def finalize_dialects_openapi(app: Litestar, settings: Settings) -> None:
         operation = paths.get(path, {}).get("post")
         if operation is None:
             continue
+        # anyOf, not oneOf: both schemas allow unknown keys, so a body with `documents` and
+        # `texts` fits both, and the gateway takes it (as Cohere's).
+        body = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+        if "oneOf" in body.get("schema", {}):
+            body["schema"] = {"anyOf": body["schema"]["oneOf"]}
         if not settings.auth.keys:
             operation.pop("security", None)
         operation.setdefault("responses", {}).update(_errors(either, tei_statuses))
