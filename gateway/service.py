@@ -166,7 +166,11 @@ class RerankService:
                 )
             else:
                 job = ScoreJob(
-                    query=query, instruction=instruction, texts=unique, max_tokens_per_doc=max_tokens, raw_scores=raw_scores
+                    query=query,
+                    instruction=instruction,
+                    texts=unique,
+                    max_tokens_per_doc=max_tokens,
+                    raw_scores=raw_scores,
                 )
                 owners = list(range(len(unique)))
             t1 = time.perf_counter()

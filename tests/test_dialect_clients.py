@@ -131,7 +131,12 @@ def test_haystack_sees_teis_error_shape(servers, haystack):
 def test_llamaindex_tei_reranker_body(servers):
     tiny, _ = servers
     expected = _cohere_scores(tiny.url, QUERY, DOCS)
-    resp = httpx.post(f"{tiny.url}/rerank", json={"query": QUERY, "texts": DOCS}, headers={"Content-Type": "application/json"}, timeout=60)
+    resp = httpx.post(
+        f"{tiny.url}/rerank",
+        json={"query": QUERY, "texts": DOCS},
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
     assert resp.status_code == 200, resp.text
     for item in resp.json():  # what the postprocessor reads: item["index"], float(item["score"])
         assert float(item["score"]) == pytest.approx(expected[item["index"]], abs=1e-6)
@@ -160,16 +165,33 @@ def test_vllm_error_shape_on_the_wire(servers):
     resp = httpx.post(f"{tiny.url}/v1/score", json={"text_1": ["a", "b"], "text_2": ["a", "b", "c"]}, timeout=60)
     assert resp.status_code == 400
     assert resp.json() == {
-        "error": {"message": "Input lengths must be either 1:1, 1:N or N:N", "type": "BadRequestError", "param": None, "code": 400}
+        "error": {
+            "message": "Input lengths must be either 1:1, 1:N or N:N",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
     }
 
 
 def test_one_log_line_per_dialect_request_with_the_same_fields(servers):
     tiny, _ = servers
 
-    httpx.post(f"{tiny.url}/rerank", json={"query": QUERY, "texts": DOCS[:2]}, headers={"x-request-id": "dia-tei"}, timeout=60)
-    httpx.post(f"{tiny.url}/score", json={"text_1": QUERY, "text_2": DOCS[:2]}, headers={"x-request-id": "dia-vllm"}, timeout=60)
-    httpx.post(f"{tiny.url}/v1/rerank", json={"query": QUERY, "documents": DOCS[:2]}, headers={"x-request-id": "dia-cohere"}, timeout=60)
+    httpx.post(
+        f"{tiny.url}/rerank", json={"query": QUERY, "texts": DOCS[:2]}, headers={"x-request-id": "dia-tei"}, timeout=60
+    )
+    httpx.post(
+        f"{tiny.url}/score",
+        json={"text_1": QUERY, "text_2": DOCS[:2]},
+        headers={"x-request-id": "dia-vllm"},
+        timeout=60,
+    )
+    httpx.post(
+        f"{tiny.url}/v1/rerank",
+        json={"query": QUERY, "documents": DOCS[:2]},
+        headers={"x-request-id": "dia-cohere"},
+        timeout=60,
+    )
     lines = {}
     for line in tiny.output().splitlines():
         if line.startswith("{") and '"request"' in line:
@@ -178,6 +200,8 @@ def test_one_log_line_per_dialect_request_with_the_same_fields(servers):
     tei, vllm, cohere = lines["dia-tei"], lines["dia-vllm"], lines["dia-cohere"]
     assert tei["dialect"] == "tei" and vllm["dialect"] == "vllm"
     for record in (tei, vllm, cohere):
-        assert record["model"] == "tiny" and record["documents"] == 2 and record["items"] == 2 and record["status"] == 200
+        assert (
+            record["model"] == "tiny" and record["documents"] == 2 and record["items"] == 2 and record["status"] == 200
+        )
     assert tei["tokens"] == vllm["tokens"] == cohere["tokens"] > 0
     assert QUERY not in tiny.output() and DOCS[0] not in tiny.output()

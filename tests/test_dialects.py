@@ -48,7 +48,9 @@ def _settings(tiny_dir, **kw) -> Settings:
         limits=LimitsConfig(max_documents=8),
         dialects=DialectsConfig(tei_model="tiny"),
         models=(
-            TransformersEngineConfig(name="tiny", path=str(tiny_dir), dtype="float32", max_length=WINDOW, max_query_tokens=32),
+            TransformersEngineConfig(
+                name="tiny", path=str(tiny_dir), dtype="float32", max_length=WINDOW, max_query_tokens=32
+            ),
             StaticEngineConfig(name="static", scores=STATIC, score=0.1),
             StaticEngineConfig(name="noraw", raw_scores=False),
         ),
@@ -125,7 +127,9 @@ def test_tei_return_text_echoes_each_text(client):
 
 
 def _by_hand(tiny_dir, document: str, side: str) -> float:
-    head = reference.tokenize(tiny_dir, f"{reference.PREFIX}<Instruct>: {reference.DEFAULT_INSTRUCTION}\n<Query>: {Q}\n<Document>:")
+    head = reference.tokenize(
+        tiny_dir, f"{reference.PREFIX}<Instruct>: {reference.DEFAULT_INSTRUCTION}\n<Query>: {Q}\n<Document>:"
+    )
     tail = reference.tokenize(tiny_dir, reference.SUFFIX)
     doc = reference.tokenize(tiny_dir, " " + document)
     room = WINDOW - len(head) - len(tail)
@@ -145,7 +149,9 @@ def test_tei_truncate_true_cuts_in_tokens_at_the_named_end(client, tiny_qwen3_di
 def test_tei_truncation_sides_differ_and_default_chunks_like_cohere(client, tiny_qwen3_dir):
     long_doc = "Nevada desert sand. " * 20 + LONG
     right = ok(client.post("/rerank", json={"query": Q, "texts": [long_doc], "truncate": True}))[0]["score"]
-    left = ok(client.post("/rerank", json={"query": Q, "texts": [long_doc], "truncate": True, "truncation_direction": "Left"}))
+    left = ok(
+        client.post("/rerank", json={"query": Q, "texts": [long_doc], "truncate": True, "truncation_direction": "Left"})
+    )
     assert right != pytest.approx(left[0]["score"], abs=1e-6)
     # No `truncate`: the gateway's chunk-and-max, exactly the Cohere route's score.
     chunked = ok(client.post("/rerank", json={"query": Q, "texts": [long_doc]}))[0]["score"]
@@ -154,7 +160,9 @@ def test_tei_truncation_sides_differ_and_default_chunks_like_cohere(client, tiny
 
 
 def test_tei_truncate_false_refuses_a_text_longer_than_the_window(client):
-    message = tei_error(client.post("/rerank", json={"query": Q, "texts": ["short", LONG], "truncate": False}), 413, "Validation")
+    message = tei_error(
+        client.post("/rerank", json={"query": Q, "texts": ["short", LONG], "truncate": False}), 413, "Validation"
+    )
     assert re.search(rf"`inputs` must have less than {WINDOW} tokens\. Given: \d+", message), message
     # Texts that fit are scored as usual.
     ok(client.post("/rerank", json={"query": Q, "texts": ["short"], "truncate": False}))
@@ -165,7 +173,9 @@ def test_tei_errors_come_in_teis_shape_and_statuses(client):
     message = tei_error(client.post("/rerank", json={"query": Q, "texts": ["a"] * 9}), 413, "Validation")
     assert message == "batch size 9 > maximum allowed batch size 8"
     assert "$.texts[0]" in tei_error(client.post("/rerank", json={"query": Q, "texts": [1]}), 422, "Validation")
-    assert "$.raw_scores" in tei_error(client.post("/rerank", json={"query": Q, "texts": ["a"], "raw_scores": "yes"}), 422, "Validation")
+    assert "$.raw_scores" in tei_error(
+        client.post("/rerank", json={"query": Q, "texts": ["a"], "raw_scores": "yes"}), 422, "Validation"
+    )
     assert "truncation_direction" in tei_error(
         client.post("/rerank", json={"query": Q, "texts": ["a"], "truncation_direction": "Middle"}), 422, "Validation"
     )
@@ -186,7 +196,14 @@ def test_info_in_teis_shape(client):
     assert info["model_id"] == "tiny" and info["max_input_length"] == WINDOW
     assert info["model_type"] == {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
     assert info["max_client_batch_size"] == 8 and info["auto_truncate"] is True
-    for field in ("model_sha", "model_dtype", "max_concurrent_requests", "max_batch_tokens", "max_batch_requests", "version"):
+    for field in (
+        "model_sha",
+        "model_dtype",
+        "max_concurrent_requests",
+        "max_batch_tokens",
+        "max_batch_requests",
+        "version",
+    ):
         assert field in info
 
 
@@ -202,7 +219,9 @@ def test_openapi_documents_each_dialect(client):
     assert score["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/VllmScoreRequest")
     assert score["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/VllmScoreResponse")
     assert score["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/VllmErrorBody")
-    assert spec["paths"]["/info"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/TeiInfo")
+    assert spec["paths"]["/info"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/TeiInfo"
+    )
     assert set(spec["components"]["schemas"]["TeiRerankRequest"]["properties"]) == {
         "query", "texts", "truncate", "truncation_direction", "raw_scores", "return_text"
     }  # fmt: skip
@@ -218,9 +237,10 @@ def static_tei(tiny_qwen3_dir):
     for name in ("static", "noraw"):
         settings = msgspec.structs.replace(_settings(tiny_qwen3_dir), dialects=DialectsConfig(tei_model=name))
         apps[name] = settings
-    with TestClient(create_app(apps["static"], configure_logs=False)) as raw, TestClient(
-        create_app(apps["noraw"], configure_logs=False)
-    ) as noraw:
+    with (
+        TestClient(create_app(apps["static"], configure_logs=False)) as raw,
+        TestClient(create_app(apps["noraw"], configure_logs=False)) as noraw,
+    ):
         yield raw, noraw
 
 
@@ -236,9 +256,15 @@ def test_raw_scores_reach_the_engine_or_say_clearly_they_cannot(static_tei):
     message = tei_error(noraw.post("/rerank", json={"query": Q, "texts": texts, "raw_scores": True}), 424, "Backend")
     assert "raw scores are not available for model 'noraw'" in message
     # vLLM's spelling of the same request: use_activation=false.
-    data = ok(raw.post("/score", json={"model": "static", "text_1": Q, "text_2": texts, "use_activation": False}))["data"]
+    data = ok(raw.post("/score", json={"model": "static", "text_1": Q, "text_2": texts, "use_activation": False}))[
+        "data"
+    ]
     assert [d["score"] for d in data] == pytest.approx([math.log(STATIC[t] / (1 - STATIC[t])) for t in texts])
-    message = vllm_error(raw.post("/score", json={"model": "noraw", "text_1": Q, "text_2": texts, "use_activation": False}), 400, "BadRequestError")
+    message = vllm_error(
+        raw.post("/score", json={"model": "noraw", "text_1": Q, "text_2": texts, "use_activation": False}),
+        400,
+        "BadRequestError",
+    )
     assert "raw scores are not available" in message
 
 
@@ -254,7 +280,9 @@ def test_tei_on_an_upstream_engine_cannot_cut_at_the_start_or_refuse(static_tei)
 
 
 @pytest.mark.parametrize("path", ["/score", "/v1/score"])
-@pytest.mark.parametrize("sides", [("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2")])
+@pytest.mark.parametrize(
+    "sides", [("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2")]
+)
 def test_vllm_one_to_n_scores_in_input_order_equal_the_cohere_route(client, path, sides):
     expected = cohere_scores(client, Q, DOCS)
     body = ok(client.post(path, json={"model": "tiny", sides[0]: Q, sides[1]: DOCS}))
@@ -287,8 +315,12 @@ def test_vllm_errors_come_in_vllms_shape(client):
     )
     assert "one of: text_1/text_2" in vllm_error(client.post("/score", json={"text_1": Q}), 400, "BadRequestError")
     assert "$.text_2" in vllm_error(client.post("/score", json={"text_1": Q, "text_2": [1]}), 400, "BadRequestError")
-    assert "not found" in vllm_error(client.post("/score", json={"model": "nope", "text_1": Q, "text_2": ["a"]}), 404, "NotFoundError")
-    assert "too many pairs" in vllm_error(client.post("/score", json={"text_1": Q, "text_2": ["a"] * 9}), 413, "Request Entity Too Large")
+    assert "not found" in vllm_error(
+        client.post("/score", json={"model": "nope", "text_1": Q, "text_2": ["a"]}), 404, "NotFoundError"
+    )
+    assert "too many pairs" in vllm_error(
+        client.post("/score", json={"text_1": Q, "text_2": ["a"] * 9}), 413, "Request Entity Too Large"
+    )
     vllm_error(client.post("/score", content=b"{not json"), 400, "BadRequestError")
 
 
@@ -307,12 +339,22 @@ def test_dialects_share_keys_and_usage_metrics(tiny_qwen3_dir):
         vllm_error(c.post("/score", json={"text_1": Q, "text_2": ["a"]}), 401, "Unauthorized")
         assert c.get("/info").status_code == 200  # as open as /v1/models
         # The key's model scope holds whatever the dialect: TEI's model and vLLM's `model`.
-        vllm_error(c.post("/score", json={"model": "tiny", "text_1": Q, "text_2": ["a"]}, headers=auth), 403, "Forbidden")
+        vllm_error(
+            c.post("/score", json={"model": "tiny", "text_1": Q, "text_2": ["a"]}, headers=auth), 403, "Forbidden"
+        )
         ok(c.post("/rerank", json={"query": Q, "texts": ["alpha", "beta"]}, headers=auth))
-        n_to_n = ok(c.post("/score", json={"model": "static", "text_1": ["q one", "q two two"], "text_2": ["alpha", "beta"]}, headers=auth))
+        n_to_n = ok(
+            c.post(
+                "/score",
+                json={"model": "static", "text_1": ["q one", "q two two"], "text_2": ["alpha", "beta"]},
+                headers=auth,
+            )
+        )
         metrics = c.get("/metrics").text
     tokens = float(re.search(r'^rerank_tokens_total\{key="dialects",model="static"\} (\S+)$', metrics, re.M).group(1))
-    documents = float(re.search(r'^rerank_documents_total\{key="dialects",model="static"\} (\S+)$', metrics, re.M).group(1))
+    documents = float(
+        re.search(r'^rerank_documents_total\{key="dialects",model="static"\} (\S+)$', metrics, re.M).group(1)
+    )
     tei_tokens = 2 * (1 + 8)  # the static engine counts spaces + 1 per text and per pair's query (8 words)
     assert n_to_n["usage"]["total_tokens"] == (1 + 2) + (1 + 3)  # both groups' tokens, added up
     assert tokens == tei_tokens + n_to_n["usage"]["total_tokens"]

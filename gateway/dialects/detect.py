@@ -19,8 +19,8 @@ from litestar import Request, Response
 from litestar.typing import FieldDefinition
 
 from gateway.decoding import StrictBody, check_depth, decode_json
-from gateway.errors import InvalidRequestError, MalformedRequestError, error_response
 from gateway.dialects.tei import TEI, is_tei, mark_tei, tei_error_response
+from gateway.errors import InvalidRequestError, MalformedRequestError, error_response
 from schemas.dialects import TeiRerankRequest
 from schemas.rerank import RerankRequest
 
@@ -49,8 +49,8 @@ class _Shape(msgspec.Struct):
 
 _NO_DIALECT: Final = (
     "invalid request: the body matches no rerank dialect: expected a Cohere/Jina body "
-    "(`query` and `documents`, e.g. {\"query\": \"...\", \"documents\": [\"...\"]}) or a TEI body "
-    "(`query` and `texts`, e.g. {\"query\": \"...\", \"texts\": [\"...\"]})"
+    '(`query` and `documents`, e.g. {"query": "...", "documents": ["..."]}) or a TEI body '
+    '(`query` and `texts`, e.g. {"query": "...", "texts": ["..."]})'
 )
 
 
@@ -64,7 +64,9 @@ def detect_rerank_body(body: bytes) -> DetectedRequest:
         raise InvalidRequestError(f"{_NO_DIALECT}; got JSON that is not an object") from None
     except msgspec.DecodeError as exc:
         text = str(exc)
-        raise MalformedRequestError(text if text.startswith("JSON is malformed") else f"JSON is malformed: {text}") from None
+        raise MalformedRequestError(
+            text if text.startswith("JSON is malformed") else f"JSON is malformed: {text}"
+        ) from None
     if shape.documents:
         # `documents` wins: Cohere ignores unknown keys, so a Cohere body with a stray `texts` stays Cohere.
         return DetectedRequest(dialect="cohere", body=decode_json(body, RerankRequest))

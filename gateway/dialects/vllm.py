@@ -49,7 +49,12 @@ VLLM: Final = "vllm"
 # enough that one request cannot fill the model's max_concurrent_requests by itself.
 _GROUPS_AT_ONCE: Final = 4
 _PAIRINGS: Final = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
-_TYPES: Final = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+_TYPES: Final = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
 
 
 def _sides(data: VllmScoreRequest) -> tuple[list[str], list[str]]:
@@ -127,7 +132,9 @@ async def score(request: Request[Any, Any, Any], data: JSONBody[VllmScoreRequest
             instruction=data.instruction,
         )
         async with gate:
-            return await service.rerank(cohere, api_version="1", request_id=rid, raw_scores=data.use_activation is False)
+            return await service.rerank(
+                cohere, api_version="1", request_id=rid, raw_scores=data.use_activation is False
+            )
 
     # Every group finishes (or fails) before we answer: no task outlives its request.
     results = await asyncio.gather(*(run(q, idx) for q, idx in groups.items()), return_exceptions=True)
