@@ -533,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()} (shared with other jobs)",
         "command": "python -m benchmarks.reliability " + " ".join(argv),
     }
+    out = Path(args.out) / now.strftime("%Y-%m-%d")
     with tempfile.TemporaryDirectory(prefix="reliability-") as tmp:
         workdir = Path(tmp)
         steps = {
@@ -551,12 +552,15 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # a section that cannot run is reported, not fatal
                 report[name] = {"skipped": f"{type(exc).__name__}: {exc}"}
             print(json.dumps(report[name], default=str)[:600], flush=True)
-    out = Path(args.out) / now.strftime("%Y-%m-%d")
+            _write(report, out)  # after every section: a run stopped early keeps what it measured
+    print(f"wrote {out}/reliability.json and reliability.md")
+    return 0
+
+
+def _write(report: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "reliability.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "reliability.md").write_text(_md(report))
-    print(f"wrote {out}/reliability.json and reliability.md")
-    return 0
 
 
 if __name__ == "__main__":
