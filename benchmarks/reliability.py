@@ -559,6 +559,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _write(report: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    previous = out / "reliability.json"
+    if previous.exists():  # sections run separately on one day (e.g. `--only engine`) add up
+        merged = json.loads(previous.read_text())
+        merged.update({k: v for k, v in report.items() if k in SECTIONS})
+        merged["command"] = " ; ".join(dict.fromkeys([*merged.get("command", "").split(" ; "), report["command"]]))
+        report = merged
     (out / "reliability.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "reliability.md").write_text(_md(report))
 
