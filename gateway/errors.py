@@ -26,7 +26,6 @@ __all__ = (
     "ERROR_TABLE",
     "AuthError",
     "BodyTimeoutError",
-    "ClientDisconnectedError",
     "InputTooLongError",
     "RawScoresUnsupportedError",
     "ForbiddenModelError",
@@ -116,10 +115,6 @@ class BodyTimeoutError(GatewayError):
     headers = {"Connection": "close"}
 
 
-class ClientDisconnectedError(GatewayError):
-    """The client went away before the gateway answered (499, logged and counted, never sent)."""
-
-
 # Most specific class first is not required: lookup walks the exception's MRO.
 ERROR_TABLE: Final[dict[type[Exception], int]] = {
     MalformedRequestError: 400,
@@ -136,7 +131,6 @@ ERROR_TABLE: Final[dict[type[Exception], int]] = {
     EngineTimeoutError: 504,
     EngineError: 502,
     ValidationException: 422,  # the body decoded but does not fit the request schema
-    ClientDisconnectedError: 499,
     BodyTimeoutError: 408,
 }
 
@@ -150,7 +144,7 @@ _SAFE_MESSAGES: Final[dict[int, str]] = {
 
 def classify(exc: Exception) -> int:
     if _is_disconnect(exc):
-        return 499
+        return 499  # gateway.middleware.CLIENT_CLOSED: logged and counted, never sent
     if isinstance(exc, ValidationException) and _is_empty_body(exc):
         return 400
     for cls in type(exc).__mro__:

@@ -170,3 +170,16 @@ def test_decode_json_maps_every_failure():
         decode_json(b'{"query":"q","documents":["a"],"top_n":"2"}', RerankRequest)
     with pytest.raises(MalformedRequestError):
         decode_json(b"{", RerankRequest)
+
+
+def test_too_many_arrays_is_a_400_and_the_check_stays_cheap():
+    from gateway.decoding import MAX_JSON_CONTAINERS
+
+    flat = b"[" + b"[]," * (MAX_JSON_CONTAINERS + 1) + b"[]]"
+    with pytest.raises(MalformedRequestError, match="too many arrays/objects"):
+        check_depth(flat)
+    # Many sequences just under the limit, then one just over it, at the end of the body.
+    almost = b"[" + (b"[" * 63 + b"]" * 63 + b",") * 5000
+    check_depth(almost + b"[]]")
+    with pytest.raises(MalformedRequestError, match="nested too deeply"):
+        check_depth(almost + b"[" * 64 + b"]" * 64 + b"]")
