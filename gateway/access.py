@@ -21,13 +21,14 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.auth import KeyStore, RequestAccess, request_access
 from gateway.errors import RateLimitedError, classify
 from gateway.metrics import ANONYMOUS, UNAUTHENTICATED, UsageMetrics
-from gateway.middleware import log_fields
+from gateway.middleware import CLIENT_CLOSED, log_fields
 from gateway.ratelimit import Admission, KeyLimiter
 from schemas.config import Settings
 
 __all__ = ("OPEN_PATHS", "AccessControl", "AccessMiddleware")
 
-OPEN_PATHS: Final = frozenset({"/health", "/ready", "/metrics", "/v1/models", "/models"})
+# /info (TEI's model info) is as public as the model list.
+OPEN_PATHS: Final = frozenset({"/health", "/ready", "/metrics", "/v1/models", "/models", "/info"})
 _OPEN_PREFIXES: Final = ("/schema",)
 
 
@@ -100,7 +101,7 @@ class AccessMiddleware:
                 if admission is not None:
                     await control.limiter.finish(admission, usage.tokens if usage else 0)
                 # No status: the client went away before any response (cancelled), counted as 499.
-                control.metrics.record_request(access.label, access.model, status or 499)
+                control.metrics.record_request(access.label, access.model, status or CLIENT_CLOSED)
                 if usage is not None and access.model is not None:
                     control.metrics.record_usage(
                         access.label,

@@ -21,6 +21,8 @@ from gateway.logging import configure_logging
 from gateway.metrics import metrics_endpoint
 from gateway.middleware import request_context
 from gateway.models import ModelRegistry
+from gateway.dialects.openapi import finalize_dialects_openapi
+from gateway.openapi import finalize_openapi
 from gateway.routes import ROUTES
 from gateway.service import RerankService
 from gateway.settings import load_settings
@@ -40,7 +42,8 @@ class GatewayApp(Litestar):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            await request_context(scope, receive, send, super().__call__)
+            timeout = self.state.settings.server.body_read_timeout_s
+            await request_context(scope, receive, send, super().__call__, body_timeout_s=timeout)
         else:
             await super().__call__(scope, receive, send)
 
@@ -83,4 +86,6 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     app.state.access = access
     app.state.usage_metrics = access.metrics
     app.state.service = RerankService(registry, settings.limits)
+    finalize_openapi(app, settings)  # the schemas and error responses the wire really has
+    finalize_dialects_openapi(app, settings)  # ... and those of the TEI and vLLM dialects
     return app

@@ -200,4 +200,9 @@ def record_usage(*, documents: int, tokens: int, search_units: int) -> None:
     """Called by the service after scoring: what the request used, for tpm and usage metrics."""
     access = _current.get()
     if access is not None:
+        # Added up: one vLLM /score request with several queries is several service calls.
+        prev = access.usage
+        if prev is not None:
+            documents, tokens = documents + prev.documents, tokens + prev.tokens
+            search_units += prev.search_units
         access.usage = Usage(documents, tokens, search_units)

@@ -5,7 +5,6 @@ other modules: ``keys``, ``bench``).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -31,34 +30,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     check_exposure(settings)  # no keys on a public address: refuse unless auth.open = true
     model_families(settings)  # an undetectable family or a family the engine cannot run: one line, exit 2
+    from gateway.servers import run_granian, run_uvicorn
+
     if settings.server.runner == "granian":
-        from granian import Granian  # optional extra `granian`
-
-        if args.config:
-            os.environ["RERANK_CONFIG"] = str(args.config)
-        os.environ["RERANK_SERVER__HOST"] = settings.server.host
-        os.environ["RERANK_SERVER__PORT"] = str(settings.server.port)
-        Granian(
-            "gateway.app:create_app",
-            factory=True,
-            address=settings.server.host,
-            port=settings.server.port,
-            interface="asgi",
-            workers=1,
-        ).serve()
-        return 0
-    import uvicorn
-
-    from gateway.app import create_app
-
-    uvicorn.run(
-        create_app(settings),
-        host=settings.server.host,
-        port=settings.server.port,
-        log_level="warning",  # our own access line replaces uvicorn's
-        access_log=False,
-        timeout_graceful_shutdown=30,
-    )
+        run_granian(settings, args.config)
+    else:
+        run_uvicorn(settings)
     return 0
 
 

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import structlog
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 
 from adapters.base import (
     EngineError,
@@ -25,6 +25,9 @@ from schemas.rerank import ErrorBody
 __all__ = (
     "ERROR_TABLE",
     "AuthError",
+    "BodyTimeoutError",
+    "InputTooLongError",
+    "RawScoresUnsupportedError",
     "ForbiddenModelError",
     "RateLimitStoreError",
     "RateLimitedError",
@@ -34,6 +37,7 @@ __all__ = (
     "ModelUnavailableError",
     "PayloadTooLargeError",
     "UnknownModelError",
+    "describe_error",
     "error_response",
     "exception_handlers",
 )
@@ -55,12 +59,21 @@ class InvalidRequestError(GatewayError):
     """The body is JSON but not a valid rerank request (422)."""
 
 
+class RawScoresUnsupportedError(InvalidRequestError):
+    """Raw scores were asked for (TEI ``raw_scores``, vLLM ``use_activation: false``) but the
+    model's engine only outputs scores in [0, 1] (422; the TEI dialect answers TEI's 424)."""
+
+
 class UnknownModelError(GatewayError):
     """No configured model has this name (404)."""
 
 
 class PayloadTooLargeError(GatewayError):
     """Body, document count or chunk count over the configured limit (413)."""
+
+
+class InputTooLongError(PayloadTooLargeError):
+    """A text does not fit the model's window and the request forbids truncating it (413)."""
 
 
 class ModelUnavailableError(GatewayError):
@@ -96,6 +109,12 @@ class RateLimitStoreError(GatewayError):
     headers = {"Retry-After": "5"}
 
 
+class BodyTimeoutError(GatewayError):
+    """The body did not arrive within server.body_read_timeout_s (408); the connection is closed."""
+
+    headers = {"Connection": "close"}
+
+
 # Most specific class first is not required: lookup walks the exception's MRO.
 ERROR_TABLE: Final[dict[type[Exception], int]] = {
     MalformedRequestError: 400,
@@ -112,6 +131,7 @@ ERROR_TABLE: Final[dict[type[Exception], int]] = {
     EngineTimeoutError: 504,
     EngineError: 502,
     ValidationException: 422,  # the body decoded but does not fit the request schema
+    BodyTimeoutError: 408,
 }
 
 # Messages for statuses whose exception text must not reach the client.
@@ -123,6 +143,8 @@ _SAFE_MESSAGES: Final[dict[int, str]] = {
 
 
 def classify(exc: Exception) -> int:
+    if _is_disconnect(exc):
+        return 499  # gateway.middleware.CLIENT_CLOSED: logged and counted, never sent
     if isinstance(exc, ValidationException) and _is_empty_body(exc):
         return 400
     for cls in type(exc).__mro__:
@@ -134,7 +156,15 @@ def classify(exc: Exception) -> int:
     return 500
 
 
+def _is_disconnect(exc: Exception) -> bool:
+    # Litestar reports a client that disconnected while it read the body (mid-body hang-up,
+    # or chunked framing the server rejected) as this 500; it is the client's doing.
+    return isinstance(exc, InternalServerException) and exc.detail == "client disconnected prematurely"
+
+
 def _message(exc: Exception, status: int) -> str:
+    if status == 499:
+        return "the client disconnected before the request was answered"
     if isinstance(exc, ValidationException):
         if _is_empty_body(exc):
             return "the request body is empty; send a JSON object"
@@ -180,16 +210,26 @@ def _headers(exc: Exception, status: int) -> dict[str, str]:
     return headers
 
 
-def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+def describe_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[int, str, str, dict[str, str]]:
+    """Status, client-safe message, request id and headers of ``exc``; logs 5xx.
+
+    The Cohere body below and the other dialects' bodies (``gateway.dialects``) are all built
+    from this one table; a dialect only renames a status where its server uses another code.
+    """
     status = classify(exc)
     message = _message(exc, status)
     request_id = str(request.scope.get("state", {}).get("request_id", ""))
     if status >= 500:
         log.error("request_failed", status=status, error=type(exc).__name__, exc_info=exc)
+    return status, message, request_id, _headers(exc, status)
+
+
+def error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+    status, message, request_id, headers = describe_error(request, exc)
     return Response(
         ErrorBody(message=message, id=request_id, detail=message),
         status_code=status,
-        headers=_headers(exc, status),
+        headers=headers,
     )
 
 

@@ -8,6 +8,7 @@ documents and tokens without the middleware knowing about reranking.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
@@ -18,7 +19,14 @@ import structlog
 from litestar.datastructures import MutableScopeHeaders
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ("log_fields", "request_context", "request_id")
+from gateway.errors import BodyTimeoutError
+
+__all__ = ("CLIENT_CLOSED", "client_disconnected", "log_fields", "request_context", "request_id")
+
+# nginx's "client closed request": the status logged and counted when the client goes away
+# before it has a response. It is never sent (there is nobody to send it to), and it is not a
+# 5xx, so error-rate alerts do not fire on client behaviour.
+CLIENT_CLOSED = 499
 
 log = structlog.get_logger("gateway.access")
 
@@ -36,6 +44,11 @@ def request_id(scope: Scope) -> str:
     return str(scope.get("state", {}).get("request_id", ""))
 
 
+def client_disconnected(scope: Scope) -> bool:
+    """The ASGI server told this request that its client went away."""
+    return bool(scope.get("state", {}).get("client_disconnected"))
+
+
 def _incoming_id(scope: Scope) -> str | None:
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
@@ -44,18 +57,42 @@ def _incoming_id(scope: Scope) -> str | None:
     return None
 
 
-async def request_context(scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
+async def request_context(
+    scope: Scope, receive: Receive, send: Send, next_app: ASGIApp, *, body_timeout_s: float | None = None
+) -> None:
     """Run one HTTP request with an id, timing headers and its log line.
 
     It wraps the whole application (not only matched routes), so 404 and 405 answers get an
-    id and a log line too.
+    id and a log line too. It notes a client disconnect (logged and counted as 499) and bounds
+    the time the whole body may take to arrive (``body_timeout_s``: then 408, see
+    ``gateway.servers``), the same under every ASGI server.
     """
     rid = _incoming_id(scope) or uuid.uuid4().hex
     scope.setdefault("state", {})["request_id"] = rid
     fields: dict[str, Any] = {}
     token = _fields.set(fields)
     start = time.perf_counter()
-    status = 500
+    status = 0  # no response started yet
+
+    body_deadline = None if body_timeout_s is None else time.monotonic() + body_timeout_s
+    body_done = False
+
+    async def receive_wrapper() -> Message:
+        nonlocal body_done
+        if body_done or body_deadline is None:
+            message = await receive()
+        else:
+            try:
+                async with asyncio.timeout(max(body_deadline - time.monotonic(), 0.0)):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyTimeoutError(
+                    f"the request body did not arrive within {body_timeout_s:g} s; the connection is closed"
+                ) from None
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
+        if message["type"] == "http.disconnect":
+            scope["state"]["client_disconnected"] = True
+        return message
 
     async def send_wrapper(message: Message) -> None:
         nonlocal status
@@ -67,9 +104,11 @@ async def request_context(scope: Scope, receive: Receive, send: Send, next_app: 
         await send(message)
 
     try:
-        await next_app(scope, receive, send_wrapper)
+        await next_app(scope, receive_wrapper, send_wrapper)
     finally:
         _fields.reset(token)
+        if not status:
+            status = CLIENT_CLOSED if client_disconnected(scope) else 500
         log.info(
             "request",
             request_id=rid,

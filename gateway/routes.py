@@ -1,6 +1,7 @@
 """HTTP handlers: thin, they decode, call the service and shape the HTTP response.
 
-``/v1/rerank`` serves Cohere v1 and Jina clients, ``/v2/rerank`` Cohere v2 (and the fields old
+``/v1/rerank`` serves Cohere v1 and Jina clients (and TEI clients: a ``texts`` body is TEI's, see
+``gateway.dialects``), ``/v2/rerank`` Cohere v2 (and the fields old
 SDKs still send there), ``/rerank`` is an alias of v1. ``/v1/v1/rerank`` and ``/v1/v2/rerank``
 catch the common ``base_url=".../v1"`` misconfiguration of the cohere SDK.
 """
@@ -11,12 +12,16 @@ from typing import Any
 
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
+from litestar.exceptions import HTTPException
 from litestar.params import JSONBody
 
+from gateway.decoding import StrictBody
+from gateway.dialects import DIALECT_ROUTES, DetectedRequest, RerankDialectBody, rerank_error_response, tei_rerank
 from gateway.errors import InvalidRequestError
 from gateway.middleware import log_fields, request_id
 from gateway.models import ModelRegistry
 from gateway.service import RerankOutcome, RerankService
+from schemas.dialects import TeiRank
 from schemas.rerank import ModelCard, ModelList, RerankRequest, RerankResponse
 
 __all__ = ("ROUTES",)
@@ -46,12 +51,20 @@ async def _rerank(request: Request[Any, Any, Any], data: RerankRequest, version:
 @post(
     ["/v1/rerank", "/rerank", "/v1/v1/rerank"],
     status_code=200,
-    summary="Rerank (Cohere v1 / Jina)",
+    summary="Rerank (Cohere v1 / Jina, or TEI when the body has `texts`)",
     tags=["rerank"],
     security=[{"bearer": []}],  # enforced by gateway.access when keys are configured
+    # Strict msgspec decode into the dialect the body's shape names (gateway.dialects.detect).
+    dto=RerankDialectBody,
+    return_dto=None,
+    exception_handlers={Exception: rerank_error_response, HTTPException: rerank_error_response},
 )
-async def rerank_v1(request: Request[Any, Any, Any], data: JSONBody[RerankRequest]) -> Response[RerankResponse]:
-    return await _rerank(request, data, "1")
+async def rerank_v1(
+    request: Request[Any, Any, Any], data: JSONBody[DetectedRequest]
+) -> Response[RerankResponse | list[TeiRank]]:
+    if data.dialect == "tei":
+        return await tei_rerank(request, data.body)
+    return await _rerank(request, data.body, "1")
 
 
 @post(
@@ -60,6 +73,8 @@ async def rerank_v1(request: Request[Any, Any, Any], data: JSONBody[RerankReques
     summary="Rerank (Cohere v2)",
     tags=["rerank"],
     security=[{"bearer": []}],
+    dto=StrictBody[RerankRequest],
+    return_dto=None,
 )
 async def rerank_v2(request: Request[Any, Any, Any], data: JSONBody[RerankRequest]) -> Response[RerankResponse]:
     if not data.model:
@@ -94,4 +109,4 @@ async def ready(state: State) -> Response[dict[str, Any]]:
     return Response(body, status_code=200 if ok else 503, headers=None if ok else {"Retry-After": "5"})
 
 
-ROUTES = [rerank_v1, rerank_v2, list_models, health, ready]
+ROUTES = [rerank_v1, rerank_v2, list_models, health, ready, *DIALECT_ROUTES]

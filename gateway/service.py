@@ -6,6 +6,11 @@ to every position), and for token engines tokenize, truncate to ``max_tokens_per
 documents longer than the model's window into chunks (capped by ``max_chunks_per_doc``) whose
 max is the document's score. Then sort (descending score, ties by index), cut to ``top_n`` and
 echo documents if asked. Nothing here imports Litestar.
+
+Every dialect (Cohere, Jina, TEI, vLLM's score API) ends up here; the two things only some
+dialects can ask for are keyword options: :class:`LongTexts` (TEI's ``truncate`` and
+``truncation_direction`` instead of chunk-and-max) and ``raw_scores`` (TEI's ``raw_scores``,
+vLLM's ``use_activation: false``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import anyio.to_thread
 import msgspec
@@ -28,7 +33,7 @@ from adapters.base import (
     ScoreJob,
 )
 from gateway.auth import authorize_model, record_usage
-from gateway.errors import InvalidRequestError, PayloadTooLargeError
+from gateway.errors import InputTooLongError, InvalidRequestError, PayloadTooLargeError, RawScoresUnsupportedError
 from gateway.models import ModelRegistry, ModelRuntime
 from schemas.config import LimitsConfig
 from schemas.rerank import (
@@ -42,7 +47,7 @@ from schemas.rerank import (
     Usage,
 )
 
-__all__ = ("RerankOutcome", "RerankService", "chunk_ids", "dedup", "wants_raw_scores")
+__all__ = ("CHUNK", "LongTexts", "RerankOutcome", "RerankService", "chunk_ids", "dedup", "wants_raw_scores")
 
 # Cohere v2's documented default for max_tokens_per_doc.
 V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
@@ -53,6 +58,24 @@ V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
 # request: the Python side of the fast tokenizer contends for the GIL), so it stays high.
 _THREAD_TOKENIZE_CHARS = 16_384
 _json = msgspec.json.Encoder()
+
+
+class LongTexts(msgspec.Struct, kw_only=True, frozen=True):
+    """What to do with a document longer than the room the model's window leaves it.
+
+    ``chunk`` (the gateway's default): split into chunks, score each, keep the max.
+    ``truncate``: keep one window's worth of tokens, the first (``side="right"`` cuts the end)
+    or the last (``side="left"``). ``reject``: answer 413 naming the lengths (TEI ``truncate:
+    false``). Text engines (upstreams) truncate at the end themselves: they take ``chunk`` and
+    ``truncate``/right only.
+    """
+
+    mode: Literal["chunk", "truncate", "reject"] = "chunk"
+    side: Literal["right", "left"] = "right"
+
+
+CHUNK = LongTexts()
+_CUT_RIGHT = LongTexts(mode="truncate", side="right")
 
 
 class RerankOutcome(msgspec.Struct, kw_only=True, frozen=True):
@@ -84,7 +107,15 @@ class RerankService:
         self._registry = registry
         self._limits = limits
 
-    async def rerank(self, request: RerankRequest, *, api_version: str, request_id: str) -> RerankOutcome:
+    async def rerank(
+        self,
+        request: RerankRequest,
+        *,
+        api_version: str,
+        request_id: str,
+        long_texts: LongTexts = CHUNK,
+        raw_scores: bool = False,
+    ) -> RerankOutcome:
         runtime = self._registry.get(request.model)
         authorize_model(runtime.name)  # 403 unless the caller's API key covers this canonical name
         query = request.query if isinstance(request.query, str) else request.query.text
@@ -104,6 +135,19 @@ class RerankService:
             max_tokens = V2_DEFAULT_MAX_TOKENS_PER_DOC
 
         engine = runtime.usable_engine()
+        if raw_scores and not getattr(engine, "supports_raw_scores", False):
+            raise RawScoresUnsupportedError(
+                f"raw scores are not available for model '{runtime.name}': its engine ({runtime.kind}) "
+                "outputs only relevance scores in [0, 1]; ask without raw scores"
+            )
+        if engine.tokenizer is None and long_texts not in (CHUNK, _CUT_RIGHT):
+            # Text engines (upstreams) cut long texts at the end themselves; the gateway cannot
+            # count their tokens, so it can neither cut at the start nor refuse long texts.
+            raise InvalidRequestError(
+                f"invalid request: model '{runtime.name}' ({runtime.kind}) is scored upstream, which "
+                "truncates long texts at the end itself; the gateway cannot count their tokens to cut at "
+                "the start or to refuse them: leave `truncate` unset or send `truncate: true` with `Right`"
+            )
         if runtime.in_flight >= runtime.config.max_concurrent_requests:
             raise EngineOverloadedError(
                 f"model '{runtime.name}' is at its limit of {runtime.config.max_concurrent_requests} "
@@ -117,9 +161,17 @@ class RerankService:
             tokenizer = engine.tokenizer
             if tokenizer is not None:
                 max_chunks = request.max_chunks_per_doc or getattr(runtime.config, "max_chunks_per_doc", 1)
-                job, owners = await self._token_job(tokenizer, query, instruction, unique, max_tokens, max_chunks)
+                job, owners = await self._token_job(
+                    tokenizer, query, instruction, unique, max_tokens, max_chunks, long_texts, raw_scores
+                )
             else:
-                job = ScoreJob(query=query, instruction=instruction, texts=unique, max_tokens_per_doc=max_tokens)
+                job = ScoreJob(
+                    query=query,
+                    instruction=instruction,
+                    texts=unique,
+                    max_tokens_per_doc=max_tokens,
+                    raw_scores=raw_scores,
+                )
                 owners = list(range(len(unique)))
             if wants_raw_scores(runtime, engine):
                 job = msgspec.structs.replace(job, raw_scores=True)
@@ -179,6 +231,8 @@ class RerankService:
         unique: list[str],
         max_tokens: int | None,
         max_chunks: int,
+        long_texts: LongTexts = CHUNK,
+        raw_scores: bool = False,
     ) -> tuple[ScoreJob, list[int]]:
         def encode() -> tuple[list[int], list[list[int]]]:
             return tokenizer.encode_shared(query, instruction), tokenizer.encode_documents(unique)
@@ -195,8 +249,20 @@ class RerankService:
         for owner, ids in enumerate(doc_ids):
             if max_tokens is not None:
                 ids = ids[:max_tokens]
-            for chunk in chunk_ids(ids, room, max_chunks):
-                items.append(chunk)
+            if long_texts.mode == "chunk":
+                pieces = chunk_ids(ids, room, max_chunks)
+            elif len(ids) <= room:
+                pieces = [ids]
+            elif long_texts.mode == "truncate":
+                pieces = [ids[:room] if long_texts.side == "right" else ids[len(ids) - room :]]
+            else:
+                total = len(shared) + len(ids) + tokenizer.suffix_length
+                raise InputTooLongError(
+                    f"Input validation error: `inputs` must have less than {tokenizer.max_length} tokens. "
+                    f"Given: {total}; send `truncate: true` to cut long texts"
+                )
+            for piece in pieces:
+                items.append(piece)
                 owners.append(owner)
         if len(items) > self._limits.max_total_chunks:
             raise PayloadTooLargeError(
@@ -204,7 +270,7 @@ class RerankService:
                 f"{self._limits.max_total_chunks} (limits.max_total_chunks); lower max_chunks_per_doc "
                 "or max_tokens_per_doc, or send fewer documents"
             )
-        job = ScoreJob(query=query, instruction=instruction, shared_ids=shared, item_ids=items)
+        job = ScoreJob(query=query, instruction=instruction, shared_ids=shared, item_ids=items, raw_scores=raw_scores)
         return job, owners
 
     async def _score(self, runtime: ModelRuntime, job: ScoreJob) -> Any:
@@ -247,9 +313,11 @@ def rank_texts(documents: Sequence[str | dict[str, Any]], rank_fields: list[str]
             texts.append(doc)
         elif rank_fields:
             parts = [f"{f}: {_field_text(doc[f])}" for f in rank_fields if f in doc and doc[f] is not None]
+            if not parts and isinstance(doc.get("text"), str):
+                parts = [doc["text"]]  # none of the fields: its text, so every schema-valid request ranks
             if not parts:
                 raise InvalidRequestError(
-                    f"invalid request: document {i} has none of the rank_fields {rank_fields}"
+                    f"invalid request: document {i} has none of the rank_fields {rank_fields} and no 'text'"
                 )
             texts.append("\n".join(parts))
         else:

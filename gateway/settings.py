@@ -119,3 +119,9 @@ def _check_names(settings: Settings) -> None:
             if name in seen:
                 raise ConfigError(f"invalid config: model name {name!r} is used twice (by {seen[name]!r} and {model.name!r})")
             seen[name] = model.name
+    tei_model = settings.dialects.tei_model
+    if tei_model is not None and tei_model not in seen:
+        raise ConfigError(
+            f"invalid config: dialects.tei_model {tei_model!r} is not a configured model name or alias "
+            f"(configured: {', '.join(sorted(seen))})"
+        )

@@ -19,6 +19,7 @@ __all__ = (
     "DEFAULT_MODEL_NAME",
     "DEFAULT_MODEL_PATH",
     "DashScopeEngineConfig",
+    "DialectsConfig",
     "EngineConfig",
     "FAMILY_RUNTIMES",
     "FamilyName",
@@ -56,6 +57,10 @@ class ServerConfig(_Strict):
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
     # uvicorn is a hard dependency; granian is faster but optional (extra `granian`).
     runner: Literal["uvicorn", "granian"] = "uvicorn"
+    # Connection bounds (gateway.servers): no client holds a descriptor forever.
+    keep_alive_timeout_s: PositiveFloat = 5.0  # idle connection, fresh or between requests
+    header_read_timeout_s: PositiveFloat = 10.0  # a request's headers, from their first byte
+    body_read_timeout_s: PositiveFloat = 30.0  # the whole body, from the headers (then 408)
 
 
 class LoggingConfig(_Strict):
@@ -221,6 +226,10 @@ class StaticEngineConfig(ModelConfig, tag="static"):
     scores: dict[str, Annotated[float, msgspec.Meta(ge=0, le=1)]] = {}
     # Simulated inference time per request (tests of timeouts and overload; latency models).
     delay_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    # Answer raw-score requests (TEI `raw_scores`, vLLM `use_activation: false`) with the
+    # logit of the score; false makes the engine one that has no raw output. Not the local
+    # models' `raw_scores` (always answer raw): a static model answers raw only when asked.
+    supports_raw_scores: bool = True
 
 
 class UpstreamHttpConfig(ModelConfig):
@@ -294,9 +303,18 @@ EngineConfig = (
 )
 
 
+class DialectsConfig(_Strict):
+    """The non-Cohere request dialects (TEI's /rerank body and /info, vLLM's /score)."""
+
+    # The model that serves TEI-shaped requests and GET /info (TEI bodies name no model);
+    # None: the first configured model.
+    tei_model: ModelName | None = None
+
+
 class Settings(_Strict):
     server: ServerConfig = ServerConfig()
     logging: LoggingConfig = LoggingConfig()
     limits: LimitsConfig = LimitsConfig()
     auth: AuthConfig = AuthConfig()
+    dialects: DialectsConfig = DialectsConfig()
     models: tuple[EngineConfig, ...] = ()

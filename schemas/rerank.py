@@ -30,29 +30,48 @@ __all__ = (
     "Usage",
 )
 
-PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+# Bounded above so OpenAPI states the range and no engine or tokenizer sees an integer it
+# cannot hold (msgspec decodes JSON integers of any size).
+INT32_MAX = 2**31 - 1
+PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
+
+
+# Constraints the service checks with its own messages (422): stated in the JSON schema only
+# (extra_json_schema), so OpenAPI describes them without changing the decoder's errors.
+NonBlank = msgspec.Meta(extra_json_schema={"minLength": 1, "pattern": r"\S"})
 
 
 class TextObject(msgspec.Struct, kw_only=True, frozen=True):
     """Jina lets the query be an object with a ``text`` key."""
 
-    text: str
+    text: Annotated[str, NonBlank]
+
+
+# Schema only: an object document needs a string `text` (or rank_fields naming its keys, which a
+# schema cannot express; the schema states the stricter form).
+DocumentObject = msgspec.Meta(
+    extra_json_schema={"required": ["text"], "properties": {"text": {"type": "string"}}}
+)
 
 
 class RerankRequest(msgspec.Struct, kw_only=True, frozen=True):
     """Body of ``POST /v1/rerank``, ``/v2/rerank`` and ``/rerank``."""
 
     query: Annotated[
-        str | TextObject,
-        msgspec.Meta(description="The search query (a string, or Jina's {\"text\": ...} object)."),
+        Annotated[str, NonBlank] | TextObject,
+        msgspec.Meta(
+            description="The search query (a string, or Jina's {\"text\": ...} object); not empty or only whitespace."
+        ),
     ]
     documents: Annotated[
-        list[str | dict[str, Any]],
+        list[str | Annotated[dict[str, Any], DocumentObject]],
         msgspec.Meta(
             description=(
                 "Documents to rank: strings, or objects with a `text` key (other keys are kept "
-                "and echoed back; `rank_fields` picks the keys to rank on)."
-            )
+                "and echoed back; `rank_fields` picks the keys to rank on). At least one; at most "
+                "the gateway's limits.max_documents (413 beyond)."
+            ),
+            extra_json_schema={"minItems": 1},
         ),
     ]
     model: Annotated[str | None, msgspec.Meta(description="Public model name.")] = None
@@ -61,7 +80,7 @@ class RerankRequest(msgspec.Struct, kw_only=True, frozen=True):
         msgspec.Meta(description="Return only the N best documents (default: all)."),
     ] = None
     rank_fields: Annotated[
-        list[str] | None,
+        Annotated[list[str], msgspec.Meta(extra_json_schema={"minItems": 1})] | None,
         msgspec.Meta(description="Keys of object documents to rank on, joined in this order."),
     ] = None
     return_documents: Annotated[

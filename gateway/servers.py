@@ -1,0 +1,115 @@
+"""Running the app under uvicorn or granian, with connection timeouts on both.
+
+A client must not be able to hold a connection (a file descriptor) forever. Three bounds, all
+under ``[server]``:
+
+- ``keep_alive_timeout_s``: an idle connection (fresh, or between requests) is closed.
+- ``header_read_timeout_s``: a request's headers must arrive within this time of their first
+  byte (slow-loris); else the connection is closed without an answer.
+- ``body_read_timeout_s``: the whole body must arrive within this time of the headers; else
+  the gateway answers 408 and closes (enforced in the app, ``gateway.middleware``, so it is the
+  same under both servers).
+
+uvicorn has a keep-alive timeout but no header timeout and leaves a fresh connection that sends
+nothing open forever; :class:`TimedHttpToolsProtocol` adds both. granian (hyper) has a header
+read timeout that also closes fresh idle connections, and its keep-alive is on or off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from schemas.config import Settings
+
+__all__ = ("run_granian", "run_uvicorn")
+
+
+def _timed_protocol(header_timeout_s: float) -> Any:
+    """uvicorn's httptools protocol with a header-read deadline and an idle timer from connect."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class TimedHttpToolsProtocol(HttpToolsProtocol):
+        _header_timer: asyncio.TimerHandle | None = None
+        _awaiting_headers = True
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            # A client that connects and sends nothing is idle: uvicorn arms its keep-alive
+            # timer only after a response, so arm it now.
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+        def data_received(self, data: bytes) -> None:
+            if self._awaiting_headers and self._header_timer is None:
+                self._header_timer = self.loop.call_later(header_timeout_s, self._header_timeout)
+            super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            self._cancel_header_timer()
+            self._awaiting_headers = False
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._awaiting_headers = True  # the next bytes start the next request's headers
+            super().on_message_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_header_timer()
+            super().connection_lost(exc)
+
+        def _cancel_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _header_timeout(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return TimedHttpToolsProtocol
+
+
+def run_uvicorn(settings: Settings) -> None:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    server = settings.server
+    uvicorn.run(
+        create_app(settings),
+        host=server.host,
+        port=server.port,
+        http=_timed_protocol(server.header_read_timeout_s),
+        timeout_keep_alive=server.keep_alive_timeout_s,  # type: ignore[arg-type]  # used as a float
+        log_level="warning",  # our own access line replaces uvicorn's
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+
+
+def run_granian(settings: Settings, config_path: str | None) -> None:
+    from granian import Granian  # optional extra `granian`
+    from granian.http import HTTP1Settings
+
+    # granian imports the app factory in its worker, which reads the settings again.
+    if config_path:
+        os.environ["RERANK_CONFIG"] = str(config_path)
+    os.environ["RERANK_SERVER__HOST"] = settings.server.host
+    os.environ["RERANK_SERVER__PORT"] = str(settings.server.port)
+    server = settings.server
+    # hyper's header-read timeout also runs while a connection waits for its next request, so
+    # it bounds idle keep-alive connections too: use the smaller of the two bounds.
+    header_ms = int(min(server.header_read_timeout_s, server.keep_alive_timeout_s) * 1000)
+    Granian(
+        "gateway.app:create_app",
+        factory=True,
+        address=server.host,
+        port=server.port,
+        interface="asgi",
+        workers=1,
+        http1_settings=HTTP1Settings(header_read_timeout=max(header_ms, 1)),
+    ).serve()
