@@ -5,6 +5,7 @@ other modules: ``keys``, ``bench``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
