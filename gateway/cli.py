@@ -44,6 +44,11 @@ def _serve(args: argparse.Namespace) -> int:
             port=settings.server.port,
             interface="asgi",
             workers=1,
+            log_access=False,  # our own access line replaces granian's
+            log_level="warning",
+            log_dictconfig=_granian_logging(settings),
+            # The worker drains in-flight requests on SIGTERM; then it is killed.
+            workers_kill_timeout=max(1, int(settings.server.shutdown_timeout_s) + 1),
         ).serve()
         return 0
     import uvicorn
@@ -55,20 +60,47 @@ def _serve(args: argparse.Namespace) -> int:
         host=settings.server.host,
         port=settings.server.port,
         log_level="warning",  # our own access line replaces uvicorn's
+        log_config=None,  # uvicorn's lines go through the root handler (JSON with format = "json")
         access_log=False,
-        timeout_graceful_shutdown=30,
+        # SIGTERM: stop accepting, let in-flight requests finish this long, then cancel them.
+        timeout_graceful_shutdown=settings.server.shutdown_timeout_s,
     )
     return 0
 
 
+def _granian_logging(settings: Settings) -> dict[str, object]:
+    fmt = settings.logging.format
+    return {
+        "formatters": {"generic": {"()": "gateway.logging.stdlib_formatter", "fmt": fmt}},
+        "handlers": {
+            "console": {"formatter": "generic", "class": "logging.StreamHandler", "stream": "ext://sys.stdout"}
+        },
+        "loggers": {"_granian": {"handlers": ["console"], "level": "WARNING", "propagate": False}},
+    }
+
+
 def _check_config(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
-    from adapters.registry import registered_kinds
+    from adapters.families.checkpoint import CheckpointMismatchError, check_window, local_checkpoint_config
+    from adapters.registry import missing_packages, registered_kinds
+    from schemas.config import Qwen3LocalConfig, VllmGenerateEngineConfig
 
     for model in settings.models:
         kind = type(model).__struct_config__.tag
         if kind not in registered_kinds():
             raise ConfigError(f"model {model.name!r}: engine {kind!r} is not installed")
+        missing = missing_packages(model)
+        if missing is not None:
+            raise ConfigError(f"model {model.name!r}: {missing}")
+        if isinstance(model, Qwen3LocalConfig):
+            # A local checkpoint is checked now; a hub id is checked when the engine starts.
+            hf = local_checkpoint_config(model.path) or {}
+            positions = hf.get("max_position_embeddings")
+            try:
+                check_window(model.name, model.max_length, positions if isinstance(positions, int) else None,
+                             extra_tokens=1 if isinstance(model, VllmGenerateEngineConfig) else 0)
+            except CheckpointMismatchError as exc:
+                raise ConfigError(str(exc)) from None
         print(f"model {model.name}: engine={kind}" + (f" aliases={list(model.aliases)}" if model.aliases else ""))
     print(f"config OK: {len(settings.models)} model(s); serving on {settings.server.host}:{settings.server.port}")
     return 0

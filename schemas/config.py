@@ -53,6 +53,15 @@ class ServerConfig(_Strict):
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
     # uvicorn is a hard dependency; granian is faster but optional (extra `granian`).
     runner: Literal["uvicorn", "granian"] = "uvicorn"
+    # SIGTERM: stop accepting, give in-flight requests this long to finish, then stop engines.
+    shutdown_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    # A model that failed to load is retried with capped exponential backoff: after
+    # load_retry_initial_s, then twice as long each time, at most load_retry_max_s apart.
+    load_retry_initial_s: PositiveFloat = 5.0
+    load_retry_max_s: PositiveFloat = 300.0
+    # Liveness (/health) answers 503 once every model has been failed or unhealthy this long,
+    # so an orchestrator restarts the process; 0 keeps /health 200 whatever the models do.
+    liveness_failure_after_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
 
 
 class LoggingConfig(_Strict):

@@ -134,3 +134,11 @@ def load_hf_tokenizer(path: str, revision: str | None = None) -> Any:
     if not getattr(tok, "is_fast", False):
         raise ValueError(f"{path}: no fast tokenizer (tokenizer.json) found")
     return tok
+
+
+def max_position_embeddings(path: str, revision: str | None = None) -> int | None:
+    """The checkpoint's ``max_position_embeddings`` (local directory or hub cache), or None."""
+    from transformers import AutoConfig
+
+    value = getattr(AutoConfig.from_pretrained(path, revision=revision), "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) else None

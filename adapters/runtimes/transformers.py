@@ -20,7 +20,8 @@ import anyio.to_thread
 import torch
 
 from adapters.base import EngineUnavailableError, ScoreJob, ScoreResult
-from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
+from adapters.families.checkpoint import check_window
+from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer, max_position_embeddings
 from schemas.config import TransformersEngineConfig
 
 __all__ = ("TransformersQwen3Engine", "plan_batches")
@@ -104,6 +105,7 @@ class TransformersQwen3Engine:
         device = _resolve_device(cfg.device)
         dtype = _resolve_dtype(cfg.dtype, device)
         tokenizer = load_hf_tokenizer(cfg.path, cfg.revision)
+        check_window(cfg.name, cfg.max_length, max_position_embeddings(cfg.path, cfg.revision))
         prompt = Qwen3PromptTokenizer(
             tokenizer, max_length=cfg.max_length, max_query_tokens=cfg.max_query_tokens
         )

@@ -38,7 +38,8 @@ from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from adapters.base import EngineDeadError, EngineError, EngineUnavailableError, ScoreJob, ScoreResult
-from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
+from adapters.families.checkpoint import check_window
+from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer, max_position_embeddings
 from schemas.config import VllmEngineConfig
 
 __all__ = ("BatchStats", "VllmQwen3Engine", "build_engine_args")
@@ -180,6 +181,10 @@ class VllmQwen3Engine(abc.ABC):
         # in seconds, before vLLM spends half a minute starting.
         prompt = await anyio.to_thread.run_sync(self._load_prompt_tokenizer)
         args = build_engine_args(cfg, self.runner_args(prompt))
+        # vLLM would refuse a window over the checkpoint's positions deep in its start, with a
+        # multi-line validation error: say it in one line naming both numbers instead.
+        positions = await anyio.to_thread.run_sync(max_position_embeddings, cfg.path, cfg.revision)
+        check_window(cfg.name, cfg.max_length, positions, extra_tokens=args["max_model_len"] - cfg.max_length)
         factory = _stat_logger_factory(self._stats)
         # Starting blocks for tens of seconds (engine-core processes, weights, KV cache): keep
         # it off the event loop so /health and other models keep answering.
