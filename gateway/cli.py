@@ -55,7 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.app import create_app
 
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=settings.server.host,
         port=settings.server.port,
@@ -65,7 +65,42 @@ def _serve(args: argparse.Namespace) -> int:
         # SIGTERM: stop accepting, let in-flight requests finish this long, then cancel them.
         timeout_graceful_shutdown=settings.server.shutdown_timeout_s,
     )
-    return 0
+    server = _graceful_server(uvicorn.Server)(config)
+    server.run()
+    return 0 if server.started else 1
+
+
+def _graceful_server(base: type) -> type:
+    """uvicorn's Server, exiting 0 after a clean shutdown on SIGTERM/SIGINT.
+
+    uvicorn re-raises the signal it handled once it has shut down, so the process would end
+    "killed by SIGTERM" (exit -15) although it drained and stopped its engines: orchestrators
+    and service managers read that as a crash.
+    """
+    import contextlib
+    import signal
+
+    import structlog
+
+    log = structlog.get_logger("gateway.cli")
+
+    class GracefulServer(base):  # type: ignore[misc, valid-type]
+        def handle_exit(self, sig: int, frame: object) -> None:
+            if not self.should_exit:
+                log.info("gateway_draining", signal=signal.Signals(sig).name,
+                         in_flight_connections=len(self.server_state.connections),
+                         shutdown_timeout_s=self.config.timeout_graceful_shutdown)
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):  # type: ignore[no-untyped-def]
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()  # shut down cleanly: nothing to re-raise
+
+    return GracefulServer
 
 
 def _granian_logging(settings: Settings) -> dict[str, object]:

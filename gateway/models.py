@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
+import anyio.to_thread
 import structlog
 
 from adapters.base import EngineDeadError, RerankEngine
@@ -179,7 +181,9 @@ class ModelRuntime:
 
     async def _start_engine(self) -> None:
         """Build and start a fresh engine as ``self.engine``; one that fails to start is stopped."""
-        engine = build_engine(self.config)
+        # Building imports the engine's libraries (torch alone takes seconds): off the event
+        # loop, so /health, /ready and the other models answer meanwhile.
+        engine = await anyio.to_thread.run_sync(_build_engine, self.config)
         adopt_library_loggers()  # the engine's libraries may have installed log handlers of their own
         try:
             await engine.start()
@@ -330,6 +334,16 @@ class ModelRegistry:
 
     def statuses(self) -> list[dict[str, Any]]:
         return [rt.status() for rt in self._runtimes]
+
+
+_import_lock = threading.Lock()
+
+
+def _build_engine(config: EngineConfig) -> RerankEngine:
+    # One import at a time: transformers' lazy module can fail a name lookup while another
+    # thread is importing it ("cannot import name 'AutoModelForCausalLM'").
+    with _import_lock:
+        return build_engine(config)
 
 
 async def _quietly(awaitable: Any) -> None:

@@ -58,6 +58,10 @@ class TransformersQwen3Engine:
         self._head: torch.Tensor | None = None  # (2, hidden) fp32 rows: [no, yes]
         self._device: torch.device | None = None
         self._limiter = anyio.CapacityLimiter(config.max_parallel_batches)
+        self._batches = self._rows = 0  # forward passes run and rows scored (GET /ready)
+
+    def stats(self) -> dict[str, int]:
+        return {"batches": self._batches, "rows": self._rows}
 
     @property
     def tokenizer(self) -> Qwen3PromptTokenizer | None:
@@ -90,9 +94,13 @@ class TransformersQwen3Engine:
             batch_tokens=self._config.batch_tokens,
             max_batch_size=self._config.max_batch_size,
         )
+        # A cancelled request (client gone, timeout) stops here: the running forward pass
+        # finishes in its thread, the batches not yet started never run.
         for batch in batches:
             rows = [prompts[i] for i in batch]
             out = await anyio.to_thread.run_sync(self._forward, rows, limiter=self._limiter)
+            self._batches += 1
+            self._rows += len(rows)
             for i, s in zip(batch, out, strict=True):
                 scores[i] = s
         return ScoreResult(scores=scores, input_tokens=sum(len(p) for p in prompts))
