@@ -21,8 +21,7 @@ from typing import Any
 import anyio.to_thread
 import structlog
 
-from adapters.base import EngineDeadError, RerankEngine
-from adapters.families.checkpoint import CheckpointMismatchError
+from adapters.base import EngineConfigError, EngineDeadError, RerankEngine
 from adapters.registry import MissingExtraError, build_engine
 from gateway.errors import ModelUnavailableError, UnknownModelError
 from gateway.logging import adopt_library_loggers
@@ -229,8 +228,8 @@ class ModelRuntime:
         """How to fix a failed load, in the gateway's words (safe for a response body)."""
         if isinstance(exc, MissingExtraError):
             return exc.hint
-        if isinstance(exc, CheckpointMismatchError):
-            return str(exc)  # written by the gateway: names the setting and both numbers
+        if isinstance(exc, EngineConfigError):
+            return str(exc)  # written by the gateway: names the setting and how to fix it
         path = getattr(self.config, "path", None)
         text = describe_exception(exc).lower()
         # Only a failure to find or fetch the checkpoint gets the local-directory hint; a config
@@ -286,10 +285,11 @@ class ModelRegistry:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # All at once: each vLLM engine waits seconds for its engine-core processes to exit.
+        engines = [rt.engine for rt in self._runtimes if rt.engine is not None]
         for rt in self._runtimes:
-            if rt.engine is not None:
-                await _quietly(rt.engine.stop())
-                rt.engine = None
+            rt.engine = None
+        await asyncio.gather(*(_quietly(engine.stop()) for engine in engines))
 
     async def refresh_health(self) -> None:
         """Ask every loaded engine whether it can serve; flip READY <-> UNHEALTHY."""

@@ -8,6 +8,7 @@ one row per forward pass (so a big request takes seconds and its progress is vis
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import signal
@@ -105,19 +106,26 @@ def test_liveness_fails_when_every_model_failed_longer_than_the_bound():
 
 
 def test_max_length_over_the_checkpoint_window_names_both_numbers(tiny_qwen3_dir, tmp_path, capsys):
-    # The tiny checkpoint has max_position_embeddings 4096; the default max_length is 8192.
+    # The tiny checkpoint has max_position_embeddings 40960, as Qwen3-Reranker-0.6B.
     config = tmp_path / "g.toml"
-    config.write_text(f'[[models]]\nname = "m"\nengine = "transformers"\npath = "{tiny_qwen3_dir}"\n')
+    config.write_text(f'[[models]]\nname = "m"\nengine = "transformers"\npath = "{tiny_qwen3_dir}"\n'
+                      "max_length = 50000\n")
     assert cli.main(["check-config", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "8192" in err and "max_position_embeddings 4096" in err
+    assert "\n" not in err and "max_length 50000" in err and "max_position_embeddings 40960" in err
+    # vllm-generate adds its generated token to the window.
+    config.write_text(f'[[models]]\nname = "m"\nengine = "vllm-generate"\npath = "{tiny_qwen3_dir}"\n'
+                      "max_length = 40960\n")
+    if importlib.util.find_spec("vllm") is not None:  # else check-config stops at the missing package
+        assert cli.main(["check-config", "--config", str(config)]) == 2
+        assert "40960 + 1 generated token" in capsys.readouterr().err
     # At start too (a hub checkpoint cannot be checked before): /ready and the 503 say it.
-    settings = Settings(models=(TransformersEngineConfig(name="m", path=str(tiny_qwen3_dir)),))
+    settings = Settings(models=(TransformersEngineConfig(name="m", path=str(tiny_qwen3_dir), max_length=50000),))
     with TestClient(create_app(settings, configure_logs=False)) as client:
         m = _wait(lambda: (s := _ready_models(client)["m"])["state"] == "failed" and s, 60, "the load to fail")
-        assert "8192" in m["error"] and "max_position_embeddings 4096" in m["error"]
+        assert "max_length 50000" in m["error"] and "max_position_embeddings 40960" in m["error"]
         body = client.post("/v1/rerank", json={"model": "m", "query": "q", "documents": ["d"]}).json()
-        assert "at most 4096" in body["message"]
+        assert "at most 40960" in body["message"]
 
 
 @pytest.mark.parametrize("gpu", [False, True])

@@ -1,6 +1,6 @@
 """Checks of a model's config against its checkpoint, shared by every local engine.
 
-Standard library only: ``rerank-gateway check-config`` runs them on a local checkpoint
+Standard library only (and ``adapters.base``): ``rerank-gateway check-config`` runs them on a local checkpoint
 directory without importing torch, transformers or vLLM; the engines run them again at start
 (on a hub checkpoint too, with the config transformers resolved).
 """
@@ -11,10 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from adapters.base import EngineConfigError
+
 __all__ = ("CheckpointMismatchError", "check_window", "local_checkpoint_config")
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(EngineConfigError):
     """The model's config asks for something its checkpoint cannot do; the message says what to set."""
 
 

@@ -28,6 +28,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from adapters.base import EngineConfigError
+
 __all__ = ("PREFIX", "SUFFIX", "Qwen3PromptTokenizer", "render_prompt")
 
 PREFIX = (
@@ -72,7 +74,7 @@ class Qwen3PromptTokenizer:
         self._head = functools.lru_cache(maxsize=256)(self._encode_head)
         min_room = len(self._encode_head("x")) + max_query_tokens + len(self._suffix_ids) + 16
         if max_length < min_room:
-            raise ValueError(
+            raise EngineConfigError(
                 f"max_length={max_length} leaves no room for documents: the template, a "
                 f"{max_query_tokens}-token query and the suffix take about {min_room} tokens; "
                 "raise max_length or lower max_query_tokens"
@@ -120,7 +122,7 @@ class Qwen3PromptTokenizer:
     def _single_token_id(self, word: str) -> int:
         ids = self._encode(word)
         if len(ids) != 1:
-            raise ValueError(f"tokenizer does not encode {word!r} as one token: {ids}")
+            raise EngineConfigError(f"tokenizer does not encode {word!r} as one token: {ids}")
         return ids[0]
 
 
@@ -132,7 +134,7 @@ def load_hf_tokenizer(path: str, revision: str | None = None) -> Any:
 
     tok = AutoTokenizer.from_pretrained(path, revision=revision, use_fast=True)
     if not getattr(tok, "is_fast", False):
-        raise ValueError(f"{path}: no fast tokenizer (tokenizer.json) found")
+        raise EngineConfigError(f"{path}: no fast tokenizer (tokenizer.json) found")
     return tok
 
 

@@ -23,7 +23,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from adapters.base import EngineError
 from adapters.families.qwen3 import Qwen3PromptTokenizer
-from adapters.runtimes.vllm_base import VllmQwen3Engine
+from adapters.runtimes.vllm_base import VllmQwen3Engine, engine_prompt
 
 __all__ = ("VllmGenerateEngine", "p_yes")
 
@@ -62,7 +62,7 @@ class VllmGenerateEngine(VllmQwen3Engine):
     async def score_prompt(self, engine: AsyncLLM, prompt_ids: list[int], request_id: str) -> float:
         assert self._params is not None
         final = None
-        async for output in engine.generate({"prompt_token_ids": prompt_ids}, self._params, request_id=request_id):
+        async for output in engine.generate(engine_prompt(prompt_ids), self._params, request_id=request_id):
             final = output
         if final is None or not final.outputs or not final.outputs[0].logprobs:
             raise EngineError("vLLM returned no log-probabilities for a generate request")

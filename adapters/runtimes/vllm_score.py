@@ -16,7 +16,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from adapters.base import EngineError
 from adapters.families.qwen3 import Qwen3PromptTokenizer
-from adapters.runtimes.vllm_base import VllmQwen3Engine
+from adapters.runtimes.vllm_base import VllmQwen3Engine, engine_prompt
 
 __all__ = ("QWEN3_RERANKER_OVERRIDES", "VllmScoreEngine")
 
@@ -38,7 +38,7 @@ class VllmScoreEngine(VllmQwen3Engine):
 
     async def score_prompt(self, engine: AsyncLLM, prompt_ids: list[int], request_id: str) -> float:
         final = None
-        async for output in engine.encode({"prompt_token_ids": prompt_ids}, self._params, request_id=request_id):
+        async for output in engine.encode(engine_prompt(prompt_ids), self._params, request_id=request_id):
             final = output
         if final is None:
             raise EngineError("vLLM returned no output for a classify request")
