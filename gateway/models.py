@@ -46,11 +46,14 @@ def describe_exception(exc: BaseException) -> str:
     """
     parts: list[str] = []
     seen: set[int] = set()
+    texts: set[str] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         text = " ".join(str(current).split())
-        parts.append(f"{type(current).__name__}: {text}" if text else type(current).__name__)
+        if text not in texts:  # libraries re-raise the same message wrapped: say it once
+            texts.add(text)
+            parts.append(f"{type(current).__name__}: {text}" if text else type(current).__name__)
         current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
     out = " <- caused by ".join(parts)
     return out if len(out) <= _ERROR_CHARS else out[: _ERROR_CHARS - 1] + "…"
