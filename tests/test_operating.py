@@ -290,7 +290,12 @@ def test_sigterm_finishes_in_flight_requests_stops_accepting_and_exits_0(gateway
     threads = [threading.Thread(target=call, args=(m,)) for m in ("slow", "stuck")]
     for t in threads:
         t.start()
-    time.sleep(0.7)  # both requests are in flight
+
+    def in_flight() -> bool:
+        models = httpx.get(f"{srv.url}/ready", timeout=5).json()["models"]
+        return all(m["in_flight"] == 1 for m in models)
+
+    _wait(in_flight, 30, "both requests to be in flight")
     sent = time.monotonic()
     srv.proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)
