@@ -87,9 +87,13 @@ def configure_logging(level: str = "INFO", *, fmt: str = "json", cache: bool = T
     )
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(stdlib_formatter(fmt))
+    handler._rerank_gateway = True  # type: ignore[attr-defined]
     root = logging.getLogger()
     for old in list(root.handlers):
-        root.removeHandler(old)
+        # Ours from an earlier call and plain console handlers (basicConfig's) would print every
+        # line twice; others (files, pytest's capture) stay.
+        if getattr(old, "_rerank_gateway", False) or type(old) is logging.StreamHandler:
+            root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
     logging.captureWarnings(True)  # warnings.warn(...) -> the "py.warnings" logger -> one line
