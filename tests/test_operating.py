@@ -15,7 +15,6 @@ import signal
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
