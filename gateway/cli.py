@@ -35,9 +35,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     if settings.server.runner == "granian":
         run_granian(settings, args.config)
-    else:
-        run_uvicorn(settings)
-    return 0
+        return 0
+    return 0 if run_uvicorn(settings) else 1
 
 
 def model_families(settings: Settings) -> dict[int, str]:
@@ -72,13 +71,28 @@ def model_families(settings: Settings) -> dict[int, str]:
 
 def _check_config(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
-    from adapters.registry import registered_kinds
+    from adapters.families.checkpoint import CheckpointMismatchError, check_window, local_checkpoint_config
+    from adapters.registry import missing_packages, registered_kinds
+    from schemas.config import Qwen3LocalConfig, VllmGenerateEngineConfig
 
     families = model_families(settings)
     for i, model in enumerate(settings.models):
         kind = type(model).__struct_config__.tag
         if kind not in registered_kinds():
             raise ConfigError(f"model {model.name!r}: engine {kind!r} is not installed")
+        missing = missing_packages(model)
+        if missing is not None:
+            raise ConfigError(f"model {model.name!r}: {missing}")
+        if isinstance(model, Qwen3LocalConfig) and i in families and families[i].startswith("qwen3"):
+            # A local Qwen3 checkpoint is checked now (encoder families cap their window at the
+            # checkpoint's); a hub id is checked when the engine starts.
+            hf = local_checkpoint_config(model.path) or {}
+            positions = hf.get("max_position_embeddings")
+            try:
+                check_window(model.name, model.max_length, positions if isinstance(positions, int) else None,
+                             extra_tokens=1 if isinstance(model, VllmGenerateEngineConfig) else 0)
+            except CheckpointMismatchError as exc:
+                raise ConfigError(str(exc)) from None
         line = f"model {model.name}: engine={kind}"
         if i in families:
             line += f" family={families[i]}"

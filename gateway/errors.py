@@ -210,6 +210,18 @@ def _headers(exc: Exception, status: int) -> dict[str, str]:
     return headers
 
 
+# Expected 503s: the gateway chose to refuse (model loading, failed, restarting, overloaded,
+# rate-limit store down). One warning line each, no traceback; the cause is in /ready.
+_EXPECTED: Final = (ModelUnavailableError, EngineUnavailableError, RateLimitStoreError)
+
+
+def _body_too_large(request: Request[Any, Any, Any]) -> str:
+    settings = getattr(request.app.state, "settings", None)
+    limit = settings.limits.max_body_bytes if settings is not None else None
+    size = f" of {limit} bytes" if limit is not None else ""
+    return f"request body is larger than the limit{size} (limits.max_body_bytes)"
+
+
 def describe_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[int, str, str, dict[str, str]]:
     """Status, client-safe message, request id and headers of ``exc``; logs 5xx.
 
@@ -218,9 +230,16 @@ def describe_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[int
     """
     status = classify(exc)
     message = _message(exc, status)
+    if status == 413 and isinstance(exc, HTTPException):  # Litestar's own: "Request Entity Too Large"
+        message = _body_too_large(request)
     request_id = str(request.scope.get("state", {}).get("request_id", ""))
     if status >= 500:
-        log.error("request_failed", status=status, error=type(exc).__name__, exc_info=exc)
+        if isinstance(exc, _EXPECTED):
+            log.warning("request_refused", request_id=request_id, status=status, error=type(exc).__name__,
+                        reason=message)
+        else:
+            log.error("request_failed", request_id=request_id, status=status, error=type(exc).__name__,
+                      exc_info=exc)
     return status, message, request_id, _headers(exc, status)
 
 

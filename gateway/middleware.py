@@ -4,11 +4,18 @@ The id comes from the client's ``x-request-id`` (sanitized) or is generated; it 
 ``x-request-id``, used as the response ``id`` and error ``id``, and logged. Handlers add fields
 to the log line through :func:`log_fields` (a per-request dict), so the line carries model,
 documents and tokens without the middleware knowing about reranking.
+
+A client that disconnects before its answer cancels the request's work: ASGI servers do not
+cancel the handler themselves, so once a POST's body is read, a watcher waits for
+``http.disconnect`` and cancels the handler task. Cancellation reaches the engine (batches not
+yet started never run, vLLM requests are aborted, upstream calls are closed) and the request
+is logged and counted with status 499 (nginx's "client closed request").
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 import uuid
@@ -104,7 +111,12 @@ async def request_context(
         await send(message)
 
     try:
-        await next_app(scope, receive_wrapper, send_wrapper)
+        if scope.get("method") == "POST":
+            if await _run_until_disconnect(scope, receive_wrapper, send_wrapper, next_app):
+                status = CLIENT_CLOSED
+                fields["disconnected"] = True
+        else:  # quick reads: not worth a watcher task
+            await next_app(scope, receive_wrapper, send_wrapper)
     finally:
         _fields.reset(token)
         if not status:
@@ -118,3 +130,44 @@ async def request_context(
             latency_ms=round((time.perf_counter() - start) * 1e3, 2),
             **fields,
         )
+
+
+async def _run_until_disconnect(scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> bool:
+    """Run the app; cancel it if the client disconnects first. True when it did."""
+    body_read = asyncio.Event()
+    responded = False
+
+    async def receive_body() -> Message:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            body_read.set()
+        return message
+
+    async def send_tracked(message: Message) -> None:
+        nonlocal responded
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            responded = True
+        await send(message)
+
+    async def watch() -> None:
+        # Only after the app read the whole body is the next message a disconnect (servers
+        # answer http.disconnect once the client is gone or the response is complete).
+        await body_read.wait()
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    app_task = asyncio.ensure_future(next_app(scope, receive_body, send_tracked))
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({app_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if app_task.done() or responded:
+            await app_task
+            return False
+        app_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await app_task
+        return True
+    finally:
+        watcher.cancel()
+        if not app_task.done():  # we were cancelled ourselves (server shutdown timeout)
+            app_task.cancel()

@@ -12,23 +12,51 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
+import anyio.to_thread
 import structlog
 
-from adapters.base import EngineDeadError, RerankEngine
-from adapters.registry import build_engine
+from adapters.base import EngineConfigError, EngineDeadError, RerankEngine
+from adapters.registry import MissingExtraError, build_engine
 from gateway.errors import ModelUnavailableError, UnknownModelError
-from schemas.config import EngineConfig, Settings
+from gateway.logging import adopt_library_loggers
+from schemas.config import EngineConfig, ServerConfig, Settings
 
-__all__ = ("ModelRegistry", "ModelRuntime", "ModelState")
+__all__ = ("ModelRegistry", "ModelRuntime", "ModelState", "describe_exception")
 
 log = structlog.get_logger("gateway.models")
 
 # Backoff between attempts to restart a dead engine: 1 s, 2 s, 4 s, ... capped.
 _RESTART_BACKOFF_MAX_S = 60.0
+# Longest error text kept for /ready and the log (a vLLM validation error with its causes fits).
+_ERROR_CHARS = 4000
+
+
+def describe_exception(exc: BaseException) -> str:
+    """The whole error on one line: every message of the cause chain, whitespace collapsed.
+
+    Libraries put the useful part on later lines or in the cause (vLLM's ``ValidationError``
+    says "1 validation error for ModelConfig" first and why only after), so nothing is cut
+    but the total length.
+    """
+    parts: list[str] = []
+    seen: set[int] = set()
+    texts: set[str] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = " ".join(str(current).split())
+        if text not in texts:  # libraries re-raise the same message wrapped: say it once
+            texts.add(text)
+            parts.append(f"{type(current).__name__}: {text}" if text else type(current).__name__)
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    out = " <- caused by ".join(parts)
+    return out if len(out) <= _ERROR_CHARS else out[: _ERROR_CHARS - 1] + "…"
 
 
 class ModelState(enum.StrEnum):
@@ -41,12 +69,20 @@ class ModelState(enum.StrEnum):
 class ModelRuntime:
     """One configured model: config, engine, state, and its admission counter."""
 
-    def __init__(self, config: EngineConfig, index: int) -> None:
+    def __init__(self, config: EngineConfig, index: int, server: ServerConfig | None = None) -> None:
         self.config = config
         self.index = index
+        self._server = server if server is not None else ServerConfig()
         self.engine: RerankEngine | None = None
         self.state = ModelState.LOADING
+        # The full cause, for /ready and the log; never in a response body.
         self.error: str | None = None
+        # What a client may read in the 503 (gateway-written: how to fix, never exception text).
+        self.hint: str | None = None
+        self.load_attempts = 0
+        self.next_load_at: float | None = None  # monotonic time of the next load attempt
+        # Since when the model has been unable to serve (failed or unhealthy); liveness reads it.
+        self.down_since: float | None = None
         self.loaded_at: float | None = None
         self.in_flight = 0
         # Set while a dead engine is being restarted (see engine_died).
@@ -72,14 +108,34 @@ class ModelRuntime:
         if self.state is ModelState.LOADING:
             raise ModelUnavailableError(f"model '{self.name}' is still loading; retry shortly", retry_after=10)
         if self.restarting:
-            raise ModelUnavailableError(f"model '{self.name}' is restarting its engine: {self.error}", retry_after=10)
-        raise ModelUnavailableError(f"model '{self.name}' is unavailable: {self.error}", retry_after=30)
+            raise ModelUnavailableError(f"model '{self.name}' is restarting its engine; retry shortly", retry_after=10)
+        if self.state is ModelState.FAILED:
+            wait = self.next_retry_s()
+            when = f"next attempt in {wait} s" if wait else "loading again now"
+            raise ModelUnavailableError(
+                f"model '{self.name}' failed to load ({when}): {self.hint}. The cause is in GET /ready and the log",
+                retry_after=max(1, wait or 5),
+            )
+        raise ModelUnavailableError(
+            f"model '{self.name}' is unhealthy; the cause is in GET /ready and the log", retry_after=10
+        )
+
+    def next_retry_s(self) -> int | None:
+        """Whole seconds until the next load attempt (rounded up), or None while one runs."""
+        if self.next_load_at is None:
+            return None
+        return max(0, math.ceil(self.next_load_at - time.monotonic()))
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "engine": self.kind, "state": self.state.value}
         out.update(self.describe())
         if self.error:
             out["error"] = self.error
+        if self.hint:
+            out["fix"] = self.hint
+        if self.state is ModelState.FAILED:
+            out["load_attempts"] = self.load_attempts
+            out["next_retry_s"] = self.next_retry_s()  # null while an attempt runs
         if self.config.aliases:
             out["aliases"] = list(self.config.aliases)
         out["in_flight"] = self.in_flight
@@ -112,7 +168,8 @@ class ModelRuntime:
         """
         if engine is not self.engine or self.restarting:
             return
-        self.state, self.error = ModelState.UNHEALTHY, f"engine died ({type(exc).__name__}: {exc})"[:500]
+        self.state, self.error = ModelState.UNHEALTHY, f"engine died ({describe_exception(exc)})"
+        self.down_since = self.down_since or time.monotonic()
         log.error("engine_died", model=self.name, error=self.error)
         self.restart_task = asyncio.create_task(self._restart(), name=f"restart:{self.name}")
 
@@ -128,19 +185,22 @@ class ModelRuntime:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # keep trying: the cause (memory, a GPU fault) may pass
-                self.error = f"engine restart failed ({type(exc).__name__}: {exc}); retrying in {delay:.0f}s"[:500]
+                self.error = f"engine restart failed ({describe_exception(exc)}); retrying in {delay:.0f}s"
                 log.error("engine_restart_failed", model=self.name, error=self.error)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RESTART_BACKOFF_MAX_S)
                 continue
             self.restarts += 1
-            self.state, self.error, self.loaded_at = ModelState.READY, None, time.time()
+            self.state, self.error, self.loaded_at, self.down_since = ModelState.READY, None, time.time(), None
             log.info("engine_restarted", model=self.name, load_s=round(time.perf_counter() - started, 2))
             return
 
     async def _start_engine(self) -> None:
         """Build and start a fresh engine as ``self.engine``; one that fails to start is stopped."""
-        engine = build_engine(self.config)
+        # Building imports the engine's libraries (torch alone takes seconds): off the event
+        # loop, so /health, /ready and the other models answer meanwhile.
+        engine = await anyio.to_thread.run_sync(_build_engine, self.config)
+        adopt_library_loggers()  # the engine's libraries may have installed log handlers of their own
         try:
             await engine.start()
         except BaseException:
@@ -149,33 +209,58 @@ class ModelRuntime:
         self.engine = engine
 
     async def load(self) -> None:
-        started = time.perf_counter()
-        try:
-            await self._start_engine()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # any failure to load is reported, never fatal to the gateway
-            self.state, self.error = ModelState.FAILED, self._load_hint(exc)
-            log.error("model_load_failed", model=self.name, error=self.error)
-            return
-        self.state, self.error, self.loaded_at = ModelState.READY, None, time.time()
-        log.info("model_ready", model=self.name, engine=self.kind, load_s=round(time.perf_counter() - started, 2))
+        """Load the engine; on failure retry with capped exponential backoff until it loads.
 
-    def _load_hint(self, exc: Exception) -> str:
+        A model stays ``failed`` (503 with the fix and a Retry-After equal to the time to the
+        next attempt) between attempts: a download that failed for want of network, a GPU
+        another process held, or a directory mounted late can all succeed later.
+        """
+        delay = self._server.load_retry_initial_s
+        while True:
+            self.load_attempts += 1
+            self.next_load_at = None
+            log.info("model_loading", model=self.name, engine=self.kind, attempt=self.load_attempts,
+                     path=getattr(self.config, "path", None))
+            started = time.perf_counter()
+            try:
+                await self._start_engine()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure to load is reported, never fatal to the gateway
+                self.state, self.error, self.hint = ModelState.FAILED, describe_exception(exc), self._hint(exc)
+                self.down_since = self.down_since or time.monotonic()
+                self.next_load_at = time.monotonic() + delay
+                log.error("model_load_failed", model=self.name, error=self.error, fix=self.hint,
+                          attempt=self.load_attempts, next_retry_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._server.load_retry_max_s)
+                continue
+            self.state, self.error, self.hint, self.loaded_at = ModelState.READY, None, None, time.time()
+            self.down_since = self.next_load_at = None
+            log.info("model_ready", model=self.name, engine=self.kind, load_s=round(time.perf_counter() - started, 2),
+                     attempt=self.load_attempts)
+            return
+
+    def _hint(self, exc: Exception) -> str:
+        """How to fix a failed load, in the gateway's words (safe for a response body)."""
         from adapters.families.detect import FamilyNotDetectedError
 
         if isinstance(exc, FamilyNotDetectedError):  # one line naming the field to set
             return exc.for_field(f"models[{self.index}].family")
-        text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
+        if isinstance(exc, MissingExtraError):
+            return exc.hint
+        if isinstance(exc, EngineConfigError):
+            return str(exc)  # written by the gateway: names the setting and how to fix it
         path = getattr(self.config, "path", None)
+        text = describe_exception(exc).lower()
         # Only a failure to find or fetch the checkpoint gets the local-directory hint; a config
-        # error (window too small, bad engine argument) is shown as it is.
-        missing = isinstance(exc, OSError) or "huggingface" in text.lower()
+        # error (window too small, bad engine argument) is pointed at /ready's cause.
+        missing = isinstance(exc, OSError) or "huggingface" in text
         if path is None or not missing:
-            return f"could not start: {text}"
+            return "check the model's config against the cause"
         return (
-            f"could not load weights from '{path}' ({text}). If this machine cannot reach the "
-            f"Hugging Face hub, download the checkpoint elsewhere and set models[{self.index}].path "
+            f"could not load weights from '{path}'. If this machine cannot reach the Hugging Face hub, "
+            f"download the checkpoint elsewhere and set models[{self.index}].path "
             f"(env RERANK_MODELS__{self.index}__PATH) to its local directory"
         )
 
@@ -184,7 +269,8 @@ class ModelRegistry:
     """Name (or alias) -> :class:`ModelRuntime`; owns loading and shutdown."""
 
     def __init__(self, settings: Settings) -> None:
-        self._runtimes = [ModelRuntime(cfg, i) for i, cfg in enumerate(settings.models)]
+        self._server = settings.server
+        self._runtimes = [ModelRuntime(cfg, i, settings.server) for i, cfg in enumerate(settings.models)]
         self._by_name: dict[str, ModelRuntime] = {}
         for rt in self._runtimes:
             for name in (rt.name, *rt.config.aliases):
@@ -220,10 +306,11 @@ class ModelRegistry:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # All at once: each vLLM engine waits seconds for its engine-core processes to exit.
+        engines = [rt.engine for rt in self._runtimes if rt.engine is not None]
         for rt in self._runtimes:
-            if rt.engine is not None:
-                await _quietly(rt.engine.stop())
-                rt.engine = None
+            rt.engine = None
+        await asyncio.gather(*(_quietly(engine.stop()) for engine in engines))
 
     async def refresh_health(self) -> None:
         """Ask every loaded engine whether it can serve; flip READY <-> UNHEALTHY."""
@@ -236,9 +323,31 @@ class ModelRegistry:
             except EngineDeadError as exc:  # died while idle: restart it now, not at the next request
                 rt.engine_died(engine, exc)
             except Exception as exc:  # any failed probe means "not ready", with the reason
-                rt.state, rt.error = ModelState.UNHEALTHY, f"{type(exc).__name__}: {exc}"[:500]
+                rt.state, rt.error = ModelState.UNHEALTHY, describe_exception(exc)
+                rt.down_since = rt.down_since or time.monotonic()
             else:
-                rt.state, rt.error = ModelState.READY, None
+                rt.state, rt.error, rt.down_since = ModelState.READY, None, None
+
+    def liveness_failure(self) -> str | None:
+        """Why the process should be restarted, or None while it is alive.
+
+        Every model failed or unhealthy for longer than ``server.liveness_failure_after_s``:
+        retrying in place has not helped, so /health turns 503 and the orchestrator restarts
+        the pod (a fresh process, perhaps on another node, may succeed).
+        """
+        bound = self._server.liveness_failure_after_s
+        if not bound or not self._runtimes:
+            return None
+        since = [rt.down_since for rt in self._runtimes]
+        if any(s is None for s in since):
+            return None
+        down_s = time.monotonic() - max(s for s in since if s is not None)
+        if down_s < bound:
+            return None
+        return (
+            f"every model has been unable to serve for more than {bound:g} s "
+            "(server.liveness_failure_after_s); see GET /ready for the causes"
+        )
 
     @property
     def ready(self) -> bool:
@@ -246,6 +355,16 @@ class ModelRegistry:
 
     def statuses(self) -> list[dict[str, Any]]:
         return [rt.status() for rt in self._runtimes]
+
+
+_import_lock = threading.Lock()
+
+
+def _build_engine(config: EngineConfig) -> RerankEngine:
+    # One import at a time: transformers' lazy module can fail a name lookup while another
+    # thread is importing it ("cannot import name 'AutoModelForCausalLM'").
+    with _import_lock:
+        return build_engine(config)
 
 
 async def _quietly(awaitable: Any) -> None:

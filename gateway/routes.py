@@ -94,9 +94,14 @@ async def list_models(state: State) -> ModelList:
 
 
 @get("/health", operation_id="health", tags=["health"])
-async def health() -> dict[str, str]:
-    """The process is up (liveness)."""
-    return {"status": "ok"}
+async def health(state: State) -> Response[dict[str, str]]:
+    """Liveness: 200 while the process can serve or may recover by itself; 503 once every model
+    has been failed or unhealthy longer than ``server.liveness_failure_after_s`` (restart it)."""
+    registry: ModelRegistry = state.registry
+    failure = registry.liveness_failure()
+    if failure is None:
+        return Response({"status": "ok"}, status_code=200)
+    return Response({"status": "failed", "message": failure}, status_code=503)
 
 
 @get("/ready", operation_id="ready", tags=["health"])

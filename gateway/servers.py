@@ -73,22 +73,75 @@ def _timed_protocol(header_timeout_s: float) -> Any:
     return TimedHttpToolsProtocol
 
 
-def run_uvicorn(settings: Settings) -> None:
+def run_uvicorn(settings: Settings) -> bool:
+    """Serve until SIGTERM/SIGINT; True when the server started (and so shut down cleanly)."""
     import uvicorn
 
     from gateway.app import create_app
 
     server = settings.server
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=server.host,
         port=server.port,
         http=_timed_protocol(server.header_read_timeout_s),
         timeout_keep_alive=server.keep_alive_timeout_s,  # type: ignore[arg-type]  # used as a float
         log_level="warning",  # our own access line replaces uvicorn's
+        log_config=None,  # uvicorn's lines go through the root handler (JSON with format = "json")
         access_log=False,
-        timeout_graceful_shutdown=30,
+        # SIGTERM: stop accepting, let in-flight requests finish this long, then cancel them.
+        timeout_graceful_shutdown=server.shutdown_timeout_s,  # type: ignore[arg-type]
     )
+    runner = _graceful_server(uvicorn.Server)(config)
+    runner.run()
+    return bool(runner.started)
+
+
+def _graceful_server(base: type) -> type:
+    """uvicorn's Server, exiting 0 after a clean shutdown on SIGTERM/SIGINT.
+
+    uvicorn re-raises the signal it handled once it has shut down, so the process would end
+    "killed by SIGTERM" (exit -15) although it drained and stopped its engines: orchestrators
+    and service managers read that as a crash.
+    """
+    import contextlib
+    import signal
+
+    import structlog
+
+    log = structlog.get_logger("gateway.servers")
+
+    class GracefulServer(base):  # type: ignore[misc, valid-type]
+        def handle_exit(self, sig: int, frame: object) -> None:
+            if not self.should_exit:
+                log.info(
+                    "gateway_draining",
+                    signal=signal.Signals(sig).name,
+                    in_flight_connections=len(self.server_state.connections),
+                    shutdown_timeout_s=self.config.timeout_graceful_shutdown,
+                )
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):  # type: ignore[no-untyped-def]
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()  # shut down cleanly: nothing to re-raise
+
+    return GracefulServer
+
+
+def _granian_logging(settings: Settings) -> dict[str, object]:
+    fmt = settings.logging.format
+    return {
+        "formatters": {"generic": {"()": "gateway.logging.stdlib_formatter", "fmt": fmt}},
+        "handlers": {
+            "console": {"formatter": "generic", "class": "logging.StreamHandler", "stream": "ext://sys.stdout"}
+        },
+        "loggers": {"_granian": {"handlers": ["console"], "level": "WARNING", "propagate": False}},
+    }
 
 
 def run_granian(settings: Settings, config_path: str | None) -> None:
@@ -112,4 +165,9 @@ def run_granian(settings: Settings, config_path: str | None) -> None:
         interface="asgi",
         workers=1,
         http1_settings=HTTP1Settings(header_read_timeout=max(header_ms, 1)),
+        log_access=False,  # our own access line replaces granian's
+        log_level="warning",
+        log_dictconfig=_granian_logging(settings),
+        # The worker drains in-flight requests on SIGTERM; then it is killed.
+        workers_kill_timeout=max(1, int(settings.server.shutdown_timeout_s) + 1),
     ).serve()

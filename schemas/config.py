@@ -61,6 +61,15 @@ class ServerConfig(_Strict):
     keep_alive_timeout_s: PositiveFloat = 5.0  # idle connection, fresh or between requests
     header_read_timeout_s: PositiveFloat = 10.0  # a request's headers, from their first byte
     body_read_timeout_s: PositiveFloat = 30.0  # the whole body, from the headers (then 408)
+    # SIGTERM: stop accepting, give in-flight requests this long to finish, then stop engines.
+    shutdown_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    # A model that failed to load is retried with capped exponential backoff: after
+    # load_retry_initial_s, then twice as long each time, at most load_retry_max_s apart.
+    load_retry_initial_s: PositiveFloat = 5.0
+    load_retry_max_s: PositiveFloat = 300.0
+    # Liveness (/health) answers 503 once every model has been failed or unhealthy this long,
+    # so an orchestrator restarts the process; 0 keeps /health 200 whatever the models do.
+    liveness_failure_after_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
 
 
 class LoggingConfig(_Strict):

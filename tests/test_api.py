@@ -280,7 +280,8 @@ def test_404_unknown_model_and_route(client):
 
 def test_413_limits(client):
     _error(rerank(client, {"model": "static", "query": Q, "documents": ["a"] * 51}), 413, "max_documents")
-    _error(rerank(client, {"model": "static", "query": Q, "documents": ["x" * 100_000, "y" * 100_000]}), 413)
+    _error(rerank(client, {"model": "static", "query": Q, "documents": ["x" * 100_000, "y" * 100_000]}), 413,
+           "limits.max_body_bytes", "200000 bytes")
     # 5 long documents x up to 10 chunks each > 40 chunks allowed
     _error(rerank(client, {"model": "tiny", "query": Q, "documents": [LONG_DOC * 3 + str(i) for i in range(5)]}), 413, "chunks")
 
@@ -293,7 +294,9 @@ def test_503_model_that_cannot_load(client):
     ready = client.get("/ready")
     assert ready.status_code == 503
     states = {m["name"]: m for m in ready.json()["models"]}
-    assert states["broken"]["state"] == "failed" and "local directory" in states["broken"]["error"]
+    assert states["broken"]["state"] == "failed" and "local directory" in states["broken"]["fix"]
+    assert "OSError" in states["broken"]["error"]  # the cause stays in /ready ...
+    assert "OSError" not in body["message"]  # ... never in the 503 body
     assert states["static"]["state"] == states["tiny"]["state"] == "ready"
     # The gateway keeps serving the other models.
     assert ok(rerank(client, {"model": "static", "query": Q, "documents": ["beta"]}))

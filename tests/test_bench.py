@@ -152,3 +152,21 @@ def test_errors_are_counted_by_status_and_fail_the_run(gateway_server, tmp_path:
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
     proc = bench("not-a-url", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and "not an http(s) URL" in proc.stderr
+
+
+@pytest.mark.slow
+def test_without_matplotlib_results_are_written_and_plots_skipped_in_one_line(stub_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "noplot"
+    # sys.modules[name] = None makes `import matplotlib` raise ImportError, as on an install without it.
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; from gateway.cli import main; "
+        f"sys.exit(main(['bench', {stub_url!r}, '--requests', '3', '--documents', '2', '--warmup', '0', "
+        f"'--concurrency', '1', '--no-progress', '--out', {str(out)!r}]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (s,) = json.loads((out / "bench.json").read_text())["summaries"]
+    assert s["ok"] == 3
+    assert (out / "report.md").is_file() and not list(out.glob("*.png"))
+    skipped = [line for line in proc.stderr.splitlines() if "plots skipped" in line]
+    assert len(skipped) == 1 and "matplotlib" in skipped[0] and "Traceback" not in proc.stderr

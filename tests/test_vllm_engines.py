@@ -237,6 +237,37 @@ def test_bad_config_fails_at_start_with_a_clear_message(tiny_qwen3_dir: Path, ga
     assert resp.status_code == 503 and "max_model_length" in resp.json()["message"]
 
 
+def test_token_prompts_use_the_supported_input_api(server: ServerProcess) -> None:
+    """vLLM 0.3x deprecates raw prompt dicts; the engines feature-detect its rendered inputs."""
+    for model in ENGINES:
+        _rerank(server.url, model, DOCS[:2])
+    assert "Passing raw prompts" not in server.output()
+
+
+def test_client_disconnect_aborts_the_vllm_requests(server: ServerProcess) -> None:
+    import json
+    import socket
+
+    docs = [f"{i} " + "the capital of a country is where its government sits. " * 12 for i in range(3000)]
+    body = json.dumps({"model": "vs", "query": QUERY, "documents": docs}).encode()
+    before = _model_status(server.url, "vs")["engine_stats"]["requests"]
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    sock.sendall(b"POST /v1/rerank HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+                 + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+    deadline = time.monotonic() + 60
+    while _model_status(server.url, "vs")["engine_stats"]["requests"] == before:
+        assert time.monotonic() < deadline, "vLLM never started on the request"
+        time.sleep(0.05)
+    sock.close()  # the client gives up: the gateway aborts its vLLM requests
+    time.sleep(1.0)
+    stopped_at = _model_status(server.url, "vs")["engine_stats"]["requests"]
+    time.sleep(1.5)
+    assert _model_status(server.url, "vs")["engine_stats"]["requests"] == stopped_at
+    assert stopped_at - before < len(docs) / 2, (before, stopped_at)
+    # The engine still serves.
+    assert len(_rerank(server.url, "vs", DOCS)["results"]) == len(DOCS)
+
+
 def test_engine_death_gives_503_then_recovers(server: ServerProcess) -> None:
     """Runs last: kills the engine-core processes of both vLLM models under load."""
     expected = {m: _scores(_rerank(server.url, m, DOCS)) for m in ENGINES}
@@ -286,3 +317,19 @@ def test_engine_death_gives_503_then_recovers(server: ServerProcess) -> None:
         assert _model_status(server.url, model)["restarts"] == 1
         for index, score in _scores(_rerank(server.url, model, DOCS)).items():
             assert score == pytest.approx(expected[model][index], abs=1e-6), (model, index)
+
+
+def test_sigterm_exits_promptly_and_cleanly(server: ServerProcess) -> None:
+    """Runs after the engine-death test: a clean SIGTERM stops both vLLM engines quickly, exit 0,
+    with no EngineDeadError or traceback (benchmarks/sigterm_vllm.py measures it side by side)."""
+    assert httpx.get(f"{server.url}/ready", timeout=30).status_code == 200
+    mark = len(server.output())
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    rc = server.proc.wait(timeout=60)
+    took = time.monotonic() - started
+    after = server.output()[mark:]
+    assert rc == 0, after[-3000:]
+    assert "EngineDeadError" not in after and "Traceback" not in after, after[-3000:]
+    assert '"gateway_stopped"' in after or "gateway_stopped" in after
+    assert took < 10, took

@@ -66,7 +66,7 @@ def build_tiny_qwen3(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 51
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=64,  # vLLM's CPU attention needs >= 64
-        max_position_embeddings=4096,
+        max_position_embeddings=40960,  # as Qwen3-Reranker-0.6B: the default max_length (8192) fits
         tie_word_embeddings=False,
         eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=fast.pad_token_id,
@@ -83,4 +83,4 @@ def build_tiny_qwen3(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 51
 
 
 if __name__ == "__main__":
-    print(build_tiny_qwen3(sys.argv[1]))
+    print(f"wrote a tiny random Qwen3 checkpoint to {build_tiny_qwen3(sys.argv[1])} (scores are meaningless: for trying the gateway)")

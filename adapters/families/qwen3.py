@@ -28,13 +28,13 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import ScoreJob
+from adapters.base import EngineConfigError, ScoreJob
 from adapters.families.base import Family, Row
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ("PREFIX", "SUFFIX", "Qwen3Family", "Qwen3PromptTokenizer", "load_hf_tokenizer", "render_prompt")
+__all__ = ("PREFIX", "SUFFIX", "Qwen3Family", "Qwen3PromptTokenizer", "load_hf_tokenizer", "max_position_embeddings", "render_prompt")
 
 PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
@@ -78,7 +78,7 @@ class Qwen3PromptTokenizer:
         self._head = functools.lru_cache(maxsize=256)(self._encode_head)
         min_room = len(self._encode_head("x")) + max_query_tokens + len(self._suffix_ids) + 16
         if max_length < min_room:
-            raise ValueError(
+            raise EngineConfigError(
                 f"max_length={max_length} leaves no room for documents: the template, a "
                 f"{max_query_tokens}-token query and the suffix take about {min_room} tokens; "
                 "raise max_length or lower max_query_tokens"
@@ -126,7 +126,7 @@ class Qwen3PromptTokenizer:
     def _single_token_id(self, word: str) -> int:
         ids = self._encode(word)
         if len(ids) != 1:
-            raise ValueError(f"tokenizer does not encode {word!r} as one token: {ids}")
+            raise EngineConfigError(f"tokenizer does not encode {word!r} as one token: {ids}")
         return ids[0]
 
 
@@ -138,7 +138,7 @@ def load_hf_tokenizer(path: str, revision: str | None = None) -> Any:
 
     tok = AutoTokenizer.from_pretrained(path, revision=revision, use_fast=True)
     if not getattr(tok, "is_fast", False):
-        raise ValueError(f"{path}: no fast tokenizer (tokenizer.json) found")
+        raise EngineConfigError(f"{path}: no fast tokenizer (tokenizer.json) found")
     return tok
 
 
@@ -235,3 +235,11 @@ class Qwen3Family(Family):
         if logits.shape[1] != 1:
             raise ValueError(f"vLLM classifier returned {logits.shape[1]} values, expected 1 (yes - no)")
         return torch.sigmoid(logits[:, 0]).tolist()
+
+
+def max_position_embeddings(path: str, revision: str | None = None) -> int | None:
+    """The checkpoint's ``max_position_embeddings`` (local directory or hub cache), or None."""
+    from transformers import AutoConfig
+
+    value = getattr(AutoConfig.from_pretrained(path, revision=revision), "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) else None

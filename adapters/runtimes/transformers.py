@@ -20,6 +20,8 @@ import torch
 from adapters.base import EngineUnavailableError, PromptTokenizer, ScoreJob, ScoreResult
 from adapters.families import create_family
 from adapters.families.base import Family, Row
+from adapters.families.checkpoint import check_window
+from adapters.families.qwen3 import max_position_embeddings
 from schemas.config import TransformersEngineConfig
 
 __all__ = ("TransformersEngine", "TransformersQwen3Engine", "plan_batches")
@@ -62,6 +64,10 @@ class TransformersEngine:
         self._device: torch.device | None = None
         self._dtype: torch.dtype | None = None
         self._limiter = anyio.CapacityLimiter(config.max_parallel_batches)
+        self._batches = self._rows = 0  # forward passes run and rows scored (GET /ready)
+
+    def stats(self) -> dict[str, int]:
+        return {"batches": self._batches, "rows": self._rows}
 
     @property
     def tokenizer(self) -> PromptTokenizer | None:
@@ -110,8 +116,12 @@ class TransformersEngine:
             batch_tokens=self._config.batch_tokens,
             max_batch_size=self._config.max_batch_size,
         )
+        # A cancelled request (client gone, timeout) stops here: the running forward pass
+        # finishes in its thread, the batches not yet started never run.
         for batch in batches:
             out = await anyio.to_thread.run_sync(self._forward, family, [rows[i] for i in batch], limiter=self._limiter)
+            self._batches += 1
+            self._rows += len(batch)
             for i, vec in zip(batch, out, strict=True):
                 outputs[i] = vec
         scores = family.scores(job, torch.stack(outputs) if outputs else torch.empty(0, 1))
@@ -125,6 +135,9 @@ class TransformersEngine:
         device = _resolve_device(cfg.device)
         dtype = _resolve_dtype(cfg.dtype, device)
         family.load_tokenizer()
+        # A window over the checkpoint's positions would score positions the model never saw;
+        # encoder families cap theirs at the checkpoint's, so this bites Qwen3 configs.
+        check_window(cfg.name, family.window(), max_position_embeddings(cfg.path, cfg.revision))
         family.load_torch(device, dtype)
         self._device, self._dtype, self._loaded = device, dtype, True
 

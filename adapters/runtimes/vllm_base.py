@@ -24,6 +24,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -38,12 +39,39 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from adapters.base import EngineDeadError, EngineError, EngineUnavailableError, PromptTokenizer, ScoreJob, ScoreResult
+from adapters.base import (
+    EngineConfigError,
+    EngineDeadError,
+    EngineError,
+    EngineUnavailableError,
+    PromptTokenizer,
+    ScoreJob,
+    ScoreResult,
+)
 from adapters.families import create_family
 from adapters.families.base import Family, Row
+from adapters.families.checkpoint import check_window
+from adapters.families.qwen3 import max_position_embeddings
 from schemas.config import VllmEngineConfig
 
-__all__ = ("BatchStats", "VllmEngine", "VllmQwen3Engine", "build_engine_args")
+__all__ = ("BatchStats", "VllmEngine", "VllmQwen3Engine", "build_engine_args", "engine_prompt")
+
+try:  # vLLM with rendered engine inputs (0.3x): raw prompt dicts are deprecated there
+    from vllm.inputs import tokens_input as _tokens_input
+except ImportError:  # older vLLM (0.26): the raw token prompt is the supported form
+    _tokens_input = None
+
+
+def engine_prompt(prompt_ids: list[int]) -> Any:
+    """Token ids in the form the installed vLLM takes without a deprecation warning.
+
+    Newer vLLM wants the output of its renderer (``{"type": "token", ...}``, built by
+    ``vllm.inputs.tokens_input``); a raw ``{"prompt_token_ids": ...}`` there logs "Passing raw
+    prompts to InputProcessor is deprecated". Feature-detected, never a version compare.
+    """
+    if _tokens_input is not None:
+        return _tokens_input(prompt_ids)
+    return {"prompt_token_ids": prompt_ids}
 
 # Seconds to wait for the engine-core processes to exit on stop.
 _SHUTDOWN_TIMEOUT_S = 10.0
@@ -96,7 +124,7 @@ def build_engine_args(config: VllmEngineConfig, runner_args: dict[str, Any], *, 
     args.update(config.engine_args)
     unknown = sorted(set(args) - known)
     if unknown:
-        raise ValueError(
+        raise EngineConfigError(
             f"vllm {vllm.__version__} has no engine argument(s) {', '.join(map(repr, unknown))} "
             "(check engine_args in the model's config)"
         )
@@ -208,6 +236,11 @@ class VllmEngine(abc.ABC):
         # in seconds, before vLLM spends half a minute starting.
         family = self._starting = await anyio.to_thread.run_sync(self._load_family)
         args = build_engine_args(cfg, self.runner_args(family), max_length=family.window())
+        # vLLM would refuse a window over the checkpoint's positions deep in its start, with a
+        # multi-line validation error: say it in one line naming both numbers instead. Encoder
+        # families already cap their window at the checkpoint's, so this bites Qwen3 configs.
+        positions = await anyio.to_thread.run_sync(max_position_embeddings, cfg.path, cfg.revision)
+        check_window(cfg.name, family.window(), positions, extra_tokens=args["max_model_len"] - family.window())
         factory = _stat_logger_factory(self._stats)
         # Starting blocks for tens of seconds (engine-core processes, weights, KV cache): keep
         # it off the event loop so /health and other models keep answering.
@@ -219,9 +252,18 @@ class VllmEngine(abc.ABC):
 
     async def stop(self) -> None:
         engine, self._engine = self._engine, None
-        if engine is not None:
-            # Joins the engine-core processes; blocking, so in a thread.
-            await anyio.to_thread.run_sync(lambda: engine.shutdown(timeout=_SHUTDOWN_TIMEOUT_S))
+        if engine is None:
+            return
+        # AsyncLLM.shutdown stops the engine core first and cancels its output-handler task only
+        # afterwards (from our worker thread): meanwhile the handler finds the core gone and
+        # logs an EngineDeadError traceback on a clean stop. Cancel it first, here on its loop.
+        handler = getattr(engine, "output_handler", None)
+        if isinstance(handler, asyncio.Task) and not handler.done():
+            handler.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await handler
+        # Joins the engine-core processes; blocking, so in a thread.
+        await anyio.to_thread.run_sync(lambda: engine.shutdown(timeout=_SHUTDOWN_TIMEOUT_S))
 
     async def check_health(self) -> None:
         engine = self._engine

@@ -24,7 +24,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from adapters.base import EngineError, ScoreJob
 from adapters.families.base import Family, Row
 from adapters.families.qwen3 import Qwen3Family
-from adapters.runtimes.vllm_base import VllmEngine
+from adapters.runtimes.vllm_base import VllmEngine, engine_prompt
 
 __all__ = ("VllmGenerateEngine", "p_yes")
 
@@ -70,7 +70,7 @@ class VllmGenerateEngine(VllmEngine):
     async def run_row(self, engine: AsyncLLM, row: Row, request_id: str) -> list[float]:
         assert self._params is not None
         final = None
-        async for output in engine.generate({"prompt_token_ids": row.ids}, self._params, request_id=request_id):
+        async for output in engine.generate(engine_prompt(row.ids), self._params, request_id=request_id):
             final = output
         if final is None or not final.outputs or not final.outputs[0].logprobs:
             raise EngineError("vLLM returned no log-probabilities for a generate request")

@@ -17,7 +17,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from adapters.base import EngineError, ScoreJob
 from adapters.families.base import Family, Row
-from adapters.runtimes.vllm_base import VllmEngine
+from adapters.runtimes.vllm_base import VllmEngine, engine_prompt
 
 __all__ = ("VllmScoreEngine",)
 
@@ -36,7 +36,7 @@ class VllmScoreEngine(VllmEngine):
         extra = family.vllm_extra_kwargs(row) if family is not None else None
         params = PoolingParams(task="classify", use_activation=False, extra_kwargs=extra)
         final = None
-        async for output in engine.encode({"prompt_token_ids": row.ids}, params, request_id=request_id):
+        async for output in engine.encode(engine_prompt(row.ids), params, request_id=request_id):
             final = output
         if final is None:
             raise EngineError("vLLM returned no output for a classify request")

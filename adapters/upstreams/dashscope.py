@@ -26,7 +26,7 @@ import httpx
 import msgspec
 import structlog
 
-from adapters.base import EngineError, EngineInputError, EngineUnavailableError, ScoreJob, ScoreResult
+from adapters.base import EngineConfigError, EngineError, EngineInputError, EngineUnavailableError, ScoreJob, ScoreResult
 from adapters.upstreams.http import (
     RetryableUpstreamError,
     call_with_retries,
@@ -133,7 +133,7 @@ class DashScopeEngine:
         key = resolve_api_key(cfg.api_key, cfg.api_key_env)
         if key is None:
             where = f"the environment variable {cfg.api_key_env}" if cfg.api_key_env else "api_key_env"
-            raise RuntimeError(f"no DashScope API key: set api_key or {where}")
+            raise EngineConfigError(f"no DashScope API key: set api_key or {where}")
         headers = {"Authorization": f"Bearer {key}", "Accept": "application/json"}
         if cfg.workspace:
             headers["X-DashScope-WorkSpace"] = cfg.workspace

@@ -214,9 +214,20 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         "latencies_ms": [{"endpoint": r.endpoint, "concurrency": r.concurrency, "rate": r.rate,
                           "ok": [round(s.latency_s * 1e3, 3) for s in r.samples if s.ok]} for r in runs],
     }
-    doc["plots"] = [] if args.no_plot else write_plots(out_dir, runs, summaries)
+    # Results first: a failing or missing plotting library must never lose a finished run.
+    doc["plots"] = []
     write_json(out_dir / "bench.json", doc)
     write_markdown(out_dir / "report.md", doc, title=args.title)
+    if not args.no_plot:
+        try:
+            doc["plots"] = write_plots(out_dir, runs, summaries)
+        except ImportError as exc:
+            print(f"plots skipped: {exc.name or 'matplotlib'} is not installed "
+                  "(pip install 'rerank-gateway[bench]'); results are in bench.json and report.md",
+                  file=sys.stderr)
+        if doc["plots"]:
+            write_json(out_dir / "bench.json", doc)
+            write_markdown(out_dir / "report.md", doc, title=args.title)
     print((out_dir / "report.md").read_text(encoding="utf-8"))
     print(f"wrote {out_dir}/bench.json, report.md" + "".join(f", {p}" for p in doc["plots"]))
     total_ok = sum(s["ok"] for s in summaries)

@@ -47,7 +47,7 @@ def _tei_request(schema: dict[str, Any], settings: Settings) -> None:
         # Scored upstream: only chunking or cutting at the end (the upstream's own) is possible.
         props["truncation_direction"] = {**props["truncation_direction"], "enum": ["Right", "right"]}
         props["truncate"] = {**props["truncate"], "anyOf": [{"type": "boolean", "enum": [True]}, {"type": "null"}]}
-    if isinstance(model, StaticEngineConfig) and not model.raw_scores:
+    if isinstance(model, StaticEngineConfig) and not model.supports_raw_scores:
         props["raw_scores"] = {**props["raw_scores"], "enum": [False]}
 
 

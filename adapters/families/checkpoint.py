@@ -1,0 +1,45 @@
+"""Checks of a model's config against its checkpoint, shared by every local engine.
+
+Standard library only (and ``adapters.base``): ``rerank-gateway check-config`` runs them on a local checkpoint
+directory without importing torch, transformers or vLLM; the engines run them again at start
+(on a hub checkpoint too, with the config transformers resolved).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from adapters.base import EngineConfigError
+
+__all__ = ("CheckpointMismatchError", "check_window", "local_checkpoint_config")
+
+
+class CheckpointMismatchError(EngineConfigError):
+    """The model's config asks for something its checkpoint cannot do; the message says what to set."""
+
+
+def local_checkpoint_config(path: str) -> dict[str, Any] | None:
+    """``config.json`` of a local checkpoint directory, or None (a hub id, or no such file)."""
+    file = Path(path) / "config.json"
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def check_window(model: str, max_length: int, max_positions: int | None, *, extra_tokens: int = 0) -> None:
+    """Raise when ``max_length`` (+ tokens the runner adds) exceeds ``max_position_embeddings``.
+
+    vLLM refuses such a window deep inside its start with a multi-line validation error; the
+    transformers engine would score positions the model was never trained on.
+    """
+    if max_positions is None or max_length + extra_tokens <= max_positions:
+        return
+    plus = f" + {extra_tokens} generated token" if extra_tokens else ""
+    raise CheckpointMismatchError(
+        f"model {model!r}: max_length {max_length}{plus} is larger than the checkpoint's "
+        f"max_position_embeddings {max_positions}; set max_length to at most {max_positions - extra_tokens}"
+    )
