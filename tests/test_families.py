@@ -98,7 +98,9 @@ def test_undetectable_model_fails_with_one_line_naming_the_field(tiny_dirs, tmp_
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert model["state"] == "failed"
-        assert model["error"].startswith("cannot tell the model family") and "set models[0].family" in model["error"]
+        # /ready keeps the cause in `error` and the gateway's one-line fix, naming the field, in `fix`.
+        assert "cannot tell the model family" in model["error"] and "\n" not in model["fix"]
+        assert model["fix"].startswith("cannot tell the model family") and "set models[0].family" in model["fix"]
         resp = client.post("/v1/rerank", json={"query": "q", "documents": ["d"]})
         assert resp.status_code == 503 and "models[0].family" in resp.json()["message"]
 
