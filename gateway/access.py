@@ -12,6 +12,7 @@ Failed requests count too (toward rpm, and in the metrics by status).
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
 from litestar import Litestar
@@ -23,6 +24,7 @@ from gateway.errors import RateLimitedError, classify
 from gateway.metrics import ANONYMOUS, UNAUTHENTICATED, UsageMetrics
 from gateway.middleware import log_fields
 from gateway.ratelimit import Admission, KeyLimiter
+from gateway.telemetry import GatewayTelemetry, request_timing
 from schemas.config import Settings
 
 __all__ = ("OPEN_PATHS", "AccessControl", "AccessMiddleware")
@@ -40,6 +42,7 @@ class AccessControl:
         longest = max((m.timeout_s for m in settings.models), default=60.0)
         self.limiter = KeyLimiter(settings.limits, lease_s=longest + 60.0)
         self.metrics = UsageMetrics()
+        self.telemetry = GatewayTelemetry(self.metrics.registry)
 
     async def start(self) -> None:
         await self.limiter.start()
@@ -78,7 +81,7 @@ class AccessMiddleware:
                         headers[name] = value
             await send(message)
 
-        with request_access(access):
+        with request_access(access), request_timing() as timing:
             try:
                 if control.keys.enabled:
                     access.label = UNAUTHENTICATED
@@ -86,6 +89,7 @@ class AccessMiddleware:
                     access.key, access.label = key, key.id
                     log_fields()["key_id"] = key.id
                     admission = await control.limiter.admit(key)
+                timing.admission_s = time.perf_counter() - timing.started
                 await self.app(scope, receive, send_with_limits)
             except Exception as exc:
                 # Raised before the handler ran (401, 429, 503): Litestar's outer handler answers.
@@ -101,6 +105,7 @@ class AccessMiddleware:
                     await control.limiter.finish(admission, usage.tokens if usage else 0)
                 # No status: the client went away before any response (cancelled), counted as 499.
                 control.metrics.record_request(access.label, access.model, status or 499)
+                control.telemetry.observe(timing, model=access.model, route=scope.get("path_template", scope["path"]))
                 if usage is not None and access.model is not None:
                     control.metrics.record_usage(
                         access.label,

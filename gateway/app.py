@@ -16,6 +16,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from gateway import __version__
 from gateway.access import AccessControl, AccessMiddleware
+from gateway.cache import build_cache
 from gateway.errors import exception_handlers
 from gateway.logging import configure_logging
 from gateway.metrics import metrics_endpoint
@@ -51,6 +52,8 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
         configure_logging(settings.logging.level, fmt=settings.logging.format)
     registry = ModelRegistry(settings)
     access = AccessControl(settings)  # API keys, per-key limits, usage metrics
+    cache = build_cache(settings)  # None unless [cache] enabled = true
+    access.telemetry.attach(registry, cache_enabled=cache is not None)  # latency, load, engine metrics
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -61,6 +64,8 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
         finally:
             await access.stop()
             await registry.stop()
+            if cache is not None:
+                await cache.close()
 
     app = GatewayApp(
         route_handlers=[*ROUTES, metrics_endpoint],
@@ -82,5 +87,5 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     app.state.registry = registry
     app.state.access = access
     app.state.usage_metrics = access.metrics
-    app.state.service = RerankService(registry, settings.limits)
+    app.state.service = RerankService(registry, settings.limits, cache=cache)
     return app

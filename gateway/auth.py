@@ -34,6 +34,7 @@ __all__ = (
     "RequestAccess",
     "authorize_model",
     "check_exposure",
+    "current_key_id",
     "generate_key",
     "hash_key",
     "is_loopback",
@@ -194,6 +195,12 @@ def authorize_model(model: str) -> None:
     access.model = model
     if access.key is not None:
         KeyStore.authorize_model(access.key, model)
+
+
+def current_key_id() -> str | None:
+    """The id of the key the current request presented; None without keys or outside a request."""
+    access = _current.get()
+    return access.key.id if access is not None and access.key is not None else None
 
 
 def record_usage(*, documents: int, tokens: int, search_units: int) -> None:

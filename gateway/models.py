@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from adapters.base import EngineDeadError, RerankEngine
+from adapters.base import EngineDeadError, EngineObserver, RerankEngine
 from adapters.registry import build_engine
 from gateway.errors import ModelUnavailableError, UnknownModelError
 from schemas.config import EngineConfig, Settings
@@ -52,6 +52,8 @@ class ModelRuntime:
         # Set while a dead engine is being restarted (see engine_died).
         self.restart_task: asyncio.Task[None] | None = None
         self.restarts = 0
+        # Engine steps and prefix-cache lookups go to the metrics (gateway.telemetry) through this.
+        self.observer: EngineObserver | None = None
 
     @property
     def restarting(self) -> bool:
@@ -127,6 +129,8 @@ class ModelRuntime:
     async def _start_engine(self) -> None:
         """Build and start a fresh engine as ``self.engine``; one that fails to start is stopped."""
         engine = build_engine(self.config)
+        if self.observer is not None and hasattr(engine, "observer"):
+            engine.observer = self.observer
         try:
             await engine.start()
         except BaseException:

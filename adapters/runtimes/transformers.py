@@ -12,6 +12,7 @@ Imported only through ``adapters.registry``: importing it pulls in torch and tra
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ import anyio
 import anyio.to_thread
 import torch
 
-from adapters.base import EngineUnavailableError, ScoreJob, ScoreResult
+from adapters.base import EngineObserver, EngineUnavailableError, ScoreJob, ScoreResult
 from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
 from schemas.config import TransformersEngineConfig
 
@@ -57,6 +58,9 @@ class TransformersQwen3Engine:
         self._head: torch.Tensor | None = None  # (2, hidden) fp32 rows: [no, yes]
         self._device: torch.device | None = None
         self._limiter = anyio.CapacityLimiter(config.max_parallel_batches)
+        self.observer: EngineObserver | None = None
+        # Jobs that called score() and have not started their first forward pass yet.
+        self.queued_jobs = 0
 
     @property
     def tokenizer(self) -> Qwen3PromptTokenizer | None:
@@ -89,12 +93,33 @@ class TransformersQwen3Engine:
             batch_tokens=self._config.batch_tokens,
             max_batch_size=self._config.max_batch_size,
         )
-        for batch in batches:
-            rows = [prompts[i] for i in batch]
-            out = await anyio.to_thread.run_sync(self._forward, rows, limiter=self._limiter)
-            for i, s in zip(batch, out, strict=True):
-                scores[i] = s
-        return ScoreResult(scores=scores, input_tokens=sum(len(p) for p in prompts))
+        # Time between handing a batch to the limiter and its thread starting is queueing
+        # (another request's forward pass holds the slot), not engine work.
+        queue_s = 0.0
+        self.queued_jobs += 1
+        waiting = True
+        try:
+            for batch in batches:
+                rows = [prompts[i] for i in batch]
+                submitted = time.perf_counter()
+                started, out = await anyio.to_thread.run_sync(self._timed_forward, rows, limiter=self._limiter)
+                queue_s += max(0.0, started - submitted)
+                if waiting:
+                    self.queued_jobs -= 1
+                    waiting = False
+                if self.observer is not None:
+                    # Padded tokens: what the forward pass really computed.
+                    self.observer.step(rows=len(rows), tokens=len(rows) * max(map(len, rows)))
+                for i, s in zip(batch, out, strict=True):
+                    scores[i] = s
+        finally:
+            if waiting:
+                self.queued_jobs -= 1
+        return ScoreResult(scores=scores, input_tokens=sum(len(p) for p in prompts), queue_s=queue_s)
+
+    def queue_depth(self) -> int:
+        """Requests waiting for their first forward pass (``rerank_queued_requests``)."""
+        return self.queued_jobs
 
     # -- worker-thread code ----------------------------------------------------------------
     def _load(self) -> None:
@@ -116,6 +141,9 @@ class TransformersQwen3Engine:
         backbone.to(device)
         del model  # drops the full-vocabulary LM head unless tied to the embeddings
         self._device, self._head, self._backbone, self._prompt = device, head, backbone, prompt
+
+    def _timed_forward(self, rows: list[list[int]]) -> tuple[float, list[float]]:
+        return time.perf_counter(), self._forward(rows)
 
     @torch.inference_mode()
     def _forward(self, rows: list[list[int]]) -> list[float]:

@@ -37,7 +37,14 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from adapters.base import EngineDeadError, EngineError, EngineUnavailableError, ScoreJob, ScoreResult
+from adapters.base import (
+    EngineDeadError,
+    EngineError,
+    EngineObserver,
+    EngineUnavailableError,
+    ScoreJob,
+    ScoreResult,
+)
 from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
 from schemas.config import VllmEngineConfig
 
@@ -112,6 +119,8 @@ class BatchStats:
     def __init__(self) -> None:
         self.steps_by_batch = collections.Counter[int]()
         self.requests = 0
+        # The gateway's metrics (set by the engine before start); None outside the gateway.
+        self.observer: EngineObserver | None = None
 
     def record(self, finished: int) -> None:
         self.steps_by_batch[finished] += 1
@@ -136,6 +145,15 @@ def _stat_logger_factory(stats: BatchStats) -> type[StatLoggerBase]:
             finished = getattr(iteration_stats, "finished_requests", None)
             if finished:
                 stats.record(len(finished))
+            observer = stats.observer
+            if observer is None:
+                return
+            if iteration_stats is not None and finished:
+                tokens = iteration_stats.num_prompt_tokens + iteration_stats.num_generation_tokens
+                observer.step(rows=len(finished), tokens=tokens)
+            cache = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if cache is not None and cache.queries:
+                observer.prefix_cache(queries=cache.queries, hits=cache.hits)
 
         def log_engine_initialized(self) -> None:
             pass
@@ -173,6 +191,14 @@ class VllmQwen3Engine(abc.ABC):
 
     def stats(self) -> dict[str, Any]:
         return {"vllm": vllm.__version__, **self._stats.snapshot()}
+
+    @property
+    def observer(self) -> EngineObserver | None:
+        return self._stats.observer
+
+    @observer.setter
+    def observer(self, value: EngineObserver | None) -> None:
+        self._stats.observer = value
 
     async def start(self) -> None:
         cfg = self._config
