@@ -208,6 +208,28 @@ def test_concurrent_requests_are_batched_not_serialized(server: ServerProcess, m
     assert max(concurrent) >= 2, concurrent
 
 
+def test_metrics_show_vllm_steps_and_prefix_cache(server: ServerProcess) -> None:
+    """/metrics has vLLM's engine steps and prefix-cache lookups per model (after the tests above)."""
+    for model in ENGINES:
+        _rerank(server.url, model, DOCS)  # one query, many documents: the shared prefix is reused
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            if "model" in sample.labels:
+                key = (sample.name, sample.labels["model"])
+                values[key] = values.get(key, 0.0) + sample.value
+    for model in ENGINES:
+        assert values[("rerank_engine_batch_size_count", model)] > 0
+        assert values[("rerank_engine_batch_tokens_sum", model)] >= values[("rerank_engine_batch_size_sum", model)]
+        queries = values[("rerank_engine_prefix_cache_queries_total", model)]
+        hits = values[("rerank_engine_prefix_cache_hits_total", model)]
+        assert 0 < hits < queries, (model, hits, queries)
+    # The transformers reference has no prefix cache: its counters exist and stay at 0.
+    assert values[("rerank_engine_prefix_cache_queries_total", "tf")] == 0
+
+
 def test_bad_config_fails_at_start_with_a_clear_message(tiny_qwen3_dir: Path, gateway_server: Any) -> None:
     config = "\n".join(
         [
@@ -282,7 +304,9 @@ def test_engine_death_gives_503_then_recovers(server: ServerProcess) -> None:
         time.sleep(1)
     else:
         raise AssertionError(f"models did not recover:\n{server.output()[-3000:]}")
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
     for model in ENGINES:
         assert _model_status(server.url, model)["restarts"] == 1
+        assert f'rerank_engine_restarts_total{{model="{model}"}} 1.0' in metrics
         for index, score in _scores(_rerank(server.url, model, DOCS)).items():
             assert score == pytest.approx(expected[model][index], abs=1e-6), (model, index)
