@@ -6,6 +6,9 @@ engines are built lazily by ``adapters.registry`` when the lifespan starts.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -46,7 +49,23 @@ class GatewayApp(Litestar):
             await super().__call__(scope, receive, send)
 
 
-def create_app(settings: Settings | None = None, *, configure_logs: bool = True) -> Litestar:
+def _watch_sighup(reload: Any) -> bool:
+    """SIGHUP re-reads the API keys; only possible in the main thread's loop (uvicorn's)."""
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
+    except (ValueError, RuntimeError, NotImplementedError, AttributeError):
+        return False  # tests run the app in a worker thread; Windows has no SIGHUP
+    return True
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    configure_logs: bool = True,
+    config_path: str | os.PathLike[str] | None = None,
+) -> Litestar:
+    """``config_path`` is re-read (with the environment) on SIGHUP to reload ``auth.keys``;
+    None: ``$RERANK_CONFIG`` as at start."""
     settings = settings if settings is not None else load_settings()
     if configure_logs:
         configure_logging(settings.logging.level, fmt=settings.logging.format)
@@ -59,9 +78,12 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         registry.start()
         await access.start()
+        hup = _watch_sighup(lambda: access.reload_keys(lambda: load_settings(config_path)))
         try:
             yield
         finally:
+            if hup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             await access.stop()
             await registry.stop()
             if cache is not None:

@@ -148,8 +148,9 @@ def check_exposure(settings: Settings) -> None:
     if settings.auth.keys or settings.auth.open or is_loopback(settings.server.host):
         return
     raise ConfigError(
-        f"refusing to serve on {settings.server.host} without API keys: add [[auth.keys]] "
-        "(see `rerank-gateway keys create`) or set auth.open = true to serve without authentication"
+        f"refusing to serve on {settings.server.host} without API keys: set RERANK_API_KEY (or "
+        "RERANK_API_KEY_FILE, a file holding the key), or add [[auth.keys]] (see `rerank-gateway keys "
+        "create`), or set auth.open = true to serve without authentication"
     )
 
 

@@ -51,7 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
 
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, config_path=args.config),
         host=settings.server.host,
         port=settings.server.port,
         log_level="warning",  # our own access line replaces uvicorn's
