@@ -100,6 +100,36 @@ def _model_status(url: str, name: str) -> dict[str, Any]:
 
 
 # -- no engine needed ------------------------------------------------------------------------
+def test_stat_logger_feeds_the_gateway_observer() -> None:
+    """vLLM's own stats objects through our stat logger: steps and prefix-cache lookups arrive."""
+    from vllm.v1.metrics.stats import IterationStats, PrefixCacheStats, SchedulerStats
+
+    from adapters.runtimes.vllm_base import BatchStats, _stat_logger_factory
+
+    seen: list[tuple[str, int, int]] = []
+
+    class Recorder:
+        def step(self, *, rows: int, tokens: int) -> None:
+            seen.append(("step", rows, tokens))
+
+        def prefix_cache(self, *, queries: int, hits: int) -> None:
+            seen.append(("prefix", queries, hits))
+
+    stats = BatchStats()
+    stats.observer = Recorder()
+    logger = _stat_logger_factory(stats)(vllm_config=None)
+    iteration = IterationStats()
+    iteration.prompt_token_stats.total = 120
+    iteration.num_generation_tokens = 3
+    iteration.finished_requests = [object(), object(), object()]
+    cache = PrefixCacheStats()
+    cache.record(num_tokens=120, num_hits=96, preempted=False)
+    logger.record(SchedulerStats(prefix_cache_stats=cache), iteration)
+    logger.record(SchedulerStats(), None)  # a step with no finished request and no lookup
+    assert seen == [("step", 3, 123), ("prefix", 120, 96)]
+    assert stats.snapshot()["requests"] == 3
+
+
 def test_engine_args_from_config() -> None:
     cfg = VllmScoreEngineConfig(
         name="m",
