@@ -298,3 +298,35 @@ def test_k8s_manifests_define_what_they_reference(tmp_path: Path) -> None:
     pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in objects if d["kind"] == "Deployment"]
     for service in (d for d in objects if d["kind"] == "Service"):
         assert any(service["spec"]["selector"].items() <= labels.items() for labels in pod_labels), service["metadata"]
+
+
+# -- the key from the environment ------------------------------------------------------------
+def test_env_key_becomes_a_keys_entry(tmp_path: Path) -> None:
+    from gateway.auth import KeyStore, hash_key
+
+    key = "rk-" + "x" * 30
+    settings = load_settings(DEPLOY / "gateway.docker.toml", environ={"RERANK_API_KEY": key})
+    (entry,) = settings.auth.keys
+    assert (entry.id, entry.hash, entry.models) == ("env", hash_key(key), ("*",))
+    assert KeyStore(settings.auth.keys).authenticate([(b"authorization", f"Bearer {key}".encode())]).id == "env"
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    from_file = load_settings(None, environ={"RERANK_API_KEY_FILE": str(key_file), "RERANK_API_KEY_ID": "ops"})
+    assert [(k.id, k.hash) for k in from_file.auth.keys] == [("ops", hash_key(key))]
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"RERANK_API_KEY": "short"}, "at least 16 characters"),
+        ({"RERANK_API_KEY": "a key with spaces in it"}, "without spaces"),
+        ({"RERANK_API_KEY": "k" * 20, "RERANK_API_KEY_FILE": "/x"}, "not both"),
+        ({"RERANK_API_KEY_FILE": "/nonexistent/key"}, "cannot read /nonexistent/key"),
+    ],
+)
+def test_env_key_mistakes_are_one_line_errors(environ: dict[str, str], message: str) -> None:
+    from gateway.settings import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as info:
+        load_settings(None, environ=environ)
+    assert "\n" not in str(info.value) and "k" * 20 not in str(info.value)
