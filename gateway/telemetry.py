@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -175,6 +175,8 @@ class GatewayTelemetry:
             "rerank_engine_prefix_cache_hits", "Prompt tokens found in the engine's prefix cache (vLLM).",
             ("model",), registry=registry,
         )
+        # (model, route) -> its histogram children; routes are templates, so this stays small.
+        self._children: dict[tuple[str, str], tuple[Any, ...]] = {}
         self.cache = Counter(
             "rerank_response_cache_requests", "Rerank requests looked up in the response cache, by result.",
             ("model", "result"), registry=registry,
@@ -195,13 +197,24 @@ class GatewayTelemetry:
     def observe(self, timing: RequestTiming, *, model: str | None, route: str) -> None:
         """A rerank request finished (any status): record its phases."""
         model = model or NO_MODEL
-        self.total.labels(model, route).observe(time.perf_counter() - timing.started)
+        children = self._children.get((model, route))
+        if children is None:  # labels() costs as much as observe(): resolve once per series
+            children = self._children[(model, route)] = (
+                self.total.labels(model, route),
+                self.queue.labels(model, route),
+                self.tokenize.labels(model, route),
+                self.engine.labels(model, route),
+                self.documents.labels(model),
+                self.items.labels(model),
+            )
+        total, queue, tokenize, engine, documents, items = children
+        total.observe(time.perf_counter() - timing.started)
         if timing.cache is not None and model != NO_MODEL:
             self.cache.labels(model, timing.cache).inc()
         if timing.engine_queue_s is None:  # failed before scoring, or answered from the cache
             return
-        self.queue.labels(model, route).observe(timing.admission_s + timing.engine_queue_s)
-        self.tokenize.labels(model, route).observe(timing.tokenize_s)
-        self.engine.labels(model, route).observe(timing.engine_s)
-        self.documents.labels(model).observe(timing.documents)
-        self.items.labels(model).observe(timing.items)
+        queue.observe(timing.admission_s + timing.engine_queue_s)
+        tokenize.observe(timing.tokenize_s)
+        engine.observe(timing.engine_s)
+        documents.observe(timing.documents)
+        items.observe(timing.items)
