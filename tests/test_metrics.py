@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -174,7 +176,7 @@ def test_transformers_engine_reports_queue_steps_and_depth(tiny_qwen3_dir: Path)
         def prefix_cache(self, *, queries: int, hits: int) -> None:
             raise AssertionError("transformers has no prefix cache")
 
-    async def scenario() -> tuple[Any, Any, int]:
+    async def scenario() -> tuple[Any, Any, list[int], list[list[int]]]:
         engine = TransformersQwen3Engine(config)
         engine.observer = Recorder()
         await engine.start()
@@ -182,24 +184,40 @@ def test_transformers_engine_reports_queue_steps_and_depth(tiny_qwen3_dir: Path)
         assert prompt is not None
         from adapters.base import ScoreJob
 
+        # Hold the first forward pass until the second job is seen waiting for the slot.
+        gate = threading.Event()
+        real_forward = engine._forward
+
+        def gated_forward(rows: list[list[int]]) -> list[float]:
+            gate.wait(timeout=30)
+            return real_forward(rows)
+
+        engine._forward = gated_forward
         shared = prompt.encode_shared("what is the capital?", "rank")
         items = prompt.encode_documents([f"document number {i} " * (1 + i % 5) for i in range(24)])
         job = ScoreJob(query="q", instruction="rank", shared_ids=shared, item_ids=items)
+        depths = [engine.queue_depth()]
         first = asyncio.ensure_future(engine.score(job))
         second = asyncio.ensure_future(engine.score(job))
-        await asyncio.sleep(0)
-        depth = engine.queue_depth()
+        deadline = time.monotonic() + 10
+        # The first job's pass runs (held by the gate), the second waits: exactly one queued.
+        while engine.queue_depth() != 1:
+            assert time.monotonic() < deadline, engine.queue_depth()
+            await asyncio.sleep(0.01)
+        depths.append(engine.queue_depth())
+        await asyncio.sleep(0.2)  # the second job's wait is queue time
+        gate.set()
         a, b = await asyncio.gather(first, second)
-        assert engine.queue_depth() == 0
+        depths.append(engine.queue_depth())
         await engine.stop()
         lengths = [len(prompt.assemble(shared, i)) for i in items]
-        return (a, b), plan_batches(lengths, batch_tokens=256, max_batch_size=4), depth
+        return (a, b), depths, plan_batches(lengths, batch_tokens=256, max_batch_size=4)
 
-    (a, b), batches, depth = asyncio.run(scenario())
-    assert depth == 2  # both jobs submitted, neither has started its first forward pass
+    (a, b), depths, batches = asyncio.run(scenario())
+    assert depths == [0, 1, 0]
     assert a.scores == pytest.approx(b.scores)
-    # One slot: while one job's batch runs, the other's waits; at least one of them queued.
-    assert max(a.queue_s, b.queue_s) > 0
+    # One slot: the second job waited at least while the first pass was held.
+    assert b.queue_s >= 0.2
     assert len(steps) == 2 * len(batches)
     assert sorted(r for r, _ in steps) == sorted([len(batch) for batch in batches] * 2)
     assert all(tokens >= rows for rows, tokens in steps)

@@ -12,6 +12,7 @@ Imported only through ``adapters.registry``: importing it pulls in torch and tra
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -59,8 +60,10 @@ class TransformersQwen3Engine:
         self._device: torch.device | None = None
         self._limiter = anyio.CapacityLimiter(config.max_parallel_batches)
         self.observer: EngineObserver | None = None
-        # Jobs that called score() and have not started their first forward pass yet.
+        # Jobs that called score() and have not started their first forward pass yet; the
+        # worker thread that starts a job's first pass takes it off, under this lock.
         self.queued_jobs = 0
+        self._queue_lock = threading.Lock()
 
     @property
     def tokenizer(self) -> Qwen3PromptTokenizer | None:
@@ -96,25 +99,24 @@ class TransformersQwen3Engine:
         # Time between handing a batch to the limiter and its thread starting is queueing
         # (another request's forward pass holds the slot), not engine work.
         queue_s = 0.0
-        self.queued_jobs += 1
-        waiting = True
+        waiting = [True]  # shared with the worker threads: cleared when the first pass starts
+        with self._queue_lock:
+            self.queued_jobs += 1
         try:
             for batch in batches:
                 rows = [prompts[i] for i in batch]
                 submitted = time.perf_counter()
-                started, out = await anyio.to_thread.run_sync(self._timed_forward, rows, limiter=self._limiter)
+                started, out = await anyio.to_thread.run_sync(
+                    self._timed_forward, rows, waiting, limiter=self._limiter
+                )
                 queue_s += max(0.0, started - submitted)
-                if waiting:
-                    self.queued_jobs -= 1
-                    waiting = False
                 if self.observer is not None:
                     # Padded tokens: what the forward pass really computed.
                     self.observer.step(rows=len(rows), tokens=len(rows) * max(map(len, rows)))
                 for i, s in zip(batch, out, strict=True):
                     scores[i] = s
         finally:
-            if waiting:
-                self.queued_jobs -= 1
+            self._leave_queue(waiting)  # cancelled (or empty) before any pass started
         return ScoreResult(scores=scores, input_tokens=sum(len(p) for p in prompts), queue_s=queue_s)
 
     def queue_depth(self) -> int:
@@ -142,8 +144,16 @@ class TransformersQwen3Engine:
         del model  # drops the full-vocabulary LM head unless tied to the embeddings
         self._device, self._head, self._backbone, self._prompt = device, head, backbone, prompt
 
-    def _timed_forward(self, rows: list[list[int]]) -> tuple[float, list[float]]:
-        return time.perf_counter(), self._forward(rows)
+    def _leave_queue(self, waiting: list[bool]) -> None:
+        with self._queue_lock:
+            if waiting[0]:
+                waiting[0] = False
+                self.queued_jobs -= 1
+
+    def _timed_forward(self, rows: list[list[int]], waiting: list[bool]) -> tuple[float, list[float]]:
+        started = time.perf_counter()
+        self._leave_queue(waiting)
+        return started, self._forward(rows)
 
     @torch.inference_mode()
     def _forward(self, rows: list[list[int]]) -> list[float]:
