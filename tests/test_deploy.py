@@ -103,6 +103,7 @@ def run_image_command(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_image_without_a_key_prints_one_line_and_exits() -> None:
     done = run_image_command({})
     lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -110,6 +111,7 @@ def test_image_without_a_key_prints_one_line_and_exits() -> None:
     assert "RERANK_API_KEY" in lines[0] and "RERANK_API_KEY_FILE" in lines[0]
 
 
+@pytest.mark.slow
 def test_image_with_the_k8s_placeholder_secret_refuses_in_one_line(tmp_path: Path) -> None:
     (secret,) = [d for d in k8s_objects() if d["kind"] == "Secret"]
     placeholder = tmp_path / "api-key"
