@@ -71,8 +71,9 @@ class AccessControl:
             # Only the keys change: check exposure against the address actually bound.
             check_exposure(msgspec.structs.replace(fresh, server=self._settings.server))
             store = KeyStore(fresh.auth.keys)
-        except (ConfigError, ValueError) as exc:
-            log.error("keys_reload_rejected", error=str(exc), kept=len(self._settings.auth.keys))
+        except (ConfigError, ValueError, OSError) as exc:  # OSError: config unreadable
+            reason = str(exc) if isinstance(exc, ValueError) else f"cannot read the config ({type(exc).__name__})"
+            log.error("keys_reload_rejected", error=reason, kept=len(self._settings.auth.keys))
             return False
         old = {k.id for k in self._settings.auth.keys}
         new = {k.id for k in fresh.auth.keys}

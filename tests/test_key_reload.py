@@ -21,7 +21,6 @@ import pytest
 from gateway.auth import generate_key, hash_key
 from tests.conftest import ServerProcess
 
-pytestmark = pytest.mark.slow
 
 KEY_A, KEY_B = generate_key(), generate_key()
 MODEL = '[[models]]\nname = "m"\nengine = "static"\ndelay_s = 0.01\n'
@@ -51,6 +50,28 @@ def log_lines(server: ServerProcess, event: str) -> list[dict]:
     return out
 
 
+def test_reload_keeps_the_keys_when_the_config_cannot_be_read_or_exposes_the_gateway() -> None:
+    from gateway.access import AccessControl
+    from schemas.config import ApiKeyConfig, AuthConfig, ServerConfig, Settings, StaticEngineConfig
+
+    def settings(*keys: tuple[str, str], host: str = "0.0.0.0") -> Settings:
+        entries = tuple(ApiKeyConfig(id=name, hash=hash_key(key), models=("*",)) for name, key in keys)
+        return Settings(server=ServerConfig(host=host), auth=AuthConfig(keys=entries), models=(StaticEngineConfig(name="m"),))
+
+    control = AccessControl(settings(("a", KEY_A)))
+    header = [(b"authorization", f"Bearer {KEY_A}".encode())]
+
+    def unreadable() -> Settings:
+        raise PermissionError("config")
+
+    assert control.reload_keys(unreadable) is False
+    assert control.reload_keys(lambda: settings()) is False  # 0.0.0.0 without keys: refused
+    assert control.keys.authenticate(header).id == "a"
+    assert control.reload_keys(lambda: settings(("b", KEY_B))) is True
+    assert control.keys.authenticate([(b"authorization", f"Bearer {KEY_B}".encode())]).id == "b"
+
+
+@pytest.mark.slow
 def test_sighup_adds_and_revokes_keys_while_traffic_flows(tmp_path: Path, gateway_server) -> None:
     server: ServerProcess = gateway_server('[logging]\nformat = "json"\n' + MODEL + key_toml("a", KEY_A))
     config: Path = server.config
