@@ -27,6 +27,7 @@ __all__ = (
     "EngineDeadError",
     "EngineError",
     "EngineInputError",
+    "EngineObserver",
     "EngineOverloadedError",
     "EngineTimeoutError",
     "EngineUnavailableError",
@@ -63,6 +64,25 @@ class ScoreResult(msgspec.Struct, kw_only=True, frozen=True):
     scores: list[float]
     # Tokens the engine processed for this job (for usage, billing and rate limits).
     input_tokens: int
+    # Seconds the job waited inside the engine for a free slot before its first step ran
+    # (0 for engines without a queue of their own, or whose queue they cannot see).
+    queue_s: float = 0.0
+
+
+class EngineObserver(Protocol):
+    """What an engine tells the gateway's metrics about its work; engines that can report it
+    have a writable ``observer`` attribute, which the gateway sets before ``start``.
+
+    Kept as a protocol here so engines never import the metrics library.
+    """
+
+    def step(self, *, rows: int, tokens: int) -> None:
+        """One engine step (a forward pass / scheduler iteration) ran ``rows`` items, ``tokens`` tokens."""
+        ...
+
+    def prefix_cache(self, *, queries: int, hits: int) -> None:
+        """Prompt tokens looked up in the engine's prefix cache, and how many were found there."""
+        ...
 
 
 @runtime_checkable

@@ -12,18 +12,27 @@ Failed requests count too (toward rpm, and in the metrics by status).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Final
+
+import msgspec
+import structlog
 
 from litestar import Litestar
 from litestar.datastructures import MutableScopeHeaders
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.auth import KeyStore, RequestAccess, request_access
+from gateway.auth import KeyStore, RequestAccess, check_exposure, request_access
 from gateway.errors import RateLimitedError, classify
 from gateway.metrics import ANONYMOUS, UNAUTHENTICATED, UsageMetrics
 from gateway.middleware import CLIENT_CLOSED, log_fields
 from gateway.ratelimit import Admission, KeyLimiter
+from gateway.settings import ConfigError
+from gateway.telemetry import GatewayTelemetry, request_timing
 from schemas.config import Settings
+
+log = structlog.get_logger("gateway.access")
 
 __all__ = ("OPEN_PATHS", "AccessControl", "AccessMiddleware")
 
@@ -36,17 +45,50 @@ class AccessControl:
     """The keys, the limiter and the usage counters of one app (``app.state.access``)."""
 
     def __init__(self, settings: Settings) -> None:
+        self._settings = settings
         self.keys = KeyStore(settings.auth.keys)
         # A Redis lease outlives the longest request, so only a dead replica's slots expire.
         longest = max((m.timeout_s for m in settings.models), default=60.0)
         self.limiter = KeyLimiter(settings.limits, lease_s=longest + 60.0)
         self.metrics = UsageMetrics()
+        self.telemetry = GatewayTelemetry(self.metrics.registry)
 
     async def start(self) -> None:
         await self.limiter.start()
 
     async def stop(self) -> None:
         await self.limiter.stop()
+
+    def reload_keys(self, load: Callable[[], Settings]) -> bool:
+        """Swap in ``auth.keys`` from a fresh read of the config (SIGHUP); nothing else changes.
+
+        One assignment swaps the store, so a request sees either the old keys or the new ones;
+        requests already admitted keep the key they were admitted with. A config that does not
+        load, repeats an id or hash, or would leave a public address without keys is refused
+        with one log line and the old keys stay.
+        """
+        try:
+            fresh = load()
+            # Only the keys change: check exposure against the address actually bound.
+            check_exposure(msgspec.structs.replace(fresh, server=self._settings.server))
+            store = KeyStore(fresh.auth.keys)
+        except (ConfigError, ValueError, OSError) as exc:  # OSError: config unreadable
+            reason = str(exc) if isinstance(exc, ValueError) else f"cannot read the config ({type(exc).__name__})"
+            log.error("keys_reload_rejected", error=reason, kept=len(self._settings.auth.keys))
+            return False
+        old = {k.id for k in self._settings.auth.keys}
+        new = {k.id for k in fresh.auth.keys}
+        self.keys = store
+        self._settings = msgspec.structs.replace(self._settings, auth=fresh.auth)
+        ignored = [
+            name for name in ("logging", "limits", "cache", "models")
+            if getattr(fresh, name) != getattr(self._settings, name)
+        ]
+        log.info(
+            "keys_reloaded", keys=len(new), added=sorted(new - old), removed=sorted(old - new),
+            **({"restart_needed_for": ignored} if ignored else {}),
+        )
+        return True
 
 
 def _is_open(path: str) -> bool:
@@ -79,7 +121,7 @@ class AccessMiddleware:
                         headers[name] = value
             await send(message)
 
-        with request_access(access):
+        with request_access(access), request_timing() as timing:
             try:
                 if control.keys.enabled:
                     access.label = UNAUTHENTICATED
@@ -87,6 +129,7 @@ class AccessMiddleware:
                     access.key, access.label = key, key.id
                     log_fields()["key_id"] = key.id
                     admission = await control.limiter.admit(key)
+                timing.admission_s = time.perf_counter() - timing.started
                 await self.app(scope, receive, send_with_limits)
             except Exception as exc:
                 # Raised before the handler ran (401, 429, 503): Litestar's outer handler answers.
@@ -102,6 +145,7 @@ class AccessMiddleware:
                     await control.limiter.finish(admission, usage.tokens if usage else 0)
                 # No status: the client went away before any response (cancelled), counted as 499.
                 control.metrics.record_request(access.label, access.model, status or CLIENT_CLOSED)
+                control.telemetry.observe(timing, model=access.model, route=scope.get("path_template", scope["path"]))
                 if usage is not None and access.model is not None:
                     control.metrics.record_usage(
                         access.label,

@@ -6,7 +6,9 @@ engines are built lazily by ``adapters.registry`` when the lifespan starts.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,6 +22,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from gateway import __version__
 from gateway.access import AccessControl, AccessMiddleware
+from gateway.cache import build_cache
 from gateway.errors import exception_handlers
 from gateway.logging import configure_logging
 from gateway.metrics import metrics_endpoint
@@ -77,26 +80,49 @@ class GatewayApp(Litestar):
             await super().__call__(scope, receive, send)
 
 
-def create_app(settings: Settings | None = None, *, configure_logs: bool = True) -> Litestar:
+def _watch_sighup(reload: Any) -> bool:
+    """SIGHUP re-reads the API keys; only possible in the main thread's loop (uvicorn's)."""
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
+    except (ValueError, RuntimeError, NotImplementedError, AttributeError):
+        return False  # tests run the app in a worker thread; Windows has no SIGHUP
+    return True
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    configure_logs: bool = True,
+    config_path: str | os.PathLike[str] | None = None,
+) -> Litestar:
+    """``config_path`` is re-read (with the environment) on SIGHUP to reload ``auth.keys``;
+    None: ``$RERANK_CONFIG`` as at start."""
     settings = settings if settings is not None else load_settings()
     if configure_logs:
         configure_logging(settings.logging.level, fmt=settings.logging.format)
     registry = ModelRegistry(settings)
     access = AccessControl(settings)  # API keys, per-key limits, usage metrics
+    cache = build_cache(settings)  # None unless [cache] enabled = true
+    access.telemetry.attach(registry, cache_enabled=cache is not None)  # latency, load, engine metrics
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         _banner(settings)
         registry.start()
         await access.start()
+        hup = _watch_sighup(lambda: access.reload_keys(lambda: load_settings(config_path)))
         try:
             yield
         finally:
+            if hup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             # The server has stopped accepting and drained in-flight requests (or timed out).
             started = time.perf_counter()
             log.info("gateway_stopping", models=[rt.name for rt in registry])
             await access.stop()
             await registry.stop()
+            if cache is not None:
+                await cache.close()
             log.info("gateway_stopped", stop_s=round(time.perf_counter() - started, 2))
 
     app = GatewayApp(
@@ -119,7 +145,7 @@ def create_app(settings: Settings | None = None, *, configure_logs: bool = True)
     app.state.registry = registry
     app.state.access = access
     app.state.usage_metrics = access.metrics
-    app.state.service = RerankService(registry, settings.limits)
+    app.state.service = RerankService(registry, settings.limits, cache=cache)
     finalize_openapi(app, settings)  # the schemas and error responses the wire really has
     finalize_dialects_openapi(app, settings)  # ... and those of the TEI and vLLM dialects
     return app

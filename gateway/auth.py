@@ -34,6 +34,7 @@ __all__ = (
     "RequestAccess",
     "authorize_model",
     "check_exposure",
+    "current_key_id",
     "generate_key",
     "hash_key",
     "is_loopback",
@@ -147,8 +148,9 @@ def check_exposure(settings: Settings) -> None:
     if settings.auth.keys or settings.auth.open or is_loopback(settings.server.host):
         return
     raise ConfigError(
-        f"refusing to serve on {settings.server.host} without API keys: add [[auth.keys]] "
-        "(see `rerank-gateway keys create`) or set auth.open = true to serve without authentication"
+        f"refusing to serve on {settings.server.host} without API keys: set RERANK_API_KEY (or "
+        "RERANK_API_KEY_FILE, a file holding the key), or add [[auth.keys]] (see `rerank-gateway keys "
+        "create`), or set auth.open = true to serve without authentication"
     )
 
 
@@ -194,6 +196,12 @@ def authorize_model(model: str) -> None:
     access.model = model
     if access.key is not None:
         KeyStore.authorize_model(access.key, model)
+
+
+def current_key_id() -> str | None:
+    """The id of the key the current request presented; None without keys or outside a request."""
+    access = _current.get()
+    return access.key.id if access is not None and access.key is not None else None
 
 
 def record_usage(*, documents: int, tokens: int, search_units: int) -> None:

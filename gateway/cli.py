@@ -36,7 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.server.runner == "granian":
         run_granian(settings, args.config)
         return 0
-    return 0 if run_uvicorn(settings) else 1
+    return 0 if run_uvicorn(settings, args.config) else 1
 
 
 def model_families(settings: Settings) -> dict[int, str]:

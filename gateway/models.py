@@ -21,7 +21,7 @@ from typing import Any
 import anyio.to_thread
 import structlog
 
-from adapters.base import EngineConfigError, EngineDeadError, RerankEngine
+from adapters.base import EngineConfigError, EngineDeadError, EngineObserver, RerankEngine
 from adapters.registry import MissingExtraError, build_engine
 from gateway.errors import ModelUnavailableError, UnknownModelError
 from gateway.logging import adopt_library_loggers
@@ -88,6 +88,8 @@ class ModelRuntime:
         # Set while a dead engine is being restarted (see engine_died).
         self.restart_task: asyncio.Task[None] | None = None
         self.restarts = 0
+        # Engine steps and prefix-cache lookups go to the metrics (gateway.telemetry) through this.
+        self.observer: EngineObserver | None = None
 
     @property
     def restarting(self) -> bool:
@@ -201,6 +203,8 @@ class ModelRuntime:
         # loop, so /health, /ready and the other models answer meanwhile.
         engine = await anyio.to_thread.run_sync(_build_engine, self.config)
         adopt_library_loggers()  # the engine's libraries may have installed log handlers of their own
+        if self.observer is not None and hasattr(engine, "observer"):
+            engine.observer = self.observer
         try:
             await engine.start()
         except BaseException:

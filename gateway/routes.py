@@ -31,14 +31,14 @@ def _response(outcome: RerankOutcome) -> Response[RerankResponse]:
     fields.update(
         model=outcome.model, documents=outcome.documents, items=outcome.items, tokens=outcome.input_tokens
     )
-    return Response(
-        outcome.response,
-        status_code=200,
-        headers={
-            "x-tokenize-time-ms": f"{outcome.tokenize_ms:.2f}",
-            "x-inference-time-ms": f"{outcome.inference_ms:.2f}",
-        },
-    )
+    headers = {
+        "x-tokenize-time-ms": f"{outcome.tokenize_ms:.2f}",
+        "x-inference-time-ms": f"{outcome.inference_ms:.2f}",
+    }
+    if outcome.cache is not None:  # the response cache is on
+        headers["x-cache"] = outcome.cache
+        fields["cache"] = outcome.cache
+    return Response(outcome.response, status_code=200, headers=headers)
 
 
 async def _rerank(request: Request[Any, Any, Any], data: RerankRequest, version: str) -> Response[RerankResponse]:

@@ -73,7 +73,7 @@ def _timed_protocol(header_timeout_s: float) -> Any:
     return TimedHttpToolsProtocol
 
 
-def run_uvicorn(settings: Settings) -> bool:
+def run_uvicorn(settings: Settings, config_path: str | None = None) -> bool:
     """Serve until SIGTERM/SIGINT; True when the server started (and so shut down cleanly)."""
     import uvicorn
 
@@ -81,7 +81,7 @@ def run_uvicorn(settings: Settings) -> bool:
 
     server = settings.server
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, config_path=config_path),  # SIGHUP re-reads the keys from it
         host=server.host,
         port=server.port,
         http=_timed_protocol(server.header_read_timeout_s),

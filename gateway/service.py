@@ -32,9 +32,11 @@ from adapters.base import (
     PromptTokenizer,
     ScoreJob,
 )
-from gateway.auth import authorize_model, record_usage
+from gateway.auth import authorize_model, current_key_id, record_usage
+from gateway.cache import CachedAnswer, ResponseCache, cache_key
 from gateway.errors import InputTooLongError, InvalidRequestError, PayloadTooLargeError, RawScoresUnsupportedError
 from gateway.models import ModelRegistry, ModelRuntime
+from gateway.telemetry import current_timing, record_phases
 from schemas.config import LimitsConfig
 from schemas.rerank import (
     ApiVersion,
@@ -86,6 +88,8 @@ class RerankOutcome(msgspec.Struct, kw_only=True, frozen=True):
     input_tokens: int
     tokenize_ms: float
     inference_ms: float
+    # "hit" | "miss" when the response cache is on (the x-cache header), else None.
+    cache: str | None = None
 
 
 def dedup(texts: Sequence[str]) -> tuple[list[str], list[int]]:
@@ -103,9 +107,10 @@ def chunk_ids(ids: Sequence[int], size: int, max_chunks: int) -> list[Sequence[i
 
 
 class RerankService:
-    def __init__(self, registry: ModelRegistry, limits: LimitsConfig) -> None:
+    def __init__(self, registry: ModelRegistry, limits: LimitsConfig, cache: ResponseCache | None = None) -> None:
         self._registry = registry
         self._limits = limits
+        self.cache = cache
 
     async def rerank(
         self,
@@ -133,6 +138,13 @@ class RerankService:
         max_tokens = request.max_tokens_per_doc
         if max_tokens is None and api_version == "2":
             max_tokens = V2_DEFAULT_MAX_TOKENS_PER_DOC
+
+        key: str | None = None
+        if self.cache is not None:
+            key = self._cache_key(request, runtime, api_version, instruction, max_tokens, long_texts, raw_scores)
+            hit = await self.cache.get(key)
+            if hit is not None:
+                return _answer_from_cache(hit, runtime.name, request_id)
 
         engine = runtime.usable_engine()
         if raw_scores and not getattr(engine, "supports_raw_scores", False):
@@ -208,11 +220,22 @@ class RerankService:
             model=runtime.name,
             usage=Usage(total_tokens=result.input_tokens),
         )
+        record_phases(
+            queue_s=result.queue_s,
+            tokenize_s=t1 - t0,
+            inference_s=t2 - t1,
+            documents=len(documents),
+            items=job.size,
+        )
         record_usage(
             documents=len(documents),
             tokens=result.input_tokens,
             search_units=response.meta.billed_units.search_units,
         )
+        if self.cache is not None and key is not None:
+            answer = CachedAnswer(_json.encode(response), len(documents), job.size, result.input_tokens)
+            await self.cache.put(key, answer)
+            _mark_cache("miss")
         return RerankOutcome(
             response=response,
             model=runtime.name,
@@ -221,7 +244,30 @@ class RerankService:
             input_tokens=result.input_tokens,
             tokenize_ms=(t1 - t0) * 1e3,
             inference_ms=(t2 - t1) * 1e3,
+            cache="miss" if key is not None else None,
         )
+
+    def _cache_key(
+        self,
+        request: RerankRequest,
+        runtime: ModelRuntime,
+        api_version: str,
+        instruction: str,
+        max_tokens: int | None,
+        long_texts: LongTexts,
+        raw_scores: bool,
+    ) -> str:
+        assert self.cache is not None
+        scope = "*" if self.cache.shared_across_keys else (current_key_id() or "-")
+        effective = {
+            "instruction": instruction,
+            "max_tokens_per_doc": max_tokens,
+            "max_chunks_per_doc": request.max_chunks_per_doc or getattr(runtime.config, "max_chunks_per_doc", None),
+            # The dialects' options (TEI's truncate/truncation_direction and raw_scores) change the answer too.
+            "long_texts": msgspec.to_builtins(long_texts),
+            "raw_scores": raw_scores,
+        }
+        return cache_key(scope=scope, api_version=api_version, model=runtime.name, request=request, effective=effective)
 
     async def _token_job(
         self,
@@ -299,6 +345,32 @@ def wants_raw_scores(runtime: ModelRuntime, engine: Any) -> bool:
     so a started engine that lacks them means the model simply was not asked for them.
     """
     return bool(getattr(runtime.config, "raw_scores", False)) and bool(getattr(engine, "supports_raw_scores", False))
+
+
+_response_decoder = msgspec.json.Decoder(RerankResponse)
+
+
+def _mark_cache(result: str) -> None:
+    timing = current_timing()
+    if timing is not None:
+        timing.cache = result
+
+
+def _answer_from_cache(hit: CachedAnswer, model: str, request_id: str) -> RerankOutcome:
+    """A cache hit: the stored answer under this request's id. No engine tokens are charged."""
+    response = msgspec.structs.replace(_response_decoder.decode(hit.response), id=request_id)
+    record_usage(documents=hit.documents, tokens=0, search_units=0)
+    _mark_cache("hit")
+    return RerankOutcome(
+        response=response,
+        model=model,
+        documents=hit.documents,
+        items=hit.items,
+        input_tokens=0,
+        tokenize_ms=0.0,
+        inference_ms=0.0,
+        cache="hit",
+    )
 
 
 def rank_texts(documents: Sequence[str | dict[str, Any]], rank_fields: list[str] | None) -> list[str]:

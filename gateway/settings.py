@@ -14,6 +14,7 @@ with ``[`` or ``{`` is read as JSON. With no ``models`` at all, the default mode
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 from collections.abc import Mapping
@@ -28,6 +29,13 @@ __all__ = ("ConfigError", "default_engine_kind", "load_settings")
 
 ENV_PREFIX = "RERANK_"
 CONFIG_ENV = "RERANK_CONFIG"
+# One API key from the environment (containers): the key itself, or a file holding it (a
+# mounted secret), turned into an ``auth.keys`` entry covering every model.
+API_KEY_ENV = "RERANK_API_KEY"
+API_KEY_FILE_ENV = "RERANK_API_KEY_FILE"
+API_KEY_ID_ENV = "RERANK_API_KEY_ID"
+_NOT_OVERRIDES = frozenset({CONFIG_ENV, API_KEY_ENV, API_KEY_FILE_ENV, API_KEY_ID_ENV})
+_MIN_ENV_KEY_CHARS = 16
 
 
 class ConfigError(ValueError):
@@ -70,8 +78,9 @@ def load_settings(
             {"name": DEFAULT_MODEL_NAME, "engine": default_engine_kind(), "path": DEFAULT_MODEL_PATH}
         ]
     for key, value in environ.items():
-        if key.startswith(ENV_PREFIX) and key != CONFIG_ENV:
+        if key.startswith(ENV_PREFIX) and key not in _NOT_OVERRIDES:
             _apply_override(raw, key, value)
+    _add_env_key(raw, environ)
     try:
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
@@ -101,6 +110,36 @@ def _apply_override(raw: dict[str, Any], key: str, value: str) -> None:
                 node = node.setdefault(part, {})
         else:
             raise ConfigError(f"{key}: {'.'.join(parts[:i])} is not a table")
+
+
+def _add_env_key(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """Append the key from RERANK_API_KEY / RERANK_API_KEY_FILE (only its hash is kept)."""
+    key = environ.get(API_KEY_ENV)
+    path = environ.get(API_KEY_FILE_ENV)
+    if key and path:
+        raise ConfigError(f"set {API_KEY_ENV} or {API_KEY_FILE_ENV}, not both")
+    if path:
+        try:
+            key = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"{API_KEY_FILE_ENV}: cannot read {path} ({type(exc).__name__})") from None
+    if not key:
+        return
+    source = API_KEY_FILE_ENV if path else API_KEY_ENV
+    if len(key) < _MIN_ENV_KEY_CHARS or any(c.isspace() for c in key):
+        raise ConfigError(
+            f"{source}: the key must be at least {_MIN_ENV_KEY_CHARS} characters without spaces "
+            "(`rerank-gateway keys create` makes one)"
+        )
+    entry = {
+        "id": environ.get(API_KEY_ID_ENV, "env"),
+        "hash": "sha256:" + hashlib.sha256(key.encode("utf-8")).hexdigest(),
+        "models": ["*"],
+    }
+    auth = raw.setdefault("auth", {})
+    if not isinstance(auth, dict):
+        raise ConfigError("invalid config: auth is not a table")
+    auth["keys"] = [*auth.get("keys", ()), entry]
 
 
 def _parse_env_value(value: str) -> Any:

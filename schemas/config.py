@@ -15,6 +15,7 @@ import msgspec
 __all__ = (
     "ApiKeyConfig",
     "AuthConfig",
+    "CacheConfig",
     "DEFAULT_INSTRUCTION",
     "DEFAULT_MODEL_NAME",
     "DEFAULT_MODEL_PATH",
@@ -110,6 +111,22 @@ class AuthConfig(_Strict):
     # Without keys the gateway only serves on loopback unless this is set.
     open: bool = False
     keys: tuple[ApiKeyConfig, ...] = ()
+
+
+class CacheConfig(_Strict):
+    """Response cache: exact repeats of a request answered without the engine (off by default)."""
+
+    enabled: bool = False
+    # "memory": an LRU with TTL in this process; "redis": shared by every replica.
+    backend: Literal["memory", "redis"] = "memory"
+    ttl_s: PositiveFloat = 300.0
+    max_entries: Positive = 10_000  # memory backend
+    # Responses larger than this (encoded JSON) are not cached.
+    max_entry_bytes: Positive = 1024 * 1024
+    # Redis URL of the redis backend; None: limits.redis_url.
+    redis_url: str | None = None
+    # false: one key's cached answers are never served to another key.
+    shared_across_keys: bool = False
 
 
 class ModelConfig(_Strict, tag_field="engine"):
@@ -326,4 +343,5 @@ class Settings(_Strict):
     limits: LimitsConfig = LimitsConfig()
     auth: AuthConfig = AuthConfig()
     dialects: DialectsConfig = DialectsConfig()
+    cache: CacheConfig = CacheConfig()
     models: tuple[EngineConfig, ...] = ()

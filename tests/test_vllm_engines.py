@@ -100,6 +100,36 @@ def _model_status(url: str, name: str) -> dict[str, Any]:
 
 
 # -- no engine needed ------------------------------------------------------------------------
+def test_stat_logger_feeds_the_gateway_observer() -> None:
+    """vLLM's own stats objects through our stat logger: steps and prefix-cache lookups arrive."""
+    from vllm.v1.metrics.stats import IterationStats, PrefixCacheStats, SchedulerStats
+
+    from adapters.runtimes.vllm_base import BatchStats, _stat_logger_factory
+
+    seen: list[tuple[str, int, int]] = []
+
+    class Recorder:
+        def step(self, *, rows: int, tokens: int) -> None:
+            seen.append(("step", rows, tokens))
+
+        def prefix_cache(self, *, queries: int, hits: int) -> None:
+            seen.append(("prefix", queries, hits))
+
+    stats = BatchStats()
+    stats.observer = Recorder()
+    logger = _stat_logger_factory(stats)(vllm_config=None)
+    iteration = IterationStats()
+    iteration.prompt_token_stats.total = 120
+    iteration.num_generation_tokens = 3
+    iteration.finished_requests = [object(), object(), object()]
+    cache = PrefixCacheStats()
+    cache.record(num_tokens=120, num_hits=96, preempted=False)
+    logger.record(SchedulerStats(prefix_cache_stats=cache), iteration)
+    logger.record(SchedulerStats(), None)  # a step with no finished request and no lookup
+    assert seen == [("step", 3, 123), ("prefix", 120, 96)]
+    assert stats.snapshot()["requests"] == 3
+
+
 def test_engine_args_from_config() -> None:
     cfg = VllmScoreEngineConfig(
         name="m",
@@ -208,6 +238,28 @@ def test_concurrent_requests_are_batched_not_serialized(server: ServerProcess, m
     assert max(concurrent) >= 2, concurrent
 
 
+def test_metrics_show_vllm_steps_and_prefix_cache(server: ServerProcess) -> None:
+    """/metrics has vLLM's engine steps and prefix-cache lookups per model (after the tests above)."""
+    for model in ENGINES:
+        _rerank(server.url, model, DOCS)  # one query, many documents: the shared prefix is reused
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            if "model" in sample.labels:
+                key = (sample.name, sample.labels["model"])
+                values[key] = values.get(key, 0.0) + sample.value
+    for model in ENGINES:
+        assert values[("rerank_engine_batch_size_count", model)] > 0
+        assert values[("rerank_engine_batch_tokens_sum", model)] >= values[("rerank_engine_batch_size_sum", model)]
+        queries = values[("rerank_engine_prefix_cache_queries_total", model)]
+        hits = values[("rerank_engine_prefix_cache_hits_total", model)]
+        assert 0 < hits < queries, (model, hits, queries)
+    # The transformers reference has no prefix cache: its counters exist and stay at 0.
+    assert values[("rerank_engine_prefix_cache_queries_total", "tf")] == 0
+
+
 def test_bad_config_fails_at_start_with_a_clear_message(tiny_qwen3_dir: Path, gateway_server: Any) -> None:
     config = "\n".join(
         [
@@ -313,8 +365,10 @@ def test_engine_death_gives_503_then_recovers(server: ServerProcess) -> None:
         time.sleep(1)
     else:
         raise AssertionError(f"models did not recover:\n{server.output()[-3000:]}")
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
     for model in ENGINES:
         assert _model_status(server.url, model)["restarts"] == 1
+        assert f'rerank_engine_restarts_total{{model="{model}"}} 1.0' in metrics
         for index, score in _scores(_rerank(server.url, model, DOCS)).items():
             assert score == pytest.approx(expected[model][index], abs=1e-6), (model, index)
 

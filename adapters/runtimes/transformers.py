@@ -10,6 +10,8 @@ Imported only through ``adapters.registry``: importing it pulls in torch and tra
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +19,7 @@ import anyio
 import anyio.to_thread
 import torch
 
-from adapters.base import EngineUnavailableError, PromptTokenizer, ScoreJob, ScoreResult
+from adapters.base import EngineObserver, EngineUnavailableError, PromptTokenizer, ScoreJob, ScoreResult
 from adapters.families import create_family
 from adapters.families.base import Family, Row
 from adapters.families.checkpoint import check_window
@@ -68,6 +70,11 @@ class TransformersEngine:
 
     def stats(self) -> dict[str, int]:
         return {"batches": self._batches, "rows": self._rows}
+        self.observer: EngineObserver | None = None
+        # Jobs that called score() and have not started their first forward pass yet; the
+        # worker thread that starts a job's first pass takes it off, under this lock.
+        self.queued_jobs = 0
+        self._queue_lock = threading.Lock()
 
     @property
     def tokenizer(self) -> PromptTokenizer | None:
@@ -116,16 +123,37 @@ class TransformersEngine:
             batch_tokens=self._config.batch_tokens,
             max_batch_size=self._config.max_batch_size,
         )
-        # A cancelled request (client gone, timeout) stops here: the running forward pass
-        # finishes in its thread, the batches not yet started never run.
-        for batch in batches:
-            out = await anyio.to_thread.run_sync(self._forward, family, [rows[i] for i in batch], limiter=self._limiter)
-            self._batches += 1
-            self._rows += len(batch)
-            for i, vec in zip(batch, out, strict=True):
-                outputs[i] = vec
+        # Time between handing a batch to the limiter and its thread starting is queueing
+        # (another request's forward pass holds the slot), not engine work.
+        queue_s = 0.0
+        waiting = [True]  # shared with the worker threads: cleared when the first pass starts
+        with self._queue_lock:
+            self.queued_jobs += 1
+        try:
+            # A cancelled request (client gone, timeout) stops here: the running forward pass
+            # finishes in its thread, the batches not yet started never run.
+            for batch in batches:
+                batch_rows = [rows[i] for i in batch]
+                submitted = time.perf_counter()
+                started, out = await anyio.to_thread.run_sync(
+                    self._timed_forward, family, batch_rows, waiting, limiter=self._limiter
+                )
+                queue_s += max(0.0, started - submitted)
+                self._batches += 1
+                self._rows += len(batch)
+                if self.observer is not None:
+                    # Padded tokens: what the forward pass really computed.
+                    self.observer.step(rows=len(batch), tokens=len(batch) * max(len(r.ids) for r in batch_rows))
+                for i, vec in zip(batch, out, strict=True):
+                    outputs[i] = vec
+        finally:
+            self._leave_queue(waiting)  # cancelled (or empty) before any pass started
         scores = family.scores(job, torch.stack(outputs) if outputs else torch.empty(0, 1))
-        return ScoreResult(scores=scores, input_tokens=sum(len(r.ids) for r in rows))
+        return ScoreResult(scores=scores, input_tokens=sum(len(r.ids) for r in rows), queue_s=queue_s)
+
+    def queue_depth(self) -> int:
+        """Requests waiting for their first forward pass (``rerank_queued_requests``)."""
+        return self.queued_jobs
 
     # -- worker-thread code ----------------------------------------------------------------
     def _load(self) -> None:
@@ -140,6 +168,17 @@ class TransformersEngine:
         check_window(cfg.name, family.window(), max_position_embeddings(cfg.path, cfg.revision))
         family.load_torch(device, dtype)
         self._device, self._dtype, self._loaded = device, dtype, True
+
+    def _leave_queue(self, waiting: list[bool]) -> None:
+        with self._queue_lock:
+            if waiting[0]:
+                waiting[0] = False
+                self.queued_jobs -= 1
+
+    def _timed_forward(self, family: Family, rows: list[Row], waiting: list[bool]) -> tuple[float, list[torch.Tensor]]:
+        started = time.perf_counter()
+        self._leave_queue(waiting)
+        return started, self._forward(family, rows)
 
     @staticmethod
     @torch.inference_mode()

@@ -43,6 +43,7 @@ from adapters.base import (
     EngineConfigError,
     EngineDeadError,
     EngineError,
+    EngineObserver,
     EngineUnavailableError,
     PromptTokenizer,
     ScoreJob,
@@ -142,6 +143,8 @@ class BatchStats:
     def __init__(self) -> None:
         self.steps_by_batch = collections.Counter[int]()
         self.requests = 0
+        # The gateway's metrics (set by the engine before start); None outside the gateway.
+        self.observer: EngineObserver | None = None
 
     def record(self, finished: int) -> None:
         self.steps_by_batch[finished] += 1
@@ -166,6 +169,15 @@ def _stat_logger_factory(stats: BatchStats) -> type[StatLoggerBase]:
             finished = getattr(iteration_stats, "finished_requests", None)
             if finished:
                 stats.record(len(finished))
+            observer = stats.observer
+            if observer is None:
+                return
+            if iteration_stats is not None and finished:
+                tokens = iteration_stats.num_prompt_tokens + iteration_stats.num_generation_tokens
+                observer.step(rows=len(finished), tokens=tokens)
+            cache = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if cache is not None and cache.queries:
+                observer.prefix_cache(queries=cache.queries, hits=cache.hits)
 
         def log_engine_initialized(self) -> None:
             pass
@@ -229,6 +241,14 @@ class VllmEngine(abc.ABC):
 
     def stats(self) -> dict[str, Any]:
         return {"vllm": vllm.__version__, **self._stats.snapshot()}
+
+    @property
+    def observer(self) -> EngineObserver | None:
+        return self._stats.observer
+
+    @observer.setter
+    def observer(self, value: EngineObserver | None) -> None:
+        self._stats.observer = value
 
     async def start(self) -> None:
         cfg = self._config
