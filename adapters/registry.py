@@ -23,7 +23,14 @@ from schemas.config import (
     VllmScoreEngineConfig,
 )
 
-__all__ = ("MissingExtraError", "build_engine", "install_hint", "missing_packages", "registered_kinds")
+__all__ = (
+    "MissingExtraError",
+    "build_engine",
+    "imports_heavy_libraries",
+    "install_hint",
+    "missing_packages",
+    "registered_kinds",
+)
 
 # config type -> ("module:Class", pip extra that provides its dependencies)
 _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
@@ -78,6 +85,15 @@ def missing_packages(config: EngineConfig) -> MissingExtraError | None:
     if not missing:
         return None
     return _missing(config, extra, f"no module {', '.join(map(repr, missing))}")
+
+
+def imports_heavy_libraries(config: EngineConfig) -> bool:
+    """True when building this engine imports an optional extra (torch, vLLM, llama.cpp: seconds).
+
+    Engines of the core install (static, DashScope, pools) import only what the gateway already
+    has, so they are built at once; the others are worth a worker thread.
+    """
+    return _IMPLEMENTATIONS[type(config)][1] is not None
 
 
 def registered_kinds() -> frozenset[str]:

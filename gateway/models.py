@@ -22,7 +22,7 @@ import anyio.to_thread
 import structlog
 
 from adapters.base import EngineConfigError, EngineDeadError, EngineObserver, RerankEngine
-from adapters.registry import MissingExtraError, build_engine
+from adapters.registry import MissingExtraError, build_engine, imports_heavy_libraries
 from gateway.errors import ModelUnavailableError, UnknownModelError
 from gateway.logging import adopt_library_loggers
 from schemas.config import EngineConfig, ServerConfig, Settings
@@ -201,7 +201,10 @@ class ModelRuntime:
         """Build and start a fresh engine as ``self.engine``; one that fails to start is stopped."""
         # Building imports the engine's libraries (torch alone takes seconds): off the event
         # loop, so /health, /ready and the other models answer meanwhile.
-        engine = await anyio.to_thread.run_sync(_build_engine, self.config)
+        if imports_heavy_libraries(self.config):
+            engine = await anyio.to_thread.run_sync(_build_engine, self.config)
+        else:  # nothing heavy to import: built at once, so a static model is ready in the same tick
+            engine = build_engine(self.config)
         adopt_library_loggers()  # the engine's libraries may have installed log handlers of their own
         if self.observer is not None and hasattr(engine, "observer"):
             engine.observer = self.observer

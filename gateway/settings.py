@@ -34,7 +34,10 @@ CONFIG_ENV = "RERANK_CONFIG"
 API_KEY_ENV = "RERANK_API_KEY"
 API_KEY_FILE_ENV = "RERANK_API_KEY_FILE"
 API_KEY_ID_ENV = "RERANK_API_KEY_ID"
-_NOT_OVERRIDES = frozenset({CONFIG_ENV, API_KEY_ENV, API_KEY_FILE_ENV, API_KEY_ID_ENV})
+# gateway.logging hands vLLM's engine-core processes their log file through this variable.
+VLLM_LOGGING_FILE_ENV = "RERANK_VLLM_LOGGING_FILE"
+# Variables under the prefix that are not config overrides.
+_NOT_OVERRIDES = frozenset({CONFIG_ENV, API_KEY_ENV, API_KEY_FILE_ENV, API_KEY_ID_ENV, VLLM_LOGGING_FILE_ENV})
 _MIN_ENV_KEY_CHARS = 16
 
 

@@ -151,6 +151,11 @@ def test_state_load_and_cache_gauges(traffic_metrics: str) -> None:
 def test_in_flight_gauge_during_a_slow_request() -> None:
     app = create_app(Settings(models=(StaticEngineConfig(name="slow", delay_s=0.5),)), configure_logs=False)
     with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
+        # Engines are built off the event loop: wait until the model serves, or the request is a 503.
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200:
+            assert time.monotonic() < deadline, client.get("/ready").json()
+            time.sleep(0.02)
         running = pool.submit(client.post, "/v1/rerank", json={"model": "slow", "query": "q", "documents": ["d"]})
         wait_in_flight(client.get, "slow")
         during = client.get("/metrics").text
@@ -188,9 +193,9 @@ def test_transformers_engine_reports_queue_steps_and_depth(tiny_qwen3_dir: Path)
         gate = threading.Event()
         real_forward = engine._forward
 
-        def gated_forward(rows: list[list[int]]) -> list[float]:
+        def gated_forward(family: Any, rows: list[Any]) -> Any:
             gate.wait(timeout=30)
-            return real_forward(rows)
+            return real_forward(family, rows)
 
         engine._forward = gated_forward
         shared = prompt.encode_shared("what is the capital?", "rank")

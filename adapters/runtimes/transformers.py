@@ -67,14 +67,14 @@ class TransformersEngine:
         self._dtype: torch.dtype | None = None
         self._limiter = anyio.CapacityLimiter(config.max_parallel_batches)
         self._batches = self._rows = 0  # forward passes run and rows scored (GET /ready)
-
-    def stats(self) -> dict[str, int]:
-        return {"batches": self._batches, "rows": self._rows}
         self.observer: EngineObserver | None = None
         # Jobs that called score() and have not started their first forward pass yet; the
         # worker thread that starts a job's first pass takes it off, under this lock.
         self.queued_jobs = 0
         self._queue_lock = threading.Lock()
+
+    def stats(self) -> dict[str, int]:
+        return {"batches": self._batches, "rows": self._rows}
 
     @property
     def tokenizer(self) -> PromptTokenizer | None:
