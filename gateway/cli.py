@@ -5,9 +5,13 @@ other modules: ``keys``, ``bench``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from gateway.settings import ConfigError, load_settings
 from schemas.config import Settings
@@ -30,35 +34,77 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.auth import check_exposure
 
     check_exposure(settings)  # no keys on a public address: refuse unless auth.open = true
-    if settings.server.runner == "granian":
-        from granian import Granian  # optional extra `granian`
-
+    workers = settings.server.workers
+    if workers > 1 or settings.server.runner == "granian":
+        # Worker processes build their own app from the environment: pass what the command
+        # line decided on.
         if args.config:
             os.environ["RERANK_CONFIG"] = str(args.config)
         os.environ["RERANK_SERVER__HOST"] = settings.server.host
         os.environ["RERANK_SERVER__PORT"] = str(settings.server.port)
-        Granian(
-            "gateway.app:create_app",
-            factory=True,
-            address=settings.server.host,
-            port=settings.server.port,
-            interface="asgi",
-            workers=1,
-        ).serve()
-        return 0
-    import uvicorn
+    with _multiprocess_metrics(workers):
+        if workers > 1:
+            _warn_per_worker_limits(settings)
+        if settings.server.runner == "granian":
+            from granian import Granian  # optional extra `granian`
 
-    from gateway.app import create_app
+            Granian(
+                "gateway.app:create_app",
+                factory=True,
+                address=settings.server.host,
+                port=settings.server.port,
+                interface="asgi",
+                workers=workers,
+            ).serve()
+            return 0
+        import uvicorn
 
-    uvicorn.run(
-        create_app(settings),
-        host=settings.server.host,
-        port=settings.server.port,
-        log_level="warning",  # our own access line replaces uvicorn's
-        access_log=False,
-        timeout_graceful_shutdown=30,
-    )
+        common: dict[str, Any] = {
+            "host": settings.server.host,
+            "port": settings.server.port,
+            "log_level": "warning",  # our own access line replaces uvicorn's
+            "access_log": False,
+            "timeout_graceful_shutdown": 30,
+        }
+        if workers > 1:
+            # uvicorn's supervisor binds the socket once; each worker process accepts on it.
+            uvicorn.run("gateway.app:create_app", factory=True, workers=workers, **common)
+        else:
+            from gateway.app import create_app
+
+            uvicorn.run(create_app(settings), **common)
     return 0
+
+
+@contextlib.contextmanager
+def _multiprocess_metrics(workers: int) -> Iterator[None]:
+    """Several workers: prometheus-client's multiprocess mode, so any worker's /metrics sums all.
+
+    The counters of every worker live in files of one directory (PROMETHEUS_MULTIPROC_DIR, set
+    before any worker imports prometheus_client). An operator's own directory is used as
+    given (it must be empty at start); otherwise a fresh one is made and removed at exit.
+    """
+    if workers <= 1 or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    path = tempfile.mkdtemp(prefix="rerank-gateway-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    try:
+        yield
+    finally:
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _warn_per_worker_limits(settings: Settings) -> None:
+    limited = [k.id for k in settings.auth.keys if k.rpm or k.tpm or k.max_concurrent]
+    if limited and not settings.limits.redis_url:
+        print(
+            f"rerank-gateway: {settings.server.workers} workers without limits.redis_url: each worker "
+            f"enforces the per-key limits of {', '.join(limited)} on its own (up to "
+            f"{settings.server.workers}x the configured rate); set limits.redis_url to share them",
+            file=sys.stderr,
+        )
 
 
 def _check_config(args: argparse.Namespace) -> int:

@@ -53,6 +53,9 @@ class ServerConfig(_Strict):
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
     # uvicorn is a hard dependency; granian is faster but optional (extra `granian`).
     runner: Literal["uvicorn", "granian"] = "uvicorn"
+    # Server processes sharing the port. Above 1, per-key limits are per worker unless
+    # limits.redis_url is set, and /metrics sums every worker (prometheus multiprocess mode).
+    workers: Positive = 1
 
 
 class LoggingConfig(_Strict):
