@@ -39,7 +39,7 @@ from benchmarks.cpu_overhead import ROOT, Proc, _free_port
 
 __all__ = ("main", "parse_wrk")
 
-TARGETS = ("gateway-1w", "gateway-Nw", "litellm")
+TARGETS = ("gateway-before", "gateway-1w", "gateway-Nw", "litellm")
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
@@ -113,32 +113,33 @@ def _profile(pid: int, seconds: float, out_path: Path) -> dict[str, float] | Non
     return {k: v / total for k, v in buckets.most_common()}
 
 
-# Innermost frame wins: a sample is charged to the deepest frame from a known library.
+# A sample is charged to its innermost frame's package (py-spy frames: "func (path:line)").
 _COMPONENTS = (
-    ("httpx (client API)", "/httpx/"),
-    ("httpcore (pool, connection)", "/httpcore/"),
-    ("h11 (HTTP/1.1 parser of the client)", "/h11/"),
-    ("anyio", "/anyio/"),
-    ("msgspec", "msgspec"),
-    ("uvicorn (server, httptools)", "/uvicorn/"),
-    ("Litestar", "/litestar/"),
-    ("structlog / logging", "structlog"),
-    ("prometheus_client", "prometheus_client"),
-    ("limits / redis", "/limits/"),
-    ("adapters/upstreams (pool engine)", "adapters/upstreams/"),
-    ("gateway/service.py", "gateway/service.py"),
-    ("gateway (middleware, access, routes)", "gateway/"),
-    ("asyncio / uvloop event loop", "asyncio"),
-    ("asyncio / uvloop event loop", "uvloop"),
+    ("aiohttp (upstream client)", ("aiohttp/", "yarl/", "multidict/")),
+    ("httpx / httpcore / h11 / anyio", ("httpx/", "httpcore/", "h11/", "anyio/", "sniffio/")),
+    ("msgspec", ("msgspec",)),
+    ("uvicorn (server, httptools)", ("uvicorn/", "httptools")),
+    ("Litestar", ("litestar/",)),
+    ("structlog / logging", ("structlog/", "logging/")),
+    ("prometheus_client", ("prometheus_client/",)),
+    ("limits / redis", ("limits/", "redis/")),
+    ("adapters/upstreams (pool engine)", ("adapters/upstreams/",)),
+    ("gateway/service.py", ("gateway/service.py",)),
+    ("gateway (middleware, access, routes)", ("gateway/",)),
+    ("asyncio / uvloop event loop", ("asyncio/", "uvloop/")),
 )
+_FRAME = re.compile(r"\((.*):\d+\)$")
 
 
 def _component(frames: list[str]) -> str:
     for frame in reversed(frames):
-        for name, needle in _COMPONENTS:
-            if needle in frame:
+        m = _FRAME.search(frame)
+        path = m.group(1) if m else frame
+        for name, needles in _COMPONENTS:
+            if any(n in path for n in needles):
                 return name
-    return "other (idle, interpreter)"
+    leaf = frames[-1] if frames else "?"
+    return f"other ({leaf.split(' (')[0][:40]})"
 
 
 def _median(xs: list[float]) -> float:
@@ -155,6 +156,8 @@ def main() -> int:
     ap.add_argument("--documents", type=int, default=100)
     ap.add_argument("--top-n", type=int, default=10)
     ap.add_argument("--profile-seconds", type=float, default=8.0, help="0: no py-spy profile")
+    ap.add_argument("--before", help="a checkout of an earlier commit (git archive COMMIT | tar -x -C DIR): "
+                    "its gateway, one worker, joins the comparison as gateway-before")
     ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", "/tmp/litellm-venv"))
     args = ap.parse_args()
     if shutil.which("wrk") is None:
@@ -188,15 +191,19 @@ def main() -> int:
         sp = _free_port()
         procs["stub"] = Proc("stub", [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(sp)], logs)
         urls["stub"] = f"http://127.0.0.1:{sp}/v2/rerank"
-        for name, workers in (("gateway-1w", 1), ("gateway-Nw", args.workers)):
+        gateways = [("gateway-1w", 1, ROOT), ("gateway-Nw", args.workers, ROOT)]
+        if args.before:
+            gateways.insert(0, ("gateway-before", 1, Path(args.before).resolve()))
+        for name, workers, cwd in gateways:
             port = _free_port()
             cfg = logs / f"{name}.toml"
             cfg.write_text(
-                f"[server]\nworkers = {workers}\n\n[logging]\nlevel = \"WARNING\"\n\n"
+                (f"[server]\nworkers = {workers}\n\n" if workers > 1 else "") + "[logging]\nlevel = \"WARNING\"\n\n"
                 f'[[models]]\nname = "rerank"\nengine = "pool"\nprotocol = "cohere"\n'
                 f'urls = ["http://127.0.0.1:{sp}"]\nmodel = "stub"\nmax_connections = 64\n'
             )
-            procs[name] = Proc(name, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port)], logs)
+            procs[name] = Proc(name, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port)],
+                               logs, cwd=cwd)
             urls[name] = f"http://127.0.0.1:{port}/v2/rerank"
         exe = Path(args.litellm_venv) / "bin" / "litellm"
         if exe.exists():
@@ -216,7 +223,7 @@ def main() -> int:
         else:
             print(f"no LiteLLM at {exe}: gateway only", flush=True)
         procs["stub"].wait_http(f"http://127.0.0.1:{sp}/health")
-        for name in ("gateway-1w", "gateway-Nw"):
+        for name, _, _ in gateways:
             procs[name].wait_http(urls[name].replace("/v2/rerank", "/ready"))
         if "litellm" in procs:
             procs["litellm"].wait_http(urls["litellm"].replace("/v2/rerank", "/health/liveliness"))
@@ -268,7 +275,7 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
         } | {"errors": sum(r["errors"] for r in rs), "runs": len(rs)}
     ratios: dict[str, Any] = {}
     rounds = sorted({r["round"] for r in runs})
-    for gw in ("gateway-1w", "gateway-Nw"):
+    for gw in ("gateway-before", "gateway-1w", "gateway-Nw"):
         for c in clients:
             req, cpu = [], []
             for rnd in rounds:

@@ -235,3 +235,14 @@ def test_workers_without_a_metrics_dir_get_a_private_one(gateway_server):
             assert _requests_total(c.get(f"{srv.url}/metrics").text) == 12
     srv.stop()
     assert "Traceback" not in srv.log_path.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("protocol", ["vllm", "vllm-score", "tei", "infinity", "cohere"])
+def test_token_estimate_from_the_body_size_matches_counting_every_text(protocol):
+    from adapters.upstreams.protocols import UpstreamCall, estimate_tokens, make_protocol
+
+    docs = [f"{d} " * (i % 7 + 1) for i, d in enumerate(DOCS * 12)]
+    call = UpstreamCall(Q, "Find rivers", docs)
+    body = make_protocol(protocol, model="m", forward_instruction=True).encode(call)
+    per_text = sum(len(Q) // 4 + 1 + len(d) // 4 + 1 for d in docs)  # ~4 bytes per token, one pass per text
+    assert abs(estimate_tokens(call, len(body)) - per_text) <= 0.1 * per_text
