@@ -214,7 +214,9 @@ def main() -> int:
             )
             procs["litellm"] = Proc("litellm", [str(exe), "--config", str(logs / "litellm.yaml"), "--port", str(lp),
                                                 "--num_workers", "1"], logs,
-                                    env={"LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR"})
+                                    # The bundled cost map: no network fetch at start (this box has none).
+                                    env={"LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR",
+                                         "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
             urls["litellm"] = f"http://127.0.0.1:{lp}/v2/rerank"
             ver = subprocess.run([str(Path(args.litellm_venv) / "bin" / "python"), "-c",
                                   "import importlib.metadata as m; print(m.version('litellm'))"],
@@ -226,7 +228,7 @@ def main() -> int:
         for name, _, _ in gateways:
             procs[name].wait_http(urls[name].replace("/v2/rerank", "/ready"))
         if "litellm" in procs:
-            procs["litellm"].wait_http(urls["litellm"].replace("/v2/rerank", "/health/liveliness"))
+            procs["litellm"].wait_http(urls["litellm"].replace("/v2/rerank", "/health/liveliness"), timeout=900)
         targets = ["stub", *[t for t in TARGETS if t in procs]]
         for t in targets:  # warm-up: connections, lazy imports, first-request paths
             _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], 4, 1.0)
