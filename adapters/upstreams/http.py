@@ -5,9 +5,10 @@
   ``httpx.AsyncClient``; the pool's hot path uses an ``aiohttp.ClientSession``
   (:func:`make_session`): measured on the 2-core box against the stub upstream, one 56 kB
   rerank call cost 1.9-2.9 ms of client CPU through httpx (httpcore's pool scan over anyio
-  streams grows with concurrency) and 0.24-0.47 ms through aiohttp (C parser, O(1) pool), flat
+  streams grows with concurrency) and 0.24-0.47 ms through aiohttp (C parser, O(1) pool), not growing
   from 1 to 32 concurrent calls; httpx on aiohttp's transport (httpx-aiohttp) sat between, at
-  0.75-1.1 ms (docs/benchmarks/cpu-2026-12-01).
+  0.75-1.1 ms (an ad-hoc run at load ~5; the committed run at load 12-15 in
+  docs/benchmarks/cpu-2026-12-01 keeps the order: 0.43-0.95, 3.4-5.5 and 1.5-1.9 ms).
 - Transport failures and upstream statuses become :mod:`adapters.base` errors here, once, so the
   gateway's single error table gives every upstream the same client-facing statuses.
 - Retries use tenacity: exponential backoff with jitter, at least the upstream's
