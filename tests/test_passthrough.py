@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -39,6 +40,7 @@ class RankingUpstream:
 
     def __init__(self) -> None:
         self.mode = "ok"
+        self.delay_s = 0.0
         self.calls: list[dict[str, Any]] = []
         fake = self
 
@@ -51,6 +53,7 @@ class RankingUpstream:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 fake.calls.append(body)
+                time.sleep(fake.delay_s)
                 docs = body["documents"]
                 ranked = sorted(
                     ({"index": i, "relevance_score": fake_score(body["query"], d, body.get("instruction"))}
@@ -120,6 +123,7 @@ def client(upstream):
 @pytest.fixture(autouse=True)
 def _reset(upstream):
     upstream.mode = "ok"
+    upstream.delay_s = 0.0
     upstream.calls.clear()
 
 
@@ -189,6 +193,26 @@ def test_malformed_upstream_answers_are_502(client, upstream, mode, top_n):
     assert set(r.json()) == {"message", "id", "detail"}
     upstream.mode = "ok"
     assert client.post("/v2/rerank", json=body).status_code == 200  # still serving
+
+
+def test_transport_failures_map_to_the_error_table(upstream):
+    from tests.conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    models = (
+        PoolEngineConfig(name="failover", protocol="cohere", urls=(dead, upstream.url), model="m", affinity=False),
+        PoolEngineConfig(name="dead", protocol="cohere", urls=(dead,), model="m"),
+        PoolEngineConfig(name="slow", protocol="cohere", urls=(upstream.url,), model="m", read_timeout_s=0.3),
+    )
+    with TestClient(create_app(Settings(models=models), configure_logs=False)) as c:
+        body = {"query": Q, "documents": DOCS, "top_n": 2}
+        for _ in range(3):  # whichever replica is picked first, the live one answers
+            assert c.post("/v2/rerank", json={**body, "model": "failover"}).status_code == 200
+        r = c.post("/v2/rerank", json={**body, "model": "dead"})
+        assert r.status_code == 503 and "retry-after" in r.headers, r.text
+        upstream.delay_s = 1.0
+        r = c.post("/v2/rerank", json={**body, "model": "slow"})
+        assert r.status_code == 504, r.text
 
 
 # -- several workers on one port ----------------------------------------------------------------
