@@ -168,6 +168,7 @@ class PoolEngine:
     async def _forward(self, key: bytes | None, call: UpstreamCall) -> UpstreamAnswer:
         tried: set[str] = set()
         last: EngineError | None = None
+        body = self._protocol.encode(call)  # once, whichever replica takes it
         while True:
             replica = await self._choose(key, tried)
             if replica is None:
@@ -183,7 +184,7 @@ class PoolEngine:
                 )
             tried.add(replica.url)
             try:
-                return await self._send(replica, call)
+                return await self._send(replica, call, body)
             except RetryableUpstreamError as exc:
                 last = exc  # this replica could not take it: try the next one
 
@@ -210,10 +211,9 @@ class PoolEngine:
         idle = [r for r in admitted if r.outstanding == least]
         return idle[next(self._round_robin) % len(idle)]
 
-    async def _send(self, replica: Replica, call: UpstreamCall) -> UpstreamAnswer:
+    async def _send(self, replica: Replica, call: UpstreamCall, body: bytes) -> UpstreamAnswer:
         assert self._client is not None
         upstream = f"replica {replica.url}"
-        body = self._protocol.encode(call)
         replica.outstanding += 1
         try:
             async with self._client.post(replica.url + self._protocol.path, data=body) as response:
