@@ -54,6 +54,11 @@ class ScoreJob(msgspec.Struct, kw_only=True, frozen=True):
     # Return the model's raw output (e.g. a cross-encoder's logit) instead of a score in [0, 1].
     # Only engines whose ``supports_raw_scores`` is true are given such a job.
     raw_scores: bool = False
+    # A hint, never a requirement: the caller keeps only the ``top_n`` best items, so an engine
+    # that can rank remotely (an upstream with a ``top_n`` field) may return just those, naming
+    # them in ``ScoreResult.indices``. Set only when every item stands alone (no duplicates
+    # folded into one item, no chunks whose max is taken); engines that ignore it return all.
+    top_n: int | None = None
 
     @property
     def size(self) -> int:
@@ -61,9 +66,12 @@ class ScoreJob(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class ScoreResult(msgspec.Struct, kw_only=True, frozen=True):
+    # One score per item in order; or, when ``indices`` is set, the score of item ``indices[k]``.
     scores: list[float]
     # Tokens the engine processed for this job (for usage, billing and rate limits).
     input_tokens: int
+    # Only for a job with ``top_n``: the items scored, exactly min(top_n, size) distinct ones.
+    indices: list[int] | None = None
     # Seconds the job waited inside the engine for a free slot before its first step ran
     # (0 for engines without a queue of their own, or whose queue they cannot see).
     queue_s: float = 0.0
@@ -137,7 +145,11 @@ class RerankEngine(Protocol):
         ...
 
     async def score(self, job: ScoreJob) -> ScoreResult:
-        """Return one score per item of ``job``, in order: in [0, 1], or raw when ``job.raw_scores``."""
+        """Return one score per item of ``job``, in order: in [0, 1], or raw when ``job.raw_scores``.
+
+        With ``job.top_n`` set, an engine may instead return the ``top_n`` best items' scores
+        and their ``indices``.
+        """
         ...
 
 

@@ -18,6 +18,9 @@ Everything runs on this machine over loopback, bounded in requests:
 
 LiteLLM is installed by this script into its own venv (``bench-out/litellm-venv``, git-ignored);
 it is not a dependency of the product.
+
+The wrk-driven comparison at 1 and 32 clients, with 1 and N gateway workers, is
+``benchmarks.passthrough_wrk`` (it reuses :class:`Proc` from here).
 """
 
 from __future__ import annotations
@@ -54,10 +57,11 @@ def _free_port() -> int:
 class Proc:
     """A server subprocess on loopback with its log file, and its CPU time from /proc."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None,
+                 cwd: Path = ROOT) -> None:
         self.name = name
         self.log = (log_dir / f"{name}.log").open("wb")
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(argv, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
 
     def wait_http(self, url: str, timeout: float = 180.0, headers: dict[str, str] | None = None) -> None:

@@ -5,9 +5,12 @@ other modules: ``keys``, ``bench``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 
 from gateway.settings import ConfigError, load_settings
 from schemas.config import Settings
@@ -33,10 +36,14 @@ def _serve(args: argparse.Namespace) -> int:
     model_families(settings)  # an undetectable family or a family the engine cannot run: one line, exit 2
     from gateway.servers import run_granian, run_uvicorn
 
-    if settings.server.runner == "granian":
-        run_granian(settings, args.config)
-        return 0
-    return 0 if run_uvicorn(settings, args.config) else 1
+    workers = settings.server.workers
+    with _multiprocess_metrics(workers):
+        if workers > 1:
+            _warn_per_worker_limits(settings)
+        if settings.server.runner == "granian":
+            run_granian(settings, args.config)
+            return 0
+        return 0 if run_uvicorn(settings, args.config) else 1
 
 
 def model_families(settings: Settings) -> dict[int, str]:
@@ -67,6 +74,37 @@ def model_families(settings: Settings) -> dict[int, str]:
             )
         found[i] = f"{detection.family} ({detection.reason})"
     return found
+
+
+@contextlib.contextmanager
+def _multiprocess_metrics(workers: int) -> Iterator[None]:
+    """Several workers: prometheus-client's multiprocess mode, so any worker's /metrics sums all.
+
+    The counters of every worker live in files of one directory (PROMETHEUS_MULTIPROC_DIR, set
+    before any worker imports prometheus_client). An operator's own directory is used as
+    given (it must be empty at start); otherwise a fresh one is made and removed at exit.
+    """
+    if workers <= 1 or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    path = tempfile.mkdtemp(prefix="rerank-gateway-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    try:
+        yield
+    finally:
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _warn_per_worker_limits(settings: Settings) -> None:
+    limited = [k.id for k in settings.auth.keys if k.rpm or k.tpm or k.max_concurrent]
+    if limited and not settings.limits.redis_url:
+        print(
+            f"rerank-gateway: {settings.server.workers} workers without limits.redis_url: each worker "
+            f"enforces the per-key limits of {', '.join(limited)} on its own (up to "
+            f"{settings.server.workers}x the configured rate); set limits.redis_url to share them",
+            file=sys.stderr,
+        )
 
 
 def _check_config(args: argparse.Namespace) -> int:

@@ -12,10 +12,12 @@ names, no secrets. Keep it off the public network at the load balancer if ids ar
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from litestar import Request, Response, get
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 __all__ = ("ANONYMOUS", "NO_MODEL", "UNAUTHENTICATED", "UsageMetrics", "metrics_endpoint")
 
@@ -72,6 +74,12 @@ class UsageMetrics:
         self._rate_limited.labels(key, limit).inc()
 
     def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # Several workers (``server.workers``): the counters of every worker process, summed
+            # from the files prometheus-client writes there, whichever worker takes the scrape.
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+            return generate_latest(registry)
         return generate_latest(self.registry)
 
 

@@ -26,11 +26,33 @@ from schemas.config import Settings
 __all__ = ("run_granian", "run_uvicorn")
 
 
-def _timed_protocol(header_timeout_s: float) -> Any:
-    """uvicorn's httptools protocol with a header-read deadline and an idle timer from connect."""
+def _timed_protocol(header_timeout_s: float | None) -> Any:
+    """uvicorn's httptools protocol with a header-read deadline and an idle timer from connect.
+
+    ``None``: the class reads the deadline from this process's settings (worker processes of
+    ``server.workers > 1`` are spawned and import the class by name: it must be module-level).
+    """
+    base = _module_protocol()
+    if header_timeout_s is None:
+        return base
+    return type("TimedHttpToolsProtocol", (base,), {"header_timeout_s": header_timeout_s})
+
+
+_PROTOCOL: Any = None
+
+
+def _module_protocol() -> Any:
+    global _PROTOCOL
+    if _PROTOCOL is None:
+        _PROTOCOL = _build_protocol()
+    return _PROTOCOL
+
+
+def _build_protocol() -> Any:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class TimedHttpToolsProtocol(HttpToolsProtocol):
+        header_timeout_s: float | None = None
         _header_timer: asyncio.TimerHandle | None = None
         _awaiting_headers = True
 
@@ -44,7 +66,7 @@ def _timed_protocol(header_timeout_s: float) -> Any:
 
         def data_received(self, data: bytes) -> None:
             if self._awaiting_headers and self._header_timer is None:
-                self._header_timer = self.loop.call_later(header_timeout_s, self._header_timeout)
+                self._header_timer = self.loop.call_later(_header_timeout(self), self._header_timeout)
             super().data_received(data)
 
         def on_headers_complete(self) -> None:
@@ -70,31 +92,67 @@ def _timed_protocol(header_timeout_s: float) -> Any:
             if not self.transport.is_closing():
                 self.transport.close()
 
+    # Spawned workers unpickle the class by this module's name.
+    TimedHttpToolsProtocol.__qualname__ = "TimedHttpToolsProtocol"
     return TimedHttpToolsProtocol
+
+
+def _header_timeout(protocol: Any) -> float:
+    if protocol.header_timeout_s is None:  # a worker process: its settings (same env as the parent)
+        from gateway.settings import load_settings
+
+        type(protocol).header_timeout_s = load_settings().server.header_read_timeout_s
+    return float(protocol.header_timeout_s)
+
+
+def __getattr__(name: str) -> Any:
+    # `gateway.servers.TimedHttpToolsProtocol`, as pickled for spawned uvicorn workers.
+    if name == "TimedHttpToolsProtocol":
+        return _module_protocol()
+    raise AttributeError(name)
 
 
 def run_uvicorn(settings: Settings, config_path: str | None = None) -> bool:
     """Serve until SIGTERM/SIGINT; True when the server started (and so shut down cleanly)."""
     import uvicorn
 
+    server = settings.server
+    common: dict[str, Any] = {
+        "host": server.host,
+        "port": server.port,
+        "timeout_keep_alive": server.keep_alive_timeout_s,  # used as a float
+        "log_level": "warning",  # our own access line replaces uvicorn's
+        "log_config": None,  # uvicorn's lines go through the root handler (JSON with format = "json")
+        "access_log": False,
+        # SIGTERM: stop accepting, let in-flight requests finish this long, then cancel them.
+        "timeout_graceful_shutdown": server.shutdown_timeout_s,
+    }
+    if server.workers > 1:
+        # uvicorn's supervisor binds the socket once; each spawned worker builds its own app
+        # from the environment (RERANK_CONFIG and the host/port the command line decided).
+        _export_for_workers(settings, config_path)
+        uvicorn.run(
+            "gateway.app:create_app", factory=True, workers=server.workers, http=_timed_protocol(None), **common
+        )
+        return True
     from gateway.app import create_app
 
-    server = settings.server
     config = uvicorn.Config(
         create_app(settings, config_path=config_path),  # SIGHUP re-reads the keys from it
-        host=server.host,
-        port=server.port,
         http=_timed_protocol(server.header_read_timeout_s),
-        timeout_keep_alive=server.keep_alive_timeout_s,  # type: ignore[arg-type]  # used as a float
-        log_level="warning",  # our own access line replaces uvicorn's
-        log_config=None,  # uvicorn's lines go through the root handler (JSON with format = "json")
-        access_log=False,
-        # SIGTERM: stop accepting, let in-flight requests finish this long, then cancel them.
-        timeout_graceful_shutdown=server.shutdown_timeout_s,  # type: ignore[arg-type]
+        **common,
     )
     runner = _graceful_server(uvicorn.Server)(config)
     runner.run()
     return bool(runner.started)
+
+
+def _export_for_workers(settings: Settings, config_path: str | None) -> None:
+    """Worker processes read their settings again: hand them what this process decided."""
+    if config_path:
+        os.environ["RERANK_CONFIG"] = str(config_path)
+    os.environ["RERANK_SERVER__HOST"] = settings.server.host
+    os.environ["RERANK_SERVER__PORT"] = str(settings.server.port)
 
 
 def _graceful_server(base: type) -> type:
@@ -149,10 +207,7 @@ def run_granian(settings: Settings, config_path: str | None) -> None:
     from granian.http import HTTP1Settings
 
     # granian imports the app factory in its worker, which reads the settings again.
-    if config_path:
-        os.environ["RERANK_CONFIG"] = str(config_path)
-    os.environ["RERANK_SERVER__HOST"] = settings.server.host
-    os.environ["RERANK_SERVER__PORT"] = str(settings.server.port)
+    _export_for_workers(settings, config_path)
     server = settings.server
     # hyper's header-read timeout also runs while a connection waits for its next request, so
     # it bounds idle keep-alive connections too: use the smaller of the two bounds.
@@ -163,7 +218,7 @@ def run_granian(settings: Settings, config_path: str | None) -> None:
         address=server.host,
         port=server.port,
         interface="asgi",
-        workers=1,
+        workers=settings.server.workers,
         http1_settings=HTTP1Settings(header_read_timeout=max(header_ms, 1)),
         log_access=False,  # our own access line replaces granian's
         log_level="warning",

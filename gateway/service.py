@@ -171,6 +171,7 @@ class RerankService:
             unique, positions = dedup(texts)
             t0 = time.perf_counter()
             tokenizer = engine.tokenizer
+            owners: Sequence[int]
             if tokenizer is not None:
                 max_chunks = request.max_chunks_per_doc or getattr(runtime.config, "max_chunks_per_doc", 1)
                 job, owners = await self._token_job(
@@ -183,8 +184,9 @@ class RerankService:
                     texts=unique,
                     max_tokens_per_doc=max_tokens,
                     raw_scores=raw_scores,
+                    top_n=_top_n_hint(request.top_n, len(documents), len(unique)),
                 )
-                owners = list(range(len(unique)))
+                owners = range(len(unique))
             if wants_raw_scores(runtime, engine):
                 job = msgspec.structs.replace(job, raw_scores=True)
             t1 = time.perf_counter()
@@ -193,13 +195,18 @@ class RerankService:
         finally:
             runtime.in_flight -= 1
 
-        unique_scores = [-math.inf] * len(unique)
-        for owner, score in zip(owners, result.scores, strict=True):
-            if score > unique_scores[owner]:
-                unique_scores[owner] = score
-        scores = [unique_scores[p] for p in positions]
         top_n = min(request.top_n or len(documents), len(documents))
-        order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))[:top_n]
+        if result.indices is not None:
+            # The engine ranked and cut (job.top_n): items are the documents themselves.
+            scores = dict(zip(result.indices, result.scores, strict=True))
+            order = sorted(scores, key=lambda i: (-scores[i], i))[:top_n]
+        else:
+            unique_scores = [-math.inf] * len(unique)
+            for owner, score in zip(owners, result.scores, strict=True):
+                if score > unique_scores[owner]:
+                    unique_scores[owner] = score
+            scores = [unique_scores[p] for p in positions]
+            order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))[:top_n]
         echo = bool(request.return_documents)
         results = [
             RerankResult(
@@ -328,7 +335,16 @@ class RerankService:
         except EngineDeadError as exc:
             runtime.engine_died(engine, exc)  # 503 for this request; restart in the background
             raise
-        if len(result.scores) != job.size:
+        if result.indices is not None:
+            expected = min(job.top_n or job.size, job.size)
+            if (
+                job.top_n is None
+                or len(result.scores) != expected
+                or len(set(result.indices)) != expected
+                or not all(0 <= i < job.size for i in result.indices)
+            ):
+                raise EngineError(f"engine returned {len(result.scores)} ranked scores for top_n {job.top_n}")
+        elif len(result.scores) != job.size:
             raise EngineError(f"engine returned {len(result.scores)} scores for {job.size} items")
         if job.raw_scores:  # logits or cosines: any finite number
             if not all(math.isfinite(s) for s in result.scores):
@@ -371,6 +387,14 @@ def _answer_from_cache(hit: CachedAnswer, model: str, request_id: str) -> Rerank
         inference_ms=0.0,
         cache="hit",
     )
+
+
+def _top_n_hint(top_n: int | None, documents: int, unique: int) -> int | None:
+    """``ScoreJob.top_n`` when the engine may cut: a real cut and no duplicates folded together
+    (a folded item stands for several documents, so the best items are not the best documents)."""
+    if top_n is None or top_n >= documents or unique != documents:
+        return None
+    return top_n
 
 
 def rank_texts(documents: Sequence[str | dict[str, Any]], rank_fields: list[str] | None) -> list[str]:

@@ -71,6 +71,9 @@ class ServerConfig(_Strict):
     # Liveness (/health) answers 503 once every model has been failed or unhealthy this long,
     # so an orchestrator restarts the process; 0 keeps /health 200 whatever the models do.
     liveness_failure_after_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
+    # Server processes sharing the port. Above 1, per-key limits are per worker unless
+    # limits.redis_url is set, and /metrics sums every worker (prometheus multiprocess mode).
+    workers: Positive = 1
 
 
 class LoggingConfig(_Strict):

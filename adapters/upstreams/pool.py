@@ -14,6 +14,11 @@ Passive health: connect errors, dropped connections, timeouts and 502/503/504 co
 failures; ``eject_after_failures`` consecutive ones eject the replica for ``cooldown_s``; after
 that its ``health_path`` is probed, and only a passing probe readmits it. A call that could
 not reach a replica (or got 503/429) is sent to another replica, each tried at most once.
+
+The hot path is lean on purpose (a passthrough gateway is CPU-bound on it): one aiohttp session
+per model (O(1) keep-alive pool, C HTTP parser; see ``adapters.upstreams.http``), the body
+encoded once by msgspec, and ``top_n`` forwarded when one call holds the whole job and the job
+allows it (``ScoreJob.top_n``), so the upstream answers with 10 results instead of 100.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import itertools
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 import structlog
 
 from adapters.base import (
@@ -38,13 +43,13 @@ from adapters.base import (
 from adapters.upstreams.http import (
     RetryableUpstreamError,
     gather_or_cancel,
-    make_client,
-    map_transport_error,
+    make_session,
+    map_aiohttp_error,
     parse_retry_after,
     resolve_api_key,
     upstream_message,
 )
-from adapters.upstreams.protocols import UpstreamCall, make_protocol
+from adapters.upstreams.protocols import UpstreamAnswer, UpstreamCall, make_protocol
 from schemas.config import PoolEngineConfig
 
 __all__ = ("PoolEngine", "Replica", "rendezvous_order")
@@ -99,7 +104,7 @@ class PoolEngine:
         model = config.model if config.model is not None or config.protocol != "cohere" else config.name
         self._protocol = make_protocol(config.protocol, model=model, forward_instruction=config.forward_instruction)
         self._replicas = [Replica(url) for url in config.urls]
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._round_robin = itertools.count()
 
     def replica_stats(self) -> list[dict[str, Any]]:
@@ -109,12 +114,12 @@ class PoolEngine:
     async def start(self) -> None:
         cfg = self._config
         key = resolve_api_key(cfg.api_key, cfg.api_key_env)
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
         # Replicas that are down now are not a start failure: passive health and probes
         # admit them when they come up, and /ready reports the pool meanwhile.
-        self._client = make_client(
+        self._client = make_session(
             headers=headers,
             connect_timeout_s=cfg.connect_timeout_s,
             read_timeout_s=cfg.read_timeout_s,
@@ -127,7 +132,7 @@ class PoolEngine:
             task.cancel()
         await asyncio.gather(*probes, return_exceptions=True)
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
             self._client = None
 
     async def check_health(self) -> None:
@@ -141,21 +146,29 @@ class PoolEngine:
     async def score(self, job: ScoreJob) -> ScoreResult:
         if self._client is None:
             raise EngineUnavailableError("the pool's HTTP client is not started")
-        texts = list(job.texts)
+        texts = job.texts
         size = self._config.max_batch or self._protocol.default_max_batch or len(texts)
         key = f"{job.instruction}\x00{job.query}".encode() if self._config.affinity else None
+        if len(texts) <= size:
+            # One call holds the whole job: the upstream may rank and cut it (several calls
+            # would each need all their scores for the merge).
+            top_n = job.top_n if self._protocol.supports_top_n and job.top_n and job.top_n < len(texts) else None
+            part = await self._forward(key, UpstreamCall(job.query, job.instruction, texts, job.max_tokens_per_doc, top_n))
+            return ScoreResult(scores=part.scores, input_tokens=part.tokens, indices=part.indices)
+        texts = list(texts)
         calls = [
             UpstreamCall(job.query, job.instruction, texts[i : i + size], job.max_tokens_per_doc)
             for i in range(0, len(texts), size)
         ]
         parts = await gather_or_cancel(*(self._forward(key, call) for call in calls))
-        scores = [s for part, _ in parts for s in part]
-        return ScoreResult(scores=scores, input_tokens=sum(tokens for _, tokens in parts))
+        scores = [s for part in parts for s in part.scores]
+        return ScoreResult(scores=scores, input_tokens=sum(part.tokens for part in parts))
 
     # -- routing -------------------------------------------------------------------------------
-    async def _forward(self, key: bytes | None, call: UpstreamCall) -> tuple[list[float], int]:
+    async def _forward(self, key: bytes | None, call: UpstreamCall) -> UpstreamAnswer:
         tried: set[str] = set()
         last: EngineError | None = None
+        body = self._protocol.encode(call)  # once, whichever replica takes it
         while True:
             replica = await self._choose(key, tried)
             if replica is None:
@@ -171,7 +184,7 @@ class PoolEngine:
                 )
             tried.add(replica.url)
             try:
-                return await self._send(replica, call)
+                return await self._send(replica, call, body)
             except RetryableUpstreamError as exc:
                 last = exc  # this replica could not take it: try the next one
 
@@ -198,34 +211,31 @@ class PoolEngine:
         idle = [r for r in admitted if r.outstanding == least]
         return idle[next(self._round_robin) % len(idle)]
 
-    async def _send(self, replica: Replica, call: UpstreamCall) -> tuple[list[float], int]:
+    async def _send(self, replica: Replica, call: UpstreamCall, body: bytes) -> UpstreamAnswer:
         assert self._client is not None
         upstream = f"replica {replica.url}"
         replica.outstanding += 1
         try:
-            response = await self._client.post(
-                replica.url + self._protocol.path,
-                content=self._protocol.encode(call),
-                headers={"Content-Type": "application/json"},
-            )
-        except httpx.TransportError as exc:
-            error = map_transport_error(exc, upstream)
+            async with self._client.post(replica.url + self._protocol.path, data=body) as response:
+                content = await response.read()
+                status, headers = response.status, response.headers
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            error = map_aiohttp_error(exc, upstream)
             if isinstance(error, RetryableUpstreamError | EngineTimeoutError):
                 self._failed(replica, type(exc).__name__)
             raise error from None
         finally:
             replica.outstanding -= 1
-        status = response.status_code
         if status == 200:
-            result = self._protocol.decode(response.content, response.headers, call)
+            result = self._protocol.decode(content, headers, call, len(body))
             replica.consecutive_failures = 0
             replica.served += 1
             return result
-        message, _ = upstream_message(response.content, f"HTTP {status}")
+        message, _ = upstream_message(content, f"HTTP {status}")
         if status in (502, 503, 504):
             self._failed(replica, f"HTTP {status}")
         if status in (429, 502, 503):
-            wait = parse_retry_after(response.headers.get("retry-after"))
+            wait = parse_retry_after(headers.get("retry-after"))
             raise RetryableUpstreamError(f"{upstream} is unavailable (HTTP {status})", wait_hint=wait)
         if status == 504:
             raise EngineTimeoutError(f"{upstream} timed out (HTTP 504)")
@@ -254,11 +264,13 @@ class PoolEngine:
     async def _probe(self, replica: Replica) -> None:
         assert self._client is not None
         try:
-            response = await self._client.get(
-                replica.url + self._config.health_path, timeout=self._config.probe_timeout_s
-            )
-            ok, reason = response.status_code == 200, f"HTTP {response.status_code}"
-        except httpx.HTTPError as exc:
+            async with self._client.get(
+                replica.url + self._config.health_path,
+                timeout=aiohttp.ClientTimeout(total=self._config.probe_timeout_s),
+            ) as response:
+                await response.read()
+                ok, reason = response.status == 200, f"HTTP {response.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
             ok, reason = False, type(exc).__name__
         if ok:
             if not replica.admitted:

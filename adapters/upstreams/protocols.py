@@ -2,8 +2,12 @@
 
 Each protocol turns one :class:`UpstreamCall` (a query and its texts) into the upstream's
 request body, and its answer back into one score per text, in the texts' order, plus the
-tokens it reports. We always ask for every score, no documents echoed and activated
-(0..1) scores: ordering, ``top_n`` and echo are the gateway's job.
+tokens it reports. We ask for no documents echoed and activated (0..1) scores: ordering and
+echo are the gateway's job. ``top_n`` is forwarded only when the call carries one (the pool sets
+it when one call holds the whole job and the job allows it, see ``ScoreJob.top_n``), for the
+protocols whose API ranks (``supports_top_n``); the answer then names its items by index.
+Answers are decoded into structs holding only the fields read (ids, echoed documents and the
+rest are skipped by msgspec without building objects).
 
 | protocol     | path         | texts field  | scores in                       | tokens from                     |
 |--------------|--------------|--------------|---------------------------------|---------------------------------|
@@ -18,15 +22,14 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import httpx
 import msgspec
 
 from adapters.base import EngineError
 
-__all__ = ("PROTOCOLS", "UpstreamCall", "WireProtocol", "make_protocol")
+__all__ = ("PROTOCOLS", "UpstreamAnswer", "UpstreamCall", "WireProtocol", "make_protocol")
 
 _encoder = msgspec.json.Encoder()
 
@@ -36,6 +39,16 @@ class UpstreamCall(msgspec.Struct, frozen=True):
     instruction: str
     texts: Sequence[str]
     max_tokens_per_doc: int | None = None
+    # Ask the upstream for only the best top_n (None: every score, in order).
+    top_n: int | None = None
+
+
+class UpstreamAnswer(msgspec.Struct, frozen=True):
+    """Scores of one call: every text's in order (``indices`` None), or the best ``top_n``'s."""
+
+    scores: list[float]
+    tokens: int
+    indices: list[int] | None = None
 
 
 class _Indexed(msgspec.Struct):
@@ -59,10 +72,16 @@ class _Meta(msgspec.Struct):
 
 
 class _Ranked(msgspec.Struct):
-    # vllm /rerank, infinity, cohere (documents, if echoed anyway, are ignored).
+    # vllm /rerank, infinity (documents, if echoed anyway, are skipped).
     results: list[_Indexed]
     usage: _Usage | None = None
+
+
+class _CohereRanked(msgspec.Struct):
+    # cohere /v2/rerank: id and echoed documents skipped; usage for servers that send vLLM's.
+    results: list[_Indexed]
     meta: _Meta | None = None
+    usage: _Usage | None = None
 
 
 class _Scored(msgspec.Struct):
@@ -71,10 +90,14 @@ class _Scored(msgspec.Struct):
     usage: _Usage | None = None
 
 
-def estimate_tokens(call: UpstreamCall) -> int:
-    """For upstreams that report no usage: ~4 UTF-8 bytes per token, query repeated per text."""
-    query = len(call.query.encode()) // 4 + 1
-    return sum(query + len(t.encode()) // 4 + 1 for t in call.texts)
+def estimate_tokens(call: UpstreamCall, body_bytes: int) -> int:
+    """For upstreams that report no usage: ~4 bytes per token, the query repeated per text.
+
+    The texts' size is read off the encoded request body (the texts are nearly all of it),
+    so the estimate costs no second pass over the documents.
+    """
+    query = len(call.query) // 4 + 1
+    return len(call.texts) * (query + 1) + max(0, body_bytes - len(call.query)) // 4
 
 
 class WireProtocol(abc.ABC):
@@ -86,6 +109,8 @@ class WireProtocol(abc.ABC):
     default_max_batch: ClassVar[int | None] = None
     # Whether the API has an instruction field at all.
     takes_instruction: ClassVar[bool] = False
+    # Whether the API can return only the best top_n results, by index.
+    supports_top_n: ClassVar[bool] = False
 
     def __init__(self, *, model: str | None, forward_instruction: bool) -> None:
         self.model = model
@@ -99,7 +124,8 @@ class WireProtocol(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def decode(self, content: bytes, headers: httpx.Headers, call: UpstreamCall) -> tuple[list[float], int]:
+    def decode(self, content: bytes, headers: Mapping[str, str], call: UpstreamCall, body_bytes: int) -> UpstreamAnswer:
+        """The answer to ``call``, whose encoded body was ``body_bytes`` long (for estimates)."""
         ...
 
     def _common(self, body: dict[str, Any], call: UpstreamCall) -> dict[str, Any]:
@@ -123,48 +149,76 @@ def _in_order(items: Sequence[_Indexed], size: int, upstream: str) -> list[float
     return scores
 
 
+def _best(items: Sequence[_Indexed], size: int, top_n: int, upstream: str) -> tuple[list[int], list[float]]:
+    """(indices, scores) of a top_n answer: min(top_n, size) distinct, in-range indices."""
+    indices, scores = [], []
+    for item in items:
+        value = item.relevance_score if item.relevance_score is not None else item.score
+        if value is None or not 0 <= item.index < size:
+            raise EngineError(f"{upstream} returned a result without a score or with index {item.index}")
+        indices.append(item.index)
+        scores.append(value)
+    if len(items) != min(top_n, size) or len(set(indices)) != len(indices):
+        raise EngineError(f"{upstream} returned {len(items)} results (distinct: {len(set(indices))}) for top_n {top_n}")
+    return indices, scores
+
+
+def _answer(items: Sequence[_Indexed], tokens: int, call: UpstreamCall, upstream: str) -> UpstreamAnswer:
+    if call.top_n is not None:
+        indices, scores = _best(items, len(call.texts), call.top_n, upstream)
+        return UpstreamAnswer(scores, tokens, indices)
+    return UpstreamAnswer(_in_order(items, len(call.texts), upstream), tokens)
+
+
+_DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
 def _decode(content: bytes, type_: type[Any], upstream: str) -> Any:
+    decoder = _DECODERS.get(type_)
+    if decoder is None:
+        decoder = _DECODERS[type_] = msgspec.json.Decoder(type_)
     try:
-        return msgspec.json.decode(content, type=type_)
+        return decoder.decode(content)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise EngineError(f"{upstream} returned a malformed response: {str(exc)[:200]}") from None
 
 
-def _usage_tokens(usage: _Usage | None, call: UpstreamCall) -> int:
+def _usage_tokens(usage: _Usage | None, call: UpstreamCall, body_bytes: int) -> int:
     if usage is not None:
         for value in (usage.prompt_tokens, usage.total_tokens):
             if value is not None:
                 return value
-    return estimate_tokens(call)
+    return estimate_tokens(call, body_bytes)
 
 
 class VllmRerank(WireProtocol):
-    name, path, takes_instruction = "vllm", "/rerank", True
+    name, path, takes_instruction, supports_top_n = "vllm", "/rerank", True, True
 
     def body(self, call: UpstreamCall) -> dict[str, Any]:
         # top_n 0 would mean "all" too, but an explicit count reads the same on every version.
-        body: dict[str, Any] = {"query": call.query, "documents": list(call.texts), "top_n": len(call.texts)}
+        top_n = call.top_n if call.top_n is not None else len(call.texts)
+        body: dict[str, Any] = {"query": call.query, "documents": call.texts, "top_n": top_n}
         if call.max_tokens_per_doc:
             body["max_tokens_per_doc"] = call.max_tokens_per_doc
         return self._common(body, call)
 
-    def decode(self, content: bytes, headers: httpx.Headers, call: UpstreamCall) -> tuple[list[float], int]:
+    def decode(self, content: bytes, headers: Mapping[str, str], call: UpstreamCall, body_bytes: int) -> UpstreamAnswer:
         ranked = _decode(content, _Ranked, self.name)
-        return _in_order(ranked.results, len(call.texts), self.name), _usage_tokens(ranked.usage, call)
+        return _answer(ranked.results, _usage_tokens(ranked.usage, call, body_bytes), call, self.name)
 
 
 class VllmScore(WireProtocol):
     name, path, takes_instruction = "vllm-score", "/score", True
 
     def body(self, call: UpstreamCall) -> dict[str, Any]:
-        body: dict[str, Any] = {"queries": call.query, "documents": list(call.texts)}
+        body: dict[str, Any] = {"queries": call.query, "documents": call.texts}
         if call.max_tokens_per_doc:
             body["max_tokens_per_doc"] = call.max_tokens_per_doc
         return self._common(body, call)
 
-    def decode(self, content: bytes, headers: httpx.Headers, call: UpstreamCall) -> tuple[list[float], int]:
+    def decode(self, content: bytes, headers: Mapping[str, str], call: UpstreamCall, body_bytes: int) -> UpstreamAnswer:
         scored = _decode(content, _Scored, self.name)
-        return _in_order(scored.data, len(call.texts), self.name), _usage_tokens(scored.usage, call)
+        return UpstreamAnswer(_in_order(scored.data, len(call.texts), self.name), _usage_tokens(scored.usage, call, body_bytes))
 
 
 class TeiRerank(WireProtocol):
@@ -173,31 +227,31 @@ class TeiRerank(WireProtocol):
 
     def body(self, call: UpstreamCall) -> dict[str, Any]:
         # TEI serves one model per process and has no model or instruction field.
-        return {"query": call.query, "texts": list(call.texts), "raw_scores": False, "return_text": False, "truncate": True}
+        return {"query": call.query, "texts": call.texts, "raw_scores": False, "return_text": False, "truncate": True}
 
-    def decode(self, content: bytes, headers: httpx.Headers, call: UpstreamCall) -> tuple[list[float], int]:
+    def decode(self, content: bytes, headers: Mapping[str, str], call: UpstreamCall, body_bytes: int) -> UpstreamAnswer:
         ranks = _decode(content, list[_Indexed], self.name)
         reported = headers.get("x-compute-tokens")
-        tokens = int(reported) if reported and reported.isdigit() else estimate_tokens(call)
-        return _in_order(ranks, len(call.texts), self.name), tokens
+        tokens = int(reported) if reported and reported.isdigit() else estimate_tokens(call, body_bytes)
+        return UpstreamAnswer(_in_order(ranks, len(call.texts), self.name), tokens)
 
 
 class InfinityRerank(WireProtocol):
-    name, path = "infinity", "/rerank"
+    name, path, supports_top_n = "infinity", "/rerank", True
 
     def body(self, call: UpstreamCall) -> dict[str, Any]:
         body = {
             "query": call.query,
-            "documents": list(call.texts),
-            "top_n": len(call.texts),
+            "documents": call.texts,
+            "top_n": call.top_n if call.top_n is not None else len(call.texts),
             "return_documents": False,
             "raw_scores": False,
         }
         return self._common(body, call)
 
-    def decode(self, content: bytes, headers: httpx.Headers, call: UpstreamCall) -> tuple[list[float], int]:
+    def decode(self, content: bytes, headers: Mapping[str, str], call: UpstreamCall, body_bytes: int) -> UpstreamAnswer:
         ranked = _decode(content, _Ranked, self.name)
-        return _in_order(ranked.results, len(call.texts), self.name), _usage_tokens(ranked.usage, call)
+        return _answer(ranked.results, _usage_tokens(ranked.usage, call, body_bytes), call, self.name)
 
 
 class CohereRerank(VllmRerank):
@@ -205,8 +259,8 @@ class CohereRerank(VllmRerank):
     # The request body is vLLM's /rerank body (vLLM follows Cohere v2 there); the usage differs.
     name, path, takes_instruction = "cohere", "/v2/rerank", True
 
-    def decode(self, content: bytes, headers: httpx.Headers, call: UpstreamCall) -> tuple[list[float], int]:
-        ranked = _decode(content, _Ranked, self.name)
+    def decode(self, content: bytes, headers: Mapping[str, str], call: UpstreamCall, body_bytes: int) -> UpstreamAnswer:
+        ranked = _decode(content, _CohereRanked, self.name)
         tokens = None
         if ranked.meta is not None:
             for part in (ranked.meta.tokens, ranked.meta.billed_units):
@@ -214,8 +268,8 @@ class CohereRerank(VllmRerank):
                     tokens = int(part.input_tokens)
                     break
         if tokens is None:
-            tokens = _usage_tokens(ranked.usage, call)
-        return _in_order(ranked.results, len(call.texts), self.name), tokens
+            tokens = _usage_tokens(ranked.usage, call, body_bytes)
+        return _answer(ranked.results, tokens, call, self.name)
 
 
 PROTOCOLS: dict[str, type[WireProtocol]] = {

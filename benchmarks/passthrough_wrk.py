@@ -1,0 +1,346 @@
+"""Passthrough at 1 and 32 clients with wrk: the gateway's pool engine (1 and N workers) vs LiteLLM.
+
+    .venv/bin/python -m benchmarks.passthrough_wrk --out docs/benchmarks/cpu-$(date +%F)
+
+All targets sit in front of the same zero-work Cohere-shaped stub (``benchmarks.stub_upstream``)
+on loopback and get the same 100-document body with ``top_n`` = 10. wrk (Debian package ``wrk``;
+C, one thread, a few µs of CPU per request) is the client, so the client's own cost barely
+shows. For every round, concurrency level and target (order rotated each round), one bounded
+wrk run is made and the CPU seconds the target's process tree used during it are read from
+/proc: CPU per request is that over the requests wrk completed. Ratios are taken per round
+(the pair ran seconds apart) and the report gives their median, since the box is shared.
+
+Targets: the bare stub (the upstream alone, for added latency), the gateway with
+``server.workers = 1`` and ``= N``, LiteLLM proxy with one worker (``LITELLM_VENV``: a venv
+holding ``litellm[proxy]``; it is not a dependency of this project). A py-spy profile of the
+one-worker gateway at 32 clients (when py-spy is installed) is grouped by component.
+Writes ``passthrough_wrk.json`` and ``passthrough_wrk.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime as dt
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cpu_overhead import ROOT, Proc, _free_port
+
+__all__ = ("main", "parse_wrk")
+
+TARGETS = ("gateway-before", "gateway-1w", "gateway-Nw", "litellm")
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+def _ms(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text.strip())
+    if not m:
+        raise ValueError(f"not a wrk duration: {text!r}")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_wrk(out: str) -> dict[str, Any]:
+    """Completed requests, req/s, latency percentiles and errors from ``wrk --latency`` output."""
+    res: dict[str, Any] = {}
+    m = re.search(r"(\d+) requests in ([\d.]+)(\w+)", out)
+    if not m:
+        raise ValueError(f"wrk printed no request count:\n{out}")
+    res["requests"] = int(m.group(1))
+    res["req_s"] = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    for pct in ("50", "90", "99"):
+        lm = re.search(rf"^\s+{pct}(?:\.000)?%\s+(\S+)", out, re.M)
+        if lm:
+            res[f"p{pct}_ms"] = _ms(lm.group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    res["errors"] = (int(non2xx.group(1)) if non2xx else 0) + (sum(map(int, sock.groups())) if sock else 0)
+    return res
+
+
+def _body(documents: int, top_n: int, seed: int = 7) -> bytes:
+    from gateway.bench.workload import WorkloadSpec, build_workload
+
+    req = build_workload(WorkloadSpec(requests=1, documents=documents, model="rerank", seed=seed))[0]
+    payload = json.loads(req.body)
+    payload["model"], payload["top_n"] = "rerank", top_n
+    return json.dumps(payload).encode()
+
+
+def _lua(body_path: Path, headers: dict[str, str]) -> str:
+    lines = ['wrk.method = "POST"', f'local f = io.open("{body_path}", "rb")', "wrk.body = f:read('*a')", "f:close()"]
+    lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def _wrk(url: str, script: Path, clients: int, seconds: float, timeout_s: float = 10.0) -> dict[str, Any]:
+    cmd = ["wrk", "-t1", f"-c{clients}", f"-d{max(1, round(seconds))}s", f"--timeout={round(timeout_s)}s", "--latency", "-s", str(script), url]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
+    return parse_wrk(out)
+
+
+def _profile(pid: int, seconds: float, out_path: Path) -> dict[str, float] | None:
+    """py-spy samples of a process tree grouped by component (share of samples), or None."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(exe).exists():
+        return None
+    subprocess.run([exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
+                    "--nonblocking", "--format", "raw", "--output", str(out_path)],
+                   capture_output=True, check=False, timeout=seconds + 60)
+    if not out_path.exists():
+        return None
+    buckets: collections.Counter[str] = collections.Counter()
+    for line in out_path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            buckets[_component(stack.split(";"))] += int(count)
+    total = sum(buckets.values()) or 1
+    return {k: v / total for k, v in buckets.most_common()}
+
+
+# A sample is charged to its innermost frame's package (py-spy frames: "func (path:line)").
+_COMPONENTS = (
+    ("aiohttp (upstream client)", ("aiohttp/", "yarl/", "multidict/")),
+    ("httpx / httpcore / h11 / anyio", ("httpx/", "httpcore/", "h11/", "anyio/", "sniffio/")),
+    ("msgspec", ("msgspec",)),
+    ("uvicorn (server, httptools)", ("uvicorn/", "httptools")),
+    ("Litestar", ("litestar/",)),
+    ("structlog / logging", ("structlog/", "logging/")),
+    ("prometheus_client", ("prometheus_client/",)),
+    ("limits / redis", ("limits/", "redis/")),
+    ("adapters/upstreams (pool engine)", ("adapters/upstreams/",)),
+    ("gateway/service.py", ("gateway/service.py",)),
+    ("gateway (middleware, access, routes)", ("gateway/",)),
+    ("asyncio / uvloop event loop", ("asyncio/", "uvloop/")),
+)
+_FRAME = re.compile(r"\((.*):\d+\)$")
+
+
+def _component(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        m = _FRAME.search(frame)
+        path = m.group(1) if m else frame
+        for name, needles in _COMPONENTS:
+            if any(n in path for n in needles):
+                return name
+    leaf = frames[-1] if frames else "?"
+    return f"other ({leaf.split(' (')[0][:40]})"
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench-out/passthrough-wrk")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5.0, help="wrk duration per run")
+    ap.add_argument("--clients", default="1,32")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="N of the N-worker gateway")
+    ap.add_argument("--documents", type=int, default=100)
+    ap.add_argument("--top-n", type=int, default=10)
+    ap.add_argument("--profile-seconds", type=float, default=8.0, help="0: no py-spy profile")
+    ap.add_argument("--before", help="a checkout of an earlier commit (git archive COMMIT | tar -x -C DIR): "
+                    "its gateway, one worker, joins the comparison as gateway-before")
+    ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", "/tmp/litellm-venv"))
+    args = ap.parse_args()
+    if shutil.which("wrk") is None:
+        print("wrk is missing: apt-get install -y wrk", file=sys.stderr)
+        return 2
+    out = Path(args.out) if Path(args.out).is_absolute() else ROOT / args.out
+    logs = ROOT / "bench-out" / "passthrough-wrk-logs"
+    out.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    clients = [int(c) for c in args.clients.split(",")]
+    body = logs / "body.json"
+    body.write_bytes(_body(args.documents, args.top_n))
+    key = "sk-bench-" + secrets.token_hex(16)
+    scripts = {"plain": logs / "plain.lua", "litellm": logs / "litellm.lua"}
+    scripts["plain"].write_text(_lua(body, {"Content-Type": "application/json"}))
+    scripts["litellm"].write_text(_lua(body, {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}))
+
+    procs: dict[str, Proc] = {}
+    urls: dict[str, str] = {}
+    results: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+                    "python": platform.python_version()},
+        "workload": {"documents": args.documents, "top_n": args.top_n, "body_bytes": body.stat().st_size,
+                     "seconds_per_run": args.seconds, "rounds": args.rounds, "clients": clients,
+                     "workers": args.workers},
+        "command": " ".join(["python -m benchmarks.passthrough_wrk", *sys.argv[1:]]),
+        "runs": [],
+    }
+    try:
+        sp = _free_port()
+        procs["stub"] = Proc("stub", [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(sp)], logs)
+        urls["stub"] = f"http://127.0.0.1:{sp}/v2/rerank"
+        gateways = [("gateway-1w", 1, ROOT), ("gateway-Nw", args.workers, ROOT)]
+        if args.before:
+            gateways.insert(0, ("gateway-before", 1, Path(args.before).resolve()))
+        for name, workers, cwd in gateways:
+            port = _free_port()
+            cfg = logs / f"{name}.toml"
+            cfg.write_text(
+                (f"[server]\nworkers = {workers}\n\n" if workers > 1 else "") + "[logging]\nlevel = \"WARNING\"\n\n"
+                f'[[models]]\nname = "rerank"\nengine = "pool"\nprotocol = "cohere"\n'
+                f'urls = ["http://127.0.0.1:{sp}"]\nmodel = "stub"\nmax_connections = 64\n'
+            )
+            procs[name] = Proc(name, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port)],
+                               logs, cwd=cwd)
+            urls[name] = f"http://127.0.0.1:{port}/v2/rerank"
+        exe = Path(args.litellm_venv) / "bin" / "litellm"
+        if exe.exists():
+            lp = _free_port()
+            (logs / "litellm.yaml").write_text(
+                "model_list:\n  - model_name: rerank\n    litellm_params:\n      model: cohere/rerank-v3.5\n"
+                f"      api_base: http://127.0.0.1:{sp}\n      api_key: sk-stub\n"
+            )
+            procs["litellm"] = Proc("litellm", [str(exe), "--config", str(logs / "litellm.yaml"), "--port", str(lp),
+                                                "--num_workers", "1"], logs,
+                                    # The bundled cost map: no network fetch at start (this box has none).
+                                    env={"LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR",
+                                         "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+            urls["litellm"] = f"http://127.0.0.1:{lp}/v2/rerank"
+            ver = subprocess.run([str(Path(args.litellm_venv) / "bin" / "python"), "-c",
+                                  "import importlib.metadata as m; print(m.version('litellm'))"],
+                                 capture_output=True, text=True, check=False)
+            results["litellm_version"] = ver.stdout.strip()
+        else:
+            print(f"no LiteLLM at {exe}: gateway only", flush=True)
+        procs["stub"].wait_http(f"http://127.0.0.1:{sp}/health")
+        for name, _, _ in gateways:
+            procs[name].wait_http(urls[name].replace("/v2/rerank", "/ready"))
+        if "litellm" in procs:
+            procs["litellm"].wait_http(urls["litellm"].replace("/v2/rerank", "/health/liveliness"), timeout=900)
+        targets = ["stub", *[t for t in TARGETS if t in procs]]
+        for t in targets:  # warm-up: connections, lazy imports, first-request paths
+            _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], 4, 1.0)
+
+        for rnd in range(args.rounds):
+            for c in clients:
+                order = targets[rnd % len(targets):] + targets[: rnd % len(targets)]
+                for t in order:
+                    load0 = _loadavg()
+                    cpu0 = procs[t].cpu_s()
+                    res = _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], c, args.seconds)
+                    cpu1 = procs[t].cpu_s()
+                    res.update(round=rnd, clients=c, target=t, loadavg_before=load0, loadavg_after=_loadavg(),
+                               cpu_ms_per_request=(cpu1 - cpu0) / max(1, res["requests"]) * 1e3)
+                    results["runs"].append(res)
+                    print(f"round {rnd} c={c:>2} {t:<11} {res['req_s']:8.1f} req/s  p50 {res.get('p50_ms', 0):6.2f} ms  "
+                          f"cpu {res['cpu_ms_per_request']:.3f} ms/req  errors {res['errors']}  load {load0[0]}", flush=True)
+
+        if args.profile_seconds > 0:
+            prof_out = logs / "gateway-1w.pyspy.txt"
+            proc = subprocess.Popen(["wrk", "-t1", "-c32", f"-d{round(args.profile_seconds) + 4}s", "-s", str(scripts["plain"]),
+                                     urls["gateway-1w"]], stdout=subprocess.DEVNULL)
+            time.sleep(1)
+            results["profile_gateway_1w_32_clients"] = _profile(procs["gateway-1w"].proc.pid, args.profile_seconds, prof_out)
+            proc.wait(timeout=60)
+    finally:
+        for p in procs.values():
+            p.stop()
+    results["summary"] = summarize(results["runs"], clients)
+    (out / "passthrough_wrk.json").write_text(json.dumps(results, indent=1))
+    (out / "passthrough_wrk.md").write_text(render(results))
+    print(json.dumps(results["summary"], indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
+    """Medians per target and level, and medians of the per-round ratios."""
+    by: dict[tuple[str, int], list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in runs:
+        by[(r["target"], r["clients"])].append(r)
+    summary: dict[str, Any] = {}
+    for (t, c), rs in sorted(by.items()):
+        summary.setdefault(t, {})[str(c)] = {
+            k: _median([r[k] for r in rs if k in r]) for k in ("req_s", "p50_ms", "p99_ms", "cpu_ms_per_request")
+        } | {"errors": sum(r["errors"] for r in rs), "runs": len(rs)}
+    ratios: dict[str, Any] = {}
+    rounds = sorted({r["round"] for r in runs})
+    for gw in ("gateway-before", "gateway-1w", "gateway-Nw"):
+        for c in clients:
+            req, cpu = [], []
+            for rnd in rounds:
+                a = [r for r in by[(gw, c)] if r["round"] == rnd]
+                b = [r for r in by[("litellm", c)] if r["round"] == rnd]
+                if a and b:
+                    req.append(a[0]["req_s"] / b[0]["req_s"])
+                    cpu.append(b[0]["cpu_ms_per_request"] / a[0]["cpu_ms_per_request"])
+            if req:
+                ratios[f"{gw} c={c}"] = {"req_s_ratio": _median(req), "cpu_ratio": _median(cpu),
+                                         "req_s_ratios": req, "cpu_ratios": cpu}
+    summary["ratios_vs_litellm"] = ratios
+    # Added latency at one client: median per round of (gateway p50 - stub p50).
+    added = []
+    for rnd in rounds:
+        g = [r for r in by[("gateway-1w", 1)] if r["round"] == rnd]
+        s = [r for r in by[("stub", 1)] if r["round"] == rnd]
+        if g and s and "p50_ms" in g[0] and "p50_ms" in s[0]:
+            added.append(g[0]["p50_ms"] - s[0]["p50_ms"])
+    summary["added_p50_ms_1_client"] = _median(added)
+    lo, hi = min(clients), max(clients)
+    flat = [r["cpu_ms_per_request"] for r in by[("gateway-1w", hi)]], [r["cpu_ms_per_request"] for r in by[("gateway-1w", lo)]]
+    if all(flat):
+        summary["gateway_1w_cpu_growth"] = _median(flat[0]) / _median(flat[1])
+    summary["loadavg_1min"] = {"min": min(r["loadavg_before"][0] for r in runs),
+                               "median": _median([r["loadavg_before"][0] for r in runs]),
+                               "max": max(r["loadavg_before"][0] for r in runs)}
+    return summary
+
+
+def render(results: dict[str, Any]) -> str:
+    s = results["summary"]
+    w = results["workload"]
+    lines = [
+        f"# Passthrough with wrk: gateway (pool engine) vs LiteLLM ({results['date'][:10]})",
+        "",
+        f"- Machine: {results['machine']['cpus']} CPUs, Python {results['machine']['python']}; shared with other work: "
+        f"1-min load average during the runs {s['loadavg_1min']['min']:.2f}-{s['loadavg_1min']['max']:.2f} "
+        f"(median {s['loadavg_1min']['median']:.2f}), so absolute figures are noisy; ratios are medians of per-round pairs.",
+        f"- Workload: one {w['body_bytes']}-byte body, {w['documents']} documents, top_n {w['top_n']}; wrk -t1, "
+        f"{w['seconds_per_run']:g} s per run, {w['rounds']} rounds, target order rotated each round; "
+        f"N-worker gateway: {w['workers']} workers. LiteLLM {results.get('litellm_version', '(not run)')}, one worker.",
+        f"- Command: `{results['command']}`",
+        "",
+        "| target | clients | req/s | p50 ms | p99 ms | CPU ms / request | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in ("stub", *TARGETS):
+        for c, v in s.get(t, {}).items():
+            lines.append(f"| {t} | {c} | {v['req_s']:.0f} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | "
+                         f"{v['cpu_ms_per_request']:.3f} | {v['errors']} |")
+    lines += ["", "| gateway ÷ LiteLLM (median of rounds) | req/s | CPU per request, LiteLLM's ÷ ours |", "|---|---|---|"]
+    for k, v in s["ratios_vs_litellm"].items():
+        lines.append(f"| {k} | {v['req_s_ratio']:.2f}× | {v['cpu_ratio']:.2f}× |")
+    lines += ["", f"Added p50 over the stub alone at 1 client (gateway-1w): {s['added_p50_ms_1_client']:.2f} ms.",
+              f"Gateway-1w CPU per request, 32 clients ÷ 1 client: {s.get('gateway_1w_cpu_growth', float('nan')):.2f}."]
+    prof = results.get("profile_gateway_1w_32_clients")
+    if prof:
+        lines += ["", "py-spy profile of gateway-1w at 32 clients (share of samples, innermost known frame):", "",
+                  "| component | share |", "|---|---|"]
+        lines += [f"| {k} | {v:.1%} |" for k, v in prof.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
