@@ -23,6 +23,7 @@ __all__ = (
     "LimitsConfig",
     "LoggingConfig",
     "ModelConfig",
+    "PackedEngineConfig",
     "PoolEngineConfig",
     "Qwen3LocalConfig",
     "ServerConfig",
@@ -129,6 +130,23 @@ class TransformersEngineConfig(Qwen3LocalConfig, tag="transformers"):
     max_parallel_batches: Positive = 1
 
 
+class PackedEngineConfig(Qwen3LocalConfig, tag="packed"):
+    """Qwen3-Reranker packed without padding into varlen steps filled from every waiting request."""
+
+    # One model replica per device, all fed from one queue: ["cuda:0", "cuda:1"]; "auto": cuda:0, else cpu.
+    devices: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)] = ("auto",)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # Prompt tokens per step (one forward pass) on a device; a longer prompt gets a step alone.
+    batch_tokens: Positive = 16_384
+    max_items_per_step: Positive = 1024
+    # Which waiting request fills a step first: arrival order, or fewest tokens left.
+    policy: Literal["fifo", "shortest-first"] = "fifo"
+    # torch.compile(dynamic=True) of the forward; "auto": on CUDA only.
+    compile: Literal["auto", "on", "off"] = "auto"
+    # "auto": varlen flash attention on CUDA, exact per-prompt SDPA on CPU.
+    attention: Literal["auto", "varlen", "sdpa"] = "auto"
+
+
 class VllmEngineConfig(Qwen3LocalConfig):
     """Qwen3-Reranker on vLLM's async engine; ``max_length`` is also vLLM's ``max_model_len``."""
 
@@ -232,6 +250,7 @@ class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
 
 EngineConfig = (
     TransformersEngineConfig
+    | PackedEngineConfig
     | VllmScoreEngineConfig
     | VllmGenerateEngineConfig
     | StaticEngineConfig
