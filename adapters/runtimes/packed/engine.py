@@ -73,6 +73,9 @@ class PackedQwen3Engine:
             "attention": self._replicas[0].attention_name if self._replicas else None,
             "compiled": bool(self._replicas and self._replicas[0].compiled),
         }
+        errors = [r.compile_error for r in self._replicas if r.compile_error]
+        if errors:
+            base["compile_error"] = errors[0]
         if self._scheduler is not None:
             base.update(self._scheduler.stats())
         return base
@@ -122,5 +125,4 @@ def _warm_up(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer) -> None:
     shared = prompt.encode_shared("warm-up query", "warm-up")
     docs = prompt.encode_documents(["a short document", "a somewhat longer document " * 4, "x"])
     prompts = [prompt.assemble(shared, d) for d in docs]
-    for batch in (prompts[:1], prompts, prompts[1:], prompts[:1]):
-        replica.score(batch)
+    replica.warm_up([prompts[:1], prompts, prompts[1:], prompts[:1]])

@@ -118,6 +118,7 @@ class PackedQwen3Replica:
         self.attention_name, self._attend = pick_attention(attention, device)
         self._per_prompt = self._attend is _sdpa_per_prompt
         self.compiled = compile
+        self.compile_error: str | None = None
         self._run: Callable[..., torch.Tensor] = self._forward
         if compile:
             import torch._dynamo
@@ -134,9 +135,26 @@ class PackedQwen3Replica:
             out.append(cls(backbone if i == len(devices) - 1 else copy.deepcopy(backbone), head, dev, **kw))
         return out
 
+    def warm_up(self, batches: Sequence[Sequence[Sequence[int]]]) -> None:
+        """Run ``batches`` now so compilation happens before traffic; an uncompilable graph falls back to eager."""
+        try:
+            for batch in batches:
+                self.score(batch)
+        except Exception as exc:
+            if not self.compiled:
+                raise
+            self.compile_error = f"{type(exc).__name__}: {exc}"[:500]
+            self.compiled, self._run = False, self._forward
+            for batch in batches:
+                self.score(batch)
+
     @torch.inference_mode()
     def score(self, prompts: Sequence[Sequence[int]]) -> list[float]:
         """P(yes) over {no, yes} at the last position of each prompt."""
+        n = len(prompts)
+        if self.compiled and n == 1:
+            # dynamic=True still specializes a size of 1: a 1-token second prompt keeps one graph.
+            prompts = [prompts[0], prompts[0][-1:]]
         lens = [len(p) for p in prompts]
         flat = [t for p in prompts for t in p]
         lens_t = torch.tensor(lens, dtype=torch.int32)
@@ -145,12 +163,13 @@ class PackedQwen3Replica:
         positions = torch.arange(len(flat), dtype=torch.long) - torch.repeat_interleave(cu[:-1].long(), lens_t.long())
         host = torch.stack((torch.tensor(flat, dtype=torch.long), positions))
         dev = self.device
-        pinned = dev.type == "cuda"
-        host = host.pin_memory() if pinned else host
-        ids_pos = host.to(dev, non_blocking=pinned)
-        cu_d = (cu.pin_memory() if pinned else cu).to(dev, non_blocking=pinned)
-        probs = self._run(ids_pos[0], ids_pos[1], cu_d, max(lens), lens if self._per_prompt else None)
-        return probs.tolist()
+        if dev.type != "cuda":
+            return self._run(host[0], host[1], cu, max(lens), lens if self._per_prompt else None)[:n].tolist()
+        with torch.cuda.device(dev):  # this worker thread launches on its own GPU
+            ids_pos = host.pin_memory().to(dev, non_blocking=True)
+            cu_d = cu.pin_memory().to(dev, non_blocking=True)
+            probs = self._run(ids_pos[0], ids_pos[1], cu_d, max(lens), lens if self._per_prompt else None)
+            return probs[:n].tolist()
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cu: torch.Tensor, max_len: int,
                  lens: list[int] | None) -> torch.Tensor:

@@ -88,6 +88,8 @@ class PackedScheduler:
         self._dev = [{"device": str(r.device), "steps": 0, "items": 0, "tokens": 0, "busy_s": 0.0} for r in runners]
         self._requests = 0
         self._queue_s = 0.0
+        self._engine_s = 0.0  # submit -> last score, summed over finished requests
+        self._finished = 0
         self._dropped = 0
         self._threads = [threading.Thread(target=self._work, args=(i,), name=f"packed-{r.device}", daemon=True)
                          for i, r in enumerate(self._runners)]
@@ -140,6 +142,9 @@ class PackedScheduler:
                 "waiting_requests": len(self._queue),
                 "dropped_items": self._dropped,
                 # Queue: submit -> first step holding one of its items; step: one forward pass.
+                "queue_s_total": self._queue_s,
+                "finished": self._finished,
+                "engine_s_total": self._engine_s,
                 "queue_ms_mean": 1e3 * self._queue_s / self._requests if self._requests else 0.0,
                 "step_ms_mean": 1e3 * busy / steps if steps else 0.0,
                 # {requests with items in one step: number of such steps}
@@ -212,6 +217,8 @@ class PackedScheduler:
                     req.done += 1
                     if req.done == len(req.items):
                         finished.append(req)
+                        self._finished += 1
+                        self._engine_s += time.perf_counter() - req.queued_at
             for req in finished:
                 req.resolve(req.scores)
             for req in failed:
