@@ -206,3 +206,38 @@ def test_ready_reports_each_device(tiny_qwen3_dir):
         assert status["engine"] == "packed"
         assert [d["device"] for d in status["engine_stats"]["devices"]] == ["cpu", "cpu"]
         assert status["engine_stats"]["requests"] == 1
+
+
+class _PipelinedRunner:
+    """Launch returns at once, collect delivers: the CUDA replica's split, without a GPU."""
+
+    device = "test"
+    pipelined = True
+
+    def __init__(self) -> None:
+        self.launched: list[int] = []
+        self.collected = 0
+
+    def launch(self, prompts):
+        self.launched.append(len(prompts))
+        return [float(len(p)) / 100 for p in prompts]
+
+    def collect(self, handle):
+        self.collected += 1
+        return handle
+
+
+@pytest.mark.anyio
+async def test_pipelined_runner_delivers_every_step():
+    """Step k+1 is launched before step k is collected; every step is still collected and delivered once."""
+    runner = _PipelinedRunner()
+    scheduler = PackedScheduler([runner], batch_tokens=6, max_items=64)
+    try:
+        lone = scheduler.submit([1], [[2, 3]], [4])
+        assert await asyncio.wait_for(lone.future, 5) == [0.04]  # alone: collected without a next step
+        reqs = [scheduler.submit([1], [[2] * k for k in range(1, 4)], [9]) for _ in range(4)]
+        results = await asyncio.wait_for(asyncio.gather(*(r.future for r in reqs)), 5)
+        assert results == [[0.03, 0.04, 0.05]] * 4
+        assert runner.collected == len(runner.launched) == scheduler.stats()["steps"]
+    finally:
+        scheduler.stop()

@@ -118,6 +118,9 @@ class PackedQwen3Replica:
         self.attention_name, self._attend = pick_attention(attention, device)
         self._per_prompt = self._attend is _sdpa_per_prompt
         self.compiled = compile
+        # The scheduler overlaps the host side of step k+1 with step k on the device (CUDA only:
+        # on CPU "launch" already computes, and overlapping would only delay delivery).
+        self.pipelined = device.type == "cuda"
         self.compile_error: str | None = None
         self._run: Callable[..., torch.Tensor] = self._forward
         if compile:
@@ -148,9 +151,13 @@ class PackedQwen3Replica:
             for batch in batches:
                 self.score(batch)
 
-    @torch.inference_mode()
     def score(self, prompts: Sequence[Sequence[int]]) -> list[float]:
         """P(yes) over {no, yes} at the last position of each prompt."""
+        return self.collect(self.launch(prompts))
+
+    @torch.inference_mode()
+    def launch(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
+        """Prepare the step on the host and queue its kernels; on CUDA this returns before they ran."""
         n = len(prompts)
         if self.compiled and n == 1:
             # dynamic=True still specializes a size of 1: a 1-token second prompt keeps one graph.
@@ -164,12 +171,15 @@ class PackedQwen3Replica:
         host = torch.stack((torch.tensor(flat, dtype=torch.long), positions))
         dev = self.device
         if dev.type != "cuda":
-            return self._run(host[0], host[1], cu, max(lens), lens if self._per_prompt else None)[:n].tolist()
+            return self._run(host[0], host[1], cu, max(lens), lens if self._per_prompt else None), n
         with torch.cuda.device(dev):  # this worker thread launches on its own GPU
             ids_pos = host.pin_memory().to(dev, non_blocking=True)
             cu_d = cu.pin_memory().to(dev, non_blocking=True)
-            probs = self._run(ids_pos[0], ids_pos[1], cu_d, max(lens), lens if self._per_prompt else None)
-            return probs[:n].tolist()
+            return self._run(ids_pos[0], ids_pos[1], cu_d, max(lens), lens if self._per_prompt else None), n
+
+    def collect(self, handle: tuple[torch.Tensor, int]) -> list[float]:
+        probs, n = handle
+        return probs[:n].tolist()  # waits for the device
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cu: torch.Tensor, max_len: int,
                  lens: list[int] | None) -> torch.Tensor:

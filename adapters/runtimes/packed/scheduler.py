@@ -179,47 +179,73 @@ class PackedScheduler:
 
     def _work(self, index: int) -> None:
         runner, counters = self._runners[index], self._dev[index]
+        # A pipelined runner (CUDA) splits a step into launch (host prep + queued kernels) and
+        # collect (wait for the scores): step k+1 is launched before step k is collected, so the
+        # host prepares the next step while the device computes. Elsewhere steps run whole.
+        pipelined = bool(getattr(runner, "pipelined", False))
+        inflight: tuple[list[tuple[PendingRequest, int]], list[list[int]], Any, BaseException | None, float] | None = None
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while not self._queue and not self._stopping and inflight is None:
                     self._cond.wait()
-                if self._stopping:
-                    return
-                taken = self._take()
+                taken = self._take() if self._queue and not self._stopping else []
                 if self._queue:
                     self._cond.notify()  # more work: wake another idle device
-            prompts = [[*r.shared, *r.items[i], *r.suffix] for r, i in taken]
-            t0 = time.perf_counter()
-            try:
-                scores: list[float] | None = runner.score(prompts)
-                error = None
-            except Exception as exc:  # noqa: BLE001  # fail this step's requests, keep serving
-                scores, error = None, exc
-            dt = time.perf_counter() - t0
-            finished: list[PendingRequest] = []
-            failed: list[PendingRequest] = []
-            with self._cond:
-                counters["steps"] += 1
-                counters["items"] += len(taken)
-                counters["tokens"] += sum(len(p) for p in prompts)
-                counters["busy_s"] += dt
-                self.steps_by_requests[len({id(r) for r, _ in taken})] += 1
-                for k, (req, i) in enumerate(taken):
-                    if req.cancelled or req.future.done():
-                        continue
-                    if scores is None:
-                        req.cancelled = True  # its remaining items are not worth computing
-                        if req in self._queue:
-                            self._queue.remove(req)
-                        failed.append(req)
-                        continue
-                    req.scores[i] = scores[k]
-                    req.done += 1
-                    if req.done == len(req.items):
-                        finished.append(req)
-                        self._finished += 1
-                        self._engine_s += time.perf_counter() - req.queued_at
-            for req in finished:
-                req.resolve(req.scores)
-            for req in failed:
-                req.resolve(self._error_type(f"forward pass failed on {runner.device}: {type(error).__name__}: {error}"))
+            launched = None
+            if taken:
+                prompts = [[*r.shared, *r.items[i], *r.suffix] for r, i in taken]
+                t0 = time.perf_counter()
+                if pipelined:
+                    try:
+                        launched = (taken, prompts, runner.launch(prompts), None, t0)  # type: ignore[attr-defined]
+                    except Exception as exc:  # noqa: BLE001  # fail this step's requests, keep serving
+                        launched = (taken, prompts, None, exc, t0)
+                else:
+                    try:
+                        self._finish(counters, runner, taken, prompts, runner.score(prompts), None, t0)
+                    except Exception as exc:  # noqa: BLE001
+                        self._finish(counters, runner, taken, prompts, None, exc, t0)
+            if inflight is not None:
+                taken_, prompts_, handle, error, t0_ = inflight
+                scores = None
+                if error is None:
+                    try:
+                        scores = runner.collect(handle)  # type: ignore[attr-defined]
+                    except Exception as exc:  # noqa: BLE001
+                        error = exc
+                self._finish(counters, runner, taken_, prompts_, scores, error, t0_)
+            inflight = launched
+            if inflight is None and self._stopping:
+                return
+
+    def _finish(self, counters: dict[str, Any], runner: Runner, taken: list[tuple[PendingRequest, int]],
+                prompts: list[list[int]], scores: list[float] | None, error: BaseException | None, t0: float) -> None:
+        """Count one step and hand its scores (or its error) to the requests it served."""
+        dt = time.perf_counter() - t0
+        finished: list[PendingRequest] = []
+        failed: list[PendingRequest] = []
+        with self._cond:
+            counters["steps"] += 1
+            counters["items"] += len(taken)
+            counters["tokens"] += sum(len(p) for p in prompts)
+            counters["busy_s"] += dt
+            self.steps_by_requests[len({id(r) for r, _ in taken})] += 1
+            for k, (req, i) in enumerate(taken):
+                if req.cancelled or req.future.done():
+                    continue
+                if scores is None:
+                    req.cancelled = True  # its remaining items are not worth computing
+                    if req in self._queue:
+                        self._queue.remove(req)
+                    failed.append(req)
+                    continue
+                req.scores[i] = scores[k]
+                req.done += 1
+                if req.done == len(req.items):
+                    finished.append(req)
+                    self._finished += 1
+                    self._engine_s += time.perf_counter() - req.queued_at
+        for req in finished:
+            req.resolve(req.scores)
+        for req in failed:
+            req.resolve(self._error_type(f"forward pass failed on {runner.device}: {type(error).__name__}: {error}"))
