@@ -201,8 +201,6 @@ async def phase_parity(model_dir: Path, work: Path, small: bool) -> dict[str, An
     from schemas.config import DEFAULT_INSTRUCTION, PackedEngineConfig, TransformersEngineConfig
     from tests.tiny_qwen3 import build_tiny_qwen3
 
-    from tests import reference
-
     tiny = build_tiny_qwen3(work / "tiny")
     dev = "cpu" if small else "cuda"
     out: dict[str, Any] = {}
@@ -218,9 +216,15 @@ async def phase_parity(model_dir: Path, work: Path, small: bool) -> dict[str, An
             "packed bf16 (auto: varlen on CUDA)": PackedEngineConfig(**common, dtype="bfloat16",
                                                                      compile="off" if path == tiny else "auto"),
         }
-        # The independent reference: full causal-LM forward per prompt, fp32, on the CPU.
+        # The independent reference: full causal-LM forward per prompt, fp32, on the CPU -- in a
+        # child process, so this process's CPU thread pools are never used before compiling.
         t = time.time()
-        scores: dict[str, list[float]] = {"reference (CPU fp32)": [x for q, docs in reqs for x in reference.score_texts(path, q, docs)]}
+        code = ("import json, sys; from tests import reference; reqs = json.load(sys.stdin); "
+                "print(json.dumps([x for q, d in reqs for x in reference.score_texts(sys.argv[1], q, d)]))")
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, str(path), stdin=asyncio.subprocess.PIPE,
+                                                    stdout=asyncio.subprocess.PIPE)
+        ref_out, _ = await proc.communicate(json.dumps(reqs).encode())
+        scores: dict[str, list[float]] = {"reference (CPU fp32)": json.loads(ref_out.decode().strip().splitlines()[-1])}
         log(f"reference {name}: {time.time() - t:.0f}s")
         for label, c in configs.items():
             eng = build_engine(c)

@@ -107,23 +107,21 @@ def pick_attention(choice: str, device: torch.device) -> tuple[str, Attention]:
 def _fuse_projections(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None, list[int], torch.Tensor, torch.Tensor | None]:
     """One GEMM for q, k, v and one for gate, up (wider matmuls run closer to peak, as in vLLM).
 
-    The modules' own weights become views into the fused tensors, so no memory is duplicated.
+    The separate projection modules are dropped afterwards: nothing else reads them, and
+    parameters that alias the fused tensors make torch.compile's input-aliasing analysis crawl.
     """
     a, mlp = layer.self_attn, layer.mlp
 
     def fuse(mods: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        w = torch.cat([m.weight for m in mods]).contiguous()
-        b = torch.cat([m.bias for m in mods]) if mods[0].bias is not None else None
-        offset = 0
-        for m in mods:  # keep the modules valid (and sharing storage) for anything else that reads them
-            n = m.weight.shape[0]
-            m.weight = torch.nn.Parameter(w[offset : offset + n], requires_grad=False)
-            offset += n
+        w = torch.cat([m.weight.detach() for m in mods]).contiguous()
+        b = torch.cat([m.bias.detach() for m in mods]) if mods[0].bias is not None else None
         return w, b
 
     sizes = [a.q_proj.weight.shape[0], a.k_proj.weight.shape[0], a.v_proj.weight.shape[0]]
     w_qkv, b_qkv = fuse([a.q_proj, a.k_proj, a.v_proj])
     w_gu, b_gu = fuse([mlp.gate_proj, mlp.up_proj])
+    a.q_proj = a.k_proj = a.v_proj = None
+    mlp.gate_proj = mlp.up_proj = None
     return w_qkv, b_qkv, sizes, w_gu, b_gu
 
 
