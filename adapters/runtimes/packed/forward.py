@@ -11,7 +11,7 @@ as if alone), and attention is causal *within* each prompt only:
   hence exact.
 
 Only the last position of each prompt goes through the last layer's MLP, the final norm and the
-two LM-head rows ("no", "yes"). q/k/v and gate/up projections run as one GEMM each. The layer weights are transformers' own Qwen3 modules (the
+two LM-head rows ("no", "yes"). The layer weights are transformers' own Qwen3 modules (the
 checkpoint loads with its real code); this file only replaces the sequence plumbing around
 them, so it serves any Qwen3ForCausalLM checkpoint, GQA included.
 
@@ -20,7 +20,6 @@ Imported only through ``adapters.registry`` (pulls in torch and transformers).
 
 from __future__ import annotations
 
-import array
 import copy
 import inspect
 from collections.abc import Callable, Sequence
@@ -104,27 +103,6 @@ def pick_attention(choice: str, device: torch.device) -> tuple[str, Attention]:
     return found
 
 
-def _fuse_projections(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None, list[int], torch.Tensor, torch.Tensor | None]:
-    """One GEMM for q, k, v and one for gate, up (wider matmuls run closer to peak, as in vLLM).
-
-    The separate projection modules are dropped afterwards: nothing else reads them, and
-    parameters that alias the fused tensors make torch.compile's input-aliasing analysis crawl.
-    """
-    a, mlp = layer.self_attn, layer.mlp
-
-    def fuse(mods: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        w = torch.cat([m.weight.detach() for m in mods]).contiguous()
-        b = torch.cat([m.bias.detach() for m in mods]) if mods[0].bias is not None else None
-        return w, b
-
-    sizes = [a.q_proj.weight.shape[0], a.k_proj.weight.shape[0], a.v_proj.weight.shape[0]]
-    w_qkv, b_qkv = fuse([a.q_proj, a.k_proj, a.v_proj])
-    w_gu, b_gu = fuse([mlp.gate_proj, mlp.up_proj])
-    a.q_proj = a.k_proj = a.v_proj = None
-    mlp.gate_proj = mlp.up_proj = None
-    return w_qkv, b_qkv, sizes, w_gu, b_gu
-
-
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -137,7 +115,6 @@ class PackedQwen3Replica:
         self.device = device
         self.backbone = backbone.to(device)
         self.head = head.to(device)
-        self._fused = [_fuse_projections(layer) for layer in self.backbone.layers]
         self.attention_name, self._attend = pick_attention(attention, device)
         self._per_prompt = self._attend is _sdpa_per_prompt
         self.compiled = compile
@@ -186,14 +163,12 @@ class PackedQwen3Replica:
             # dynamic=True still specializes a size of 1: a 1-token second prompt keeps one graph.
             prompts = [prompts[0], prompts[0][-1:]]
         lens = [len(p) for p in prompts]
-        flat = array.array("q")  # C-level copies: ~2x faster than a list comprehension + torch.tensor
-        for p in prompts:
-            flat.extend(p)
+        flat = [t for p in prompts for t in p]
         lens_t = torch.tensor(lens, dtype=torch.int32)
         cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
         torch.cumsum(lens_t, 0, out=cu[1:])
         positions = torch.arange(len(flat), dtype=torch.long) - torch.repeat_interleave(cu[:-1].long(), lens_t.long())
-        host = torch.stack((torch.frombuffer(flat, dtype=torch.long), positions))
+        host = torch.stack((torch.tensor(flat, dtype=torch.long), positions))
         dev = self.device
         if dev.type != "cuda":
             return self._run(host[0], host[1], cu, max(lens), lens if self._per_prompt else None), n
@@ -217,20 +192,16 @@ class PackedQwen3Replica:
         n_layers = len(bb.layers)
         for i, layer in enumerate(bb.layers):
             a = layer.self_attn
-            w_qkv, b_qkv, qkv_sizes, w_gu, b_gu = self._fused[i]
             x = layer.input_layernorm(h)
-            q, k, v = F.linear(x, w_qkv, b_qkv).split(qkv_sizes, dim=-1)
-            q = a.q_norm(q.reshape(n_tokens, -1, a.head_dim))
-            k = a.k_norm(k.reshape(n_tokens, -1, a.head_dim))
-            v = v.reshape(n_tokens, -1, a.head_dim)
+            q = a.q_norm(a.q_proj(x).view(n_tokens, -1, a.head_dim))
+            k = a.k_norm(a.k_proj(x).view(n_tokens, -1, a.head_dim))
+            v = a.v_proj(x).view(n_tokens, -1, a.head_dim)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             o = self._attend(q, k, v, cu, max_len, lens)
             h = h + a.o_proj(o.reshape(n_tokens, -1))
             if i == n_layers - 1:
                 h = h[last]  # nothing after this attention mixes positions: keep the scored ones
-            mlp = layer.mlp
-            gate, up = F.linear(layer.post_attention_layernorm(h), w_gu, b_gu).chunk(2, dim=-1)
-            h = h + mlp.down_proj(mlp.act_fn(gate) * up)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = bb.norm(h).float() @ self.head.T  # (prompts, 2): [no, yes]
         return torch.softmax(logits, dim=-1)[:, 1]
