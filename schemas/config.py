@@ -28,6 +28,7 @@ __all__ = (
     "LocalModelConfig",
     "LoggingConfig",
     "ModelConfig",
+    "PackedEngineConfig",
     "PoolEngineConfig",
     "Qwen3LocalConfig",
     "ServerConfig",
@@ -147,7 +148,8 @@ FamilyName = Literal["auto", "qwen3", "cross-encoder", "bi-encoder", "jina-v3"]
 # Which runtimes (the `engine` tag) can run which family. "auto" is checked once the family is
 # detected from the checkpoint (at start, and by `rerank-gateway check-config`).
 FAMILY_RUNTIMES: dict[str, frozenset[str]] = {
-    "qwen3": frozenset({"transformers", "vllm-score", "vllm-generate"}),
+    # "packed": the Qwen3-only runtime that packs prompts without padding (adapters/runtimes/packed).
+    "qwen3": frozenset({"transformers", "vllm-score", "vllm-generate", "packed"}),
     # Sequence-classification heads: vLLM serves BERT/XLM-R classifiers on its pooling runner.
     "cross-encoder": frozenset({"transformers", "vllm-score"}),
     # Embeddings + cosine: no prompt, nothing to generate.
@@ -216,8 +218,26 @@ class TransformersEngineConfig(LocalModelConfig, tag="transformers"):
     max_parallel_batches: Positive = 1
 
 
+class PackedEngineConfig(LocalModelConfig, tag="packed"):
+    """Qwen3-Reranker packed without padding into varlen steps filled from every waiting request."""
+
+    # One model replica per device, all fed from one queue: ["cuda:0", "cuda:1"]; "auto": cuda:0, else cpu.
+    devices: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)] = ("auto",)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # Prompt tokens per step (one forward pass) on a device; a longer prompt gets a step alone.
+    batch_tokens: Positive = 16_384
+    max_items_per_step: Positive = 1024
+    # Which waiting request fills a step first: arrival order, or fewest tokens left.
+    policy: Literal["fifo", "shortest-first"] = "fifo"
+    # torch.compile(dynamic=True) of the forward; "auto": on CUDA only.
+    compile: Literal["auto", "on", "off"] = "auto"
+    # "auto": varlen flash attention on CUDA, exact per-prompt SDPA on CPU.
+    attention: Literal["auto", "varlen", "sdpa"] = "auto"
+
+
 class VllmEngineConfig(LocalModelConfig):
     """A local model on vLLM's async engine; ``max_length`` is also vLLM's ``max_model_len``."""
+
 
     # "auto": float32 on CPU, bfloat16 on CUDA.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -324,6 +344,7 @@ class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
 
 EngineConfig = (
     TransformersEngineConfig
+    | PackedEngineConfig
     | VllmScoreEngineConfig
     | VllmGenerateEngineConfig
     | StaticEngineConfig

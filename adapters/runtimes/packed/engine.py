@@ -1,0 +1,128 @@
+"""The ``packed`` engine: Qwen3-Reranker packed without padding, continuous batching, one or more devices.
+
+Same prompts as every other Qwen3 engine (``adapters.families.qwen3``), same scores (tests
+check it against the independent reference); what differs is how the work is run:
+``forward.PackedQwen3Replica`` (varlen, last positions only) on each device of ``devices``,
+fed by ``scheduler.PackedScheduler`` (steps filled from all waiting requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anyio.to_thread
+import torch
+
+from adapters.base import EngineError, EngineUnavailableError, ScoreJob, ScoreResult
+from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
+from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
+from adapters.runtimes.packed.scheduler import PackedScheduler
+from schemas.config import PackedEngineConfig
+
+__all__ = ("PackedQwen3Engine", "resolve_devices")
+
+
+def resolve_devices(names: tuple[str, ...]) -> list[torch.device]:
+    out = []
+    for name in names:
+        if name == "auto":
+            name = "cuda:0" if torch.cuda.is_available() else "cpu"
+        dev = torch.device(name)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", 0)
+        out.append(dev)
+    if len({str(d) for d in out if d.type == "cuda"}) != sum(d.type == "cuda" for d in out):
+        raise ValueError(f"devices {list(names)}: a GPU is listed twice")
+    return out
+
+
+class PackedQwen3Engine:
+    """:class:`adapters.base.RerankEngine` with one model replica per configured device."""
+
+    def __init__(self, config: PackedEngineConfig) -> None:
+        self._config = config
+        self._prompt: Qwen3PromptTokenizer | None = None
+        self._scheduler: PackedScheduler | None = None
+        self._replicas: list[PackedQwen3Replica] = []
+
+    @property
+    def tokenizer(self) -> Qwen3PromptTokenizer | None:
+        return self._prompt
+
+    async def start(self) -> None:
+        await anyio.to_thread.run_sync(self._load)
+
+    async def stop(self) -> None:
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            await anyio.to_thread.run_sync(scheduler.stop)
+        self._replicas = []
+        self._prompt = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    async def check_health(self) -> None:
+        if self._scheduler is None:
+            raise EngineUnavailableError("model is not loaded")
+
+    def stats(self) -> dict[str, Any]:
+        """Shown by ``/ready`` per model: each device, steps, requests per step, queue and step times."""
+        base: dict[str, Any] = {
+            "devices": [{"device": str(r.device)} for r in self._replicas],
+            "attention": self._replicas[0].attention_name if self._replicas else None,
+            "compiled": bool(self._replicas and self._replicas[0].compiled),
+        }
+        errors = [r.compile_error for r in self._replicas if r.compile_error]
+        if errors:
+            base["compile_error"] = errors[0]
+        if self._scheduler is not None:
+            base.update(self._scheduler.stats())
+        return base
+
+    async def score(self, job: ScoreJob) -> ScoreResult:
+        prompt, scheduler = self._prompt, self._scheduler
+        if prompt is None or scheduler is None:
+            raise EngineUnavailableError("model is not loaded")
+        req = scheduler.submit(job.shared_ids, job.item_ids, prompt.suffix_ids)
+        try:
+            scores = await req.future
+        except asyncio.CancelledError:
+            # Timeout or client gone: the items no step has taken are dropped.
+            scheduler.cancel(req)
+            raise
+        tokens = sum(req.prompt_len(i) for i in range(len(job.item_ids)))
+        return ScoreResult(scores=scores, input_tokens=tokens)
+
+    # -- worker-thread code ----------------------------------------------------------------
+    def _load(self) -> None:
+        cfg = self._config
+        devices = resolve_devices(cfg.devices)
+        on_gpu = devices[0].type == "cuda"
+        if cfg.dtype != "auto":
+            dtype = getattr(torch, cfg.dtype)
+        elif on_gpu:
+            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        else:
+            dtype = torch.float32
+        prompt = Qwen3PromptTokenizer(load_hf_tokenizer(cfg.path, cfg.revision), max_length=cfg.max_length,
+                                      max_query_tokens=cfg.max_query_tokens)
+        backbone, head = load_backbone(cfg.path, cfg.revision, dtype, (prompt.no_id, prompt.yes_id))
+        # Compiling fuses the elementwise work between matmuls (~2x on an H200); on CPU it only
+        # costs start time (the CPU benchmark, docs/benchmarks.md), so "auto" compiles on CUDA only.
+        compile_ = cfg.compile == "on" or (cfg.compile == "auto" and on_gpu)
+        replicas = PackedQwen3Replica.replicas(backbone, head, devices, attention=cfg.attention, compile=compile_)
+        for r in replicas:  # compile and warm every replica before traffic (one at a time)
+            _warm_up(r, prompt)
+        self._replicas = replicas
+        self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
+                                          policy=cfg.policy, error_type=EngineError)
+        self._prompt = prompt
+
+
+def _warm_up(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer) -> None:
+    """One prompt and several: both shape specializations get compiled now, not on a request."""
+    shared = prompt.encode_shared("warm-up query", "warm-up")
+    docs = prompt.encode_documents(["a short document", "a somewhat longer document " * 4, "x"])
+    prompts = [prompt.assemble(shared, d) for d in docs]
+    replica.warm_up([prompts[:1], prompts, prompts[1:], prompts[:1]])

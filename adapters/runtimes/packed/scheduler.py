@@ -1,0 +1,251 @@
+"""Continuous batching across HTTP requests: one shared queue, one worker thread per device.
+
+Each worker, when its device is free, fills its next step from the items of *every* waiting
+request, up to a token budget, runs it, and hands each finished request its scores on the
+event loop's thread. Consequences:
+
+- concurrent requests share steps (the stats count requests per step to show it);
+- a request that arrives alone starts at once: a worker blocks on a condition variable and wakes
+  when an item is queued -- there is no batching window;
+- several devices balance themselves: an idle worker takes the next items, so one large
+  request is split across devices and many requests spread over them;
+- cancelling a request removes its items that no step has taken yet.
+
+``policy`` picks which request fills a step first: ``fifo`` (arrival order) or
+``shortest-first`` (fewest tokens left first, so small requests overtake large ones).
+
+Pure Python (threads, no torch): a runner is anything with ``device`` and
+``score(prompts) -> list[float]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+__all__ = ("PackedScheduler", "PendingRequest", "Runner")
+
+
+class Runner(Protocol):
+    device: Any
+
+    def score(self, prompts: Sequence[Sequence[int]]) -> list[float]: ...
+
+
+class PendingRequest:
+    """One ``score`` call: its prompts are ``shared + item + suffix`` (assembled by the worker)."""
+
+    __slots__ = ("_loop", "cancelled", "done", "future", "items", "next", "queued_at", "scores", "shared",
+                 "started_at", "suffix", "tokens_left")
+
+    def __init__(self, shared: Sequence[int], items: Sequence[Sequence[int]], suffix: Sequence[int],
+                 loop: asyncio.AbstractEventLoop, future: asyncio.Future[list[float]]) -> None:
+        self.shared, self.items, self.suffix = shared, items, suffix
+        self.scores: list[float] = [0.0] * len(items)
+        self.next = 0  # first item no step has taken yet
+        self.done = 0  # items scored
+        self.tokens_left = sum(len(i) for i in items) + (len(shared) + len(suffix)) * len(items)
+        self.cancelled = False
+        self.queued_at = time.perf_counter()
+        self.started_at: float | None = None
+        self._loop, self.future = loop, future
+
+    def prompt_len(self, i: int) -> int:
+        return len(self.shared) + len(self.items[i]) + len(self.suffix)
+
+    def resolve(self, result: list[float] | BaseException) -> None:
+        """Complete the future from a worker thread (the loop may be gone at shutdown)."""
+        try:
+            self._loop.call_soon_threadsafe(_complete, self.future, result)
+        except RuntimeError:
+            pass
+
+
+def _complete(future: asyncio.Future[list[float]], result: list[float] | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
+class PackedScheduler:
+    def __init__(self, runners: Sequence[Runner], *, batch_tokens: int, max_items: int, policy: str = "fifo",
+                 error_type: type[Exception] = RuntimeError) -> None:
+        self._runners = list(runners)
+        self._budget, self._max_items, self._policy = batch_tokens, max_items, policy
+        self._error_type = error_type
+        self._queue: list[PendingRequest] = []  # requests with items not yet taken, arrival order
+        self._cond = threading.Condition()
+        self._stopping = False
+        # Counters (read by ``stats``; written under the lock).
+        self.steps_by_requests: collections.Counter[int] = collections.Counter()
+        self._dev = [{"device": str(r.device), "steps": 0, "items": 0, "tokens": 0, "busy_s": 0.0} for r in runners]
+        self._requests = 0
+        self._queue_s = 0.0
+        self._engine_s = 0.0  # submit -> last score, summed over finished requests
+        self._finished = 0
+        self._dropped = 0
+        self._threads = [threading.Thread(target=self._work, args=(i,), name=f"packed-{r.device}", daemon=True)
+                         for i, r in enumerate(self._runners)]
+        for t in self._threads:
+            t.start()
+
+    # -- event-loop side --------------------------------------------------------------------
+    def submit(self, shared: Sequence[int], items: Sequence[Sequence[int]], suffix: Sequence[int]) -> PendingRequest:
+        loop = asyncio.get_running_loop()
+        req = PendingRequest(shared, items, suffix, loop, loop.create_future())
+        if not items:
+            req.future.set_result([])
+            return req
+        with self._cond:
+            if self._stopping:
+                raise self._error_type("engine is stopping")
+            self._queue.append(req)
+            self._cond.notify()
+        return req
+
+    def cancel(self, req: PendingRequest) -> None:
+        """Drop the request's items no step has taken; steps already running finish and are ignored."""
+        with self._cond:
+            if req.cancelled:
+                return
+            req.cancelled = True
+            if req in self._queue:
+                self._queue.remove(req)
+                self._dropped += len(req.items) - req.next
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._cond:
+            self._stopping = True
+            pending, self._queue = self._queue, []
+            self._cond.notify_all()
+        for req in pending:
+            req.resolve(self._error_type("engine stopped"))
+        for t in self._threads:
+            t.join(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            steps = sum(d["steps"] for d in self._dev)
+            busy = sum(d["busy_s"] for d in self._dev)
+            return {
+                "policy": self._policy,
+                "batch_tokens": self._budget,
+                "requests": self._requests,
+                "steps": steps,
+                "waiting_requests": len(self._queue),
+                "dropped_items": self._dropped,
+                # Queue: submit -> first step holding one of its items; step: one forward pass.
+                "queue_s_total": self._queue_s,
+                "finished": self._finished,
+                "engine_s_total": self._engine_s,
+                "queue_ms_mean": 1e3 * self._queue_s / self._requests if self._requests else 0.0,
+                "step_ms_mean": 1e3 * busy / steps if steps else 0.0,
+                # {requests with items in one step: number of such steps}
+                "steps_by_requests": {str(k): v for k, v in sorted(self.steps_by_requests.items())},
+                "devices": [dict(d) for d in self._dev],
+            }
+
+    # -- worker threads ---------------------------------------------------------------------
+    def _take(self) -> list[tuple[PendingRequest, int]]:
+        """Fill one step (called under the lock, queue not empty)."""
+        order = self._queue if self._policy == "fifo" else sorted(self._queue, key=lambda r: r.tokens_left)
+        taken: list[tuple[PendingRequest, int]] = []
+        tokens = 0
+        now = time.perf_counter()
+        for req in order:
+            while req.next < len(req.items) and len(taken) < self._max_items:
+                n = req.prompt_len(req.next)
+                if taken and tokens + n > self._budget:
+                    break  # a prompt longer than the budget still gets a step of its own
+                taken.append((req, req.next))
+                tokens += n
+                req.next += 1
+                req.tokens_left -= n
+                if req.started_at is None:
+                    req.started_at = now
+                    self._requests += 1
+                    self._queue_s += now - req.queued_at
+            if req.next < len(req.items):
+                break  # budget full: later requests wait, so FIFO stays FIFO
+        self._queue = [r for r in self._queue if r.next < len(r.items)]
+        return taken
+
+    def _work(self, index: int) -> None:
+        runner, counters = self._runners[index], self._dev[index]
+        # A pipelined runner (CUDA) splits a step into launch (host prep + queued kernels) and
+        # collect (wait for the scores): step k+1 is launched before step k is collected, so the
+        # host prepares the next step while the device computes. Elsewhere steps run whole.
+        pipelined = bool(getattr(runner, "pipelined", False))
+        inflight: tuple[list[tuple[PendingRequest, int]], list[list[int]], Any, BaseException | None, float] | None = None
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping and inflight is None:
+                    self._cond.wait()
+                taken = self._take() if self._queue and not self._stopping else []
+                if self._queue:
+                    self._cond.notify()  # more work: wake another idle device
+            launched = None
+            if taken:
+                prompts = [[*r.shared, *r.items[i], *r.suffix] for r, i in taken]
+                t0 = time.perf_counter()
+                if pipelined:
+                    try:
+                        launched = (taken, prompts, runner.launch(prompts), None, t0)  # type: ignore[attr-defined]
+                    except Exception as exc:  # noqa: BLE001  # fail this step's requests, keep serving
+                        launched = (taken, prompts, None, exc, t0)
+                else:
+                    try:
+                        self._finish(counters, runner, taken, prompts, runner.score(prompts), None, t0)
+                    except Exception as exc:  # noqa: BLE001
+                        self._finish(counters, runner, taken, prompts, None, exc, t0)
+            if inflight is not None:
+                taken_, prompts_, handle, error, t0_ = inflight
+                scores = None
+                if error is None:
+                    try:
+                        scores = runner.collect(handle)  # type: ignore[attr-defined]
+                    except Exception as exc:  # noqa: BLE001
+                        error = exc
+                self._finish(counters, runner, taken_, prompts_, scores, error, t0_)
+            inflight = launched
+            if inflight is None and self._stopping:
+                return
+
+    def _finish(self, counters: dict[str, Any], runner: Runner, taken: list[tuple[PendingRequest, int]],
+                prompts: list[list[int]], scores: list[float] | None, error: BaseException | None, t0: float) -> None:
+        """Count one step and hand its scores (or its error) to the requests it served."""
+        dt = time.perf_counter() - t0
+        finished: list[PendingRequest] = []
+        failed: list[PendingRequest] = []
+        with self._cond:
+            counters["steps"] += 1
+            counters["items"] += len(taken)
+            counters["tokens"] += sum(len(p) for p in prompts)
+            counters["busy_s"] += dt
+            self.steps_by_requests[len({id(r) for r, _ in taken})] += 1
+            for k, (req, i) in enumerate(taken):
+                if req.cancelled or req.future.done():
+                    continue
+                if scores is None:
+                    req.cancelled = True  # its remaining items are not worth computing
+                    if req in self._queue:
+                        self._queue.remove(req)
+                    failed.append(req)
+                    continue
+                req.scores[i] = scores[k]
+                req.done += 1
+                if req.done == len(req.items):
+                    finished.append(req)
+                    self._finished += 1
+                    self._engine_s += time.perf_counter() - req.queued_at
+        for req in finished:
+            req.resolve(req.scores)
+        for req in failed:
+            req.resolve(self._error_type(f"forward pass failed on {runner.device}: {type(error).__name__}: {error}"))
