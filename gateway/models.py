@@ -77,6 +77,7 @@ class ModelRuntime:
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "engine": self.kind, "state": self.state.value}
+        out.update(self.describe())
         if self.error:
             out["error"] = self.error
         if self.config.aliases:
@@ -89,6 +90,19 @@ class ModelRuntime:
         if callable(stats):
             out["engine_stats"] = stats()
         return out
+
+    def describe(self) -> dict[str, str]:
+        """Family, runtime, device and dtype: the engine's once loaded, else the configured family."""
+        describe = getattr(self.engine, "describe", None)
+        if callable(describe):
+            return dict(describe())
+        family = getattr(self.config, "family", None)
+        return {"family": family} if family is not None else {}
+
+    @property
+    def family(self) -> str | None:
+        """The family serving this model (the configured one, "auto" until the engine resolved it)."""
+        return self.describe().get("family")
 
     def engine_died(self, engine: RerankEngine, exc: BaseException) -> None:
         """``engine`` reported itself dead: answer 503 and restart it in the background.
@@ -148,6 +162,10 @@ class ModelRuntime:
         log.info("model_ready", model=self.name, engine=self.kind, load_s=round(time.perf_counter() - started, 2))
 
     def _load_hint(self, exc: Exception) -> str:
+        from adapters.families.detect import FamilyNotDetectedError
+
+        if isinstance(exc, FamilyNotDetectedError):  # one line naming the field to set
+            return exc.for_field(f"models[{self.index}].family")
         text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
         path = getattr(self.config, "path", None)
         # Only a failure to find or fetch the checkpoint gets the local-directory hint; a config

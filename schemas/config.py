@@ -20,7 +20,10 @@ __all__ = (
     "DEFAULT_MODEL_PATH",
     "DashScopeEngineConfig",
     "EngineConfig",
+    "FAMILY_RUNTIMES",
+    "FamilyName",
     "LimitsConfig",
+    "LocalModelConfig",
     "LoggingConfig",
     "ModelConfig",
     "PoolEngineConfig",
@@ -105,21 +108,71 @@ class ModelConfig(_Strict, tag_field="engine"):
     max_concurrent_requests: Positive = 256
 
 
-class Qwen3LocalConfig(ModelConfig):
-    """A Qwen3-Reranker checkpoint scored in-process: the gateway tokenizes and templates."""
+FamilyName = Literal["auto", "qwen3", "cross-encoder", "bi-encoder", "jina-v3"]
+
+# Which runtimes (the `engine` tag) can run which family. "auto" is checked once the family is
+# detected from the checkpoint (at start, and by `rerank-gateway check-config`).
+FAMILY_RUNTIMES: dict[str, frozenset[str]] = {
+    "qwen3": frozenset({"transformers", "vllm-score", "vllm-generate"}),
+    # Sequence-classification heads: vLLM serves BERT/XLM-R classifiers on its pooling runner.
+    "cross-encoder": frozenset({"transformers", "vllm-score"}),
+    # Embeddings + cosine: no prompt, nothing to generate.
+    "bi-encoder": frozenset({"transformers"}),
+    # Listwise remote code (model.rerank); provided by the jina-v3 family.
+    "jina-v3": frozenset({"transformers"}),
+}
+
+
+class LocalModelConfig(ModelConfig):
+    """A checkpoint scored in-process: the gateway tokenizes (and templates) itself.
+
+    ``engine`` names the runtime, ``family`` how a (query, document) pair becomes tokens and
+    the model's output a score.
+    """
 
     path: str = DEFAULT_MODEL_PATH
     revision: str | None = None
+    # "auto": read the checkpoint's config.json (architectures, id2label) and
+    # sentence-transformers files (modules.json, 1_Pooling/) and log the choice.
+    family: FamilyName = "auto"
+    # Qwen3 only: the default instruction (other families have no instruction slot).
     instruction: str = DEFAULT_INSTRUCTION
     # Tokens per prompt (template + query + one document chunk); longer documents are chunked.
+    # Capped at the checkpoint's own window (e.g. 512 for BERT / XLM-R cross-encoders).
     max_length: Positive = 8192
-    # Longer queries are truncated (Cohere truncates queries too).
+    # Longer queries are truncated (Cohere truncates queries too). Cross-encoders cap it at half
+    # the window so a long query cannot crowd out the document.
     max_query_tokens: Positive = 2048
     # Default chunk cap when the request names none (Cohere's OpenAPI default).
     max_chunks_per_doc: Positive = 10
+    # Return the model's raw output instead of a score in [0, 1]: a cross-encoder's logit, a
+    # bi-encoder's cosine in [-1, 1] (default: sigmoid/softmax, and (1 + cos) / 2).
+    raw_scores: bool = False
+    # Cross-encoders: the head's activation. "auto": the checkpoint's declared one
+    # (sentence-transformers' activation_fn), else sigmoid for one label, softmax for several.
+    activation: Literal["auto", "sigmoid", "softmax"] = "auto"
+    # Cross-encoders with several labels: the index of the "relevant" label (None: read from
+    # id2label, else the last label).
+    positive_label: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # Bi-encoders: pooling of token embeddings ("auto": from 1_Pooling/config.json, else mean).
+    pooling: Literal["auto", "mean", "cls", "lasttoken"] = "auto"
+    # Families shipped as remote code (jina-v3) need it; never on by default.
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        engine = str(type(self).__struct_config__.tag)
+        if self.family != "auto" and engine not in FAMILY_RUNTIMES.get(self.family, frozenset()):
+            runtimes = ", ".join(sorted(FAMILY_RUNTIMES.get(self.family, ())))
+            raise ValueError(
+                f"family {self.family!r} cannot run on engine {engine!r} (it runs on: {runtimes or 'none'})"
+            )
 
 
-class TransformersEngineConfig(Qwen3LocalConfig, tag="transformers"):
+# Kept for code written before families existed.
+Qwen3LocalConfig = LocalModelConfig
+
+
+class TransformersEngineConfig(LocalModelConfig, tag="transformers"):
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # Padded tokens (longest prompt x rows) per forward pass, and rows per pass.
@@ -129,8 +182,8 @@ class TransformersEngineConfig(Qwen3LocalConfig, tag="transformers"):
     max_parallel_batches: Positive = 1
 
 
-class VllmEngineConfig(Qwen3LocalConfig):
-    """Qwen3-Reranker on vLLM's async engine; ``max_length`` is also vLLM's ``max_model_len``."""
+class VllmEngineConfig(LocalModelConfig):
+    """A local model on vLLM's async engine; ``max_length`` is also vLLM's ``max_model_len``."""
 
     # "auto": float32 on CPU, bfloat16 on CUDA.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -146,13 +199,14 @@ class VllmEngineConfig(Qwen3LocalConfig):
     # vLLM attention backend name (e.g. "TRITON_ATTN" or "FLEX_ATTENTION" on pre-Ampere GPUs); None: vLLM picks.
     attention_backend: str | None = None
     # Reuse the KV of the shared prompt part (system + instruction + query) across documents.
+    # Causal families only: a cross-encoder's attention is bidirectional, so it is always off there.
     enable_prefix_caching: bool = True
     # Any other AsyncEngineArgs field, passed through as is (wins over the keys above).
     engine_args: dict[str, Any] = {}
 
 
 class VllmScoreEngineConfig(VllmEngineConfig, tag="vllm-score"):
-    """Pooling runner: the checkpoint converted online to a yes-minus-no classifier."""
+    """Pooling runner: Qwen3 converted online to a yes-minus-no classifier, or a cross-encoder's own head."""
 
 
 class VllmGenerateEngineConfig(VllmEngineConfig, tag="vllm-generate"):

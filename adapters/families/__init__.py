@@ -3,5 +3,62 @@
 A family knows its prompt or input layout and its score rule (Qwen3's yes/no prompt; a
 cross-encoder's pair with one logit and an activation; a bi-encoder's two embeddings and a
 cosine; Jina v3's listwise call). It knows nothing about where the model runs: that is a
-runtime's job (``adapters.runtimes``). A new model kind goes here.
+runtime's job (``adapters.runtimes``). A new model kind goes here: a module with one
+:class:`adapters.families.base.Family` subclass, a line in ``FAMILIES`` below, a detection rule
+in ``detect.py`` and its runtimes in ``schemas.config.FAMILY_RUNTIMES``.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Final
+
+import structlog
+
+from adapters.families.detect import resolve_family
+
+if TYPE_CHECKING:
+    from adapters.families.base import Family
+    from schemas.config import LocalModelConfig
+
+__all__ = ("FAMILIES", "create_family", "load_family_class")
+
+log = structlog.get_logger("adapters.families")
+
+# family name -> "module:Class"; imported only when a model of that family starts (torch).
+FAMILIES: Final[dict[str, str]] = {
+    "qwen3": "adapters.families.qwen3:Qwen3Family",
+    "cross-encoder": "adapters.families.cross_encoder:CrossEncoderFamily",
+    "bi-encoder": "adapters.families.bi_encoder:BiEncoderFamily",
+    "jina-v3": "adapters.families.jina_v3:JinaV3Family",
+}
+
+
+def load_family_class(name: str) -> type[Family]:
+    module_name, _, class_name = FAMILIES[name].partition(":")
+    cls: type[Family] = getattr(importlib.import_module(module_name), class_name)
+    return cls
+
+
+def create_family(config: LocalModelConfig, runtime: str) -> Family:
+    """Resolve (``auto``: detect) the configured model's family, check ``runtime`` runs it, build it.
+
+    Blocking (reads the checkpoint's JSON files): call from a worker thread.
+    """
+    from schemas.config import FAMILY_RUNTIMES
+
+    detection, files = resolve_family(config.family, config.path, config.revision)
+    runtimes = FAMILY_RUNTIMES.get(detection.family, frozenset())
+    if runtime not in runtimes:
+        raise ValueError(
+            f"'{config.path}' is a {detection.family} model ({detection.reason}), which engine "
+            f"{runtime!r} cannot run; use engine = one of {', '.join(sorted(runtimes))}"
+        )
+    log.info(
+        "model_family",
+        model=config.name,
+        family=detection.family,
+        reason=detection.reason,
+        runtime=runtime,
+    )
+    return load_family_class(detection.family)(config, files, detection)

@@ -26,9 +26,15 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ("PREFIX", "SUFFIX", "Qwen3PromptTokenizer", "render_prompt")
+from adapters.base import ScoreJob
+from adapters.families.base import Family, Row
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ("PREFIX", "SUFFIX", "Qwen3Family", "Qwen3PromptTokenizer", "load_hf_tokenizer", "render_prompt")
 
 PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
@@ -134,3 +140,98 @@ def load_hf_tokenizer(path: str, revision: str | None = None) -> Any:
     if not getattr(tok, "is_fast", False):
         raise ValueError(f"{path}: no fast tokenizer (tokenizer.json) found")
     return tok
+
+
+class Qwen3Family(Family):
+    """Qwen3-Reranker: the yes/no prompt; score = softmax([no, yes])[1] at the last position.
+
+    On transformers only what the score needs is computed: the backbone's hidden state at the
+    last position and the two LM-head rows for "no" and "yes" (never 151,669-way logits at every
+    position, which is what makes naive deployments run out of memory), on left-padded rows.
+    """
+
+    name = "qwen3"
+
+    _prompt: Qwen3PromptTokenizer | None = None
+    _backbone: Any = None
+    _head: Any = None  # (2, hidden) fp32 rows: [no, yes]
+    _device: Any = None
+
+    @property
+    def tokenizer(self) -> Qwen3PromptTokenizer:
+        assert self._prompt is not None, "load_tokenizer first"
+        return self._prompt
+
+    def load_tokenizer(self) -> Qwen3PromptTokenizer:
+        cfg = self.config
+        tokenizer = load_hf_tokenizer(cfg.path, cfg.revision)
+        self._prompt = Qwen3PromptTokenizer(tokenizer, max_length=cfg.max_length, max_query_tokens=cfg.max_query_tokens)
+        return self._prompt
+
+    def rows(self, job: ScoreJob) -> list[Row]:
+        prompt = self.tokenizer
+        return [Row(prompt.assemble(job.shared_ids, item)) for item in job.item_ids]
+
+    def scores(self, job: ScoreJob, outputs: Any) -> list[float]:
+        import torch
+
+        logits = torch.as_tensor(outputs, dtype=torch.float32)  # (rows, 2): [no, yes]
+        return torch.softmax(logits, dim=-1)[:, 1].tolist()
+
+    # -- transformers --------------------------------------------------------------------------
+    def load_torch(self, device: torch.device, dtype: torch.dtype) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        cfg, prompt = self.config, self.tokenizer
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, revision=cfg.revision, dtype=dtype)
+        model.eval()
+        lm_head = model.get_output_embeddings().weight
+        # Keep the two rows the score needs, in fp32 (the head is tiny; fp32 keeps scores stable).
+        self._head = lm_head[[prompt.no_id, prompt.yes_id]].detach().to(device=device, dtype=torch.float32)
+        backbone = getattr(model, model.base_model_prefix)
+        backbone.to(device)
+        del model  # drops the full-vocabulary LM head unless tied to the embeddings
+        self._device, self._backbone = device, backbone
+
+    def forward(self, rows: list[Row]) -> torch.Tensor:
+        import torch
+
+        width = max(len(r.ids) for r in rows)
+        pad = 0
+        # Left padding puts every row's last token at position -1.
+        input_ids = torch.tensor([[pad] * (width - len(r.ids)) + r.ids for r in rows], dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(r.ids)) + [1] * len(r.ids) for r in rows], dtype=torch.long)
+        # Positions count real tokens only, so a padded row computes exactly what it would alone.
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = self._backbone(
+            input_ids=input_ids.to(self._device),
+            attention_mask=mask.to(self._device),
+            position_ids=positions.to(self._device),
+            use_cache=False,
+        ).last_hidden_state[:, -1, :]
+        return hidden.float() @ self._head.T  # (rows, 2): [no, yes]
+
+    def unload(self) -> None:
+        self._backbone = self._head = None
+
+    # -- vLLM ----------------------------------------------------------------------------------
+    def vllm_runner_args(self) -> dict[str, Any]:
+        # vLLM's documented online conversion of the original checkpoint into a classifier whose
+        # one output is the yes-minus-no logit (sigmoid of it = softmax([no, yes])[1]).
+        return {
+            "runner": "pooling",
+            "hf_overrides": {
+                "architectures": ["Qwen3ForSequenceClassification"],
+                "classifier_from_token": ["no", "yes"],
+                "is_original_qwen3_reranker": True,
+            },
+        }
+
+    def vllm_scores(self, job: ScoreJob, outputs: Any) -> list[float]:
+        import torch
+
+        logits = torch.as_tensor(outputs, dtype=torch.float32).reshape(len(outputs), -1)
+        if logits.shape[1] != 1:
+            raise ValueError(f"vLLM classifier returned {logits.shape[1]} values, expected 1 (yes - no)")
+        return torch.sigmoid(logits[:, 0]).tolist()

@@ -1,17 +1,15 @@
-"""Qwen3-Reranker on Hugging Face transformers (CPU or CUDA), in-process.
+"""Any family's model on Hugging Face transformers (CPU fp32 or CUDA bf16), in-process.
 
-Only what the score needs is computed: the backbone's hidden state at the last position and
-the two LM-head rows for "no" and "yes" (never 151,669-way logits at every position, which is
-what makes naive deployments run out of memory). Items are sorted by length and packed into
-left-padded batches bounded by a padded-token budget; each forward pass runs in a worker thread
-behind a capacity limiter so the event loop keeps serving.
+Rows (the family's prompts or sequences) are sorted by length and packed into batches bounded
+by a padded-token budget; each forward pass runs in a worker thread behind a capacity limiter
+so the event loop keeps serving. What a row is and how its output becomes a score is the
+family's business (``adapters.families``).
 
 Imported only through ``adapters.registry``: importing it pulls in torch and transformers.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,11 +17,12 @@ import anyio
 import anyio.to_thread
 import torch
 
-from adapters.base import EngineUnavailableError, ScoreJob, ScoreResult
-from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
+from adapters.base import EngineUnavailableError, PromptTokenizer, ScoreJob, ScoreResult
+from adapters.families import create_family
+from adapters.families.base import Family, Row
 from schemas.config import TransformersEngineConfig
 
-__all__ = ("TransformersQwen3Engine", "plan_batches")
+__all__ = ("TransformersEngine", "TransformersQwen3Engine", "plan_batches")
 
 
 def plan_batches(lengths: Sequence[int], *, batch_tokens: int, max_batch_size: int) -> list[list[int]]:
@@ -47,94 +46,96 @@ def plan_batches(lengths: Sequence[int], *, batch_tokens: int, max_batch_size: i
     return batches
 
 
-class TransformersQwen3Engine:
-    """:class:`adapters.base.RerankEngine` for a Qwen3-Reranker checkpoint on transformers."""
+class TransformersEngine:
+    """:class:`adapters.base.RerankEngine` running any family's model on transformers.
+
+    The family (resolved at start, ``family = "auto"`` detects it) supplies the tokenizer, the
+    model head and the score rule; this class owns the device, dtype, batching and threads.
+    """
+
+    runtime = "transformers"
 
     def __init__(self, config: TransformersEngineConfig) -> None:
         self._config = config
-        self._prompt: Qwen3PromptTokenizer | None = None
-        self._backbone: Any = None
-        self._head: torch.Tensor | None = None  # (2, hidden) fp32 rows: [no, yes]
+        self._family: Family | None = None
+        self._loaded = False
         self._device: torch.device | None = None
+        self._dtype: torch.dtype | None = None
         self._limiter = anyio.CapacityLimiter(config.max_parallel_batches)
 
     @property
-    def tokenizer(self) -> Qwen3PromptTokenizer | None:
-        return self._prompt
+    def tokenizer(self) -> PromptTokenizer | None:
+        return self._family.tokenizer if self._loaded and self._family is not None else None
+
+    @property
+    def supports_raw_scores(self) -> bool:
+        return self._family is not None and self._family.supports_raw_scores
 
     @property
     def device(self) -> str:
         return str(self._device) if self._device is not None else "unloaded"
 
+    def describe(self) -> dict[str, str]:
+        """Family, runtime, device and dtype for /ready and /v1/models."""
+        out = {"runtime": self.runtime, "device": self.device}
+        if self._dtype is not None:
+            out["dtype"] = str(self._dtype).removeprefix("torch.")
+        if self._family is not None:
+            out["family"] = self._family.name
+            out["family_reason"] = self._family.detection.reason
+        return out
+
     async def start(self) -> None:
         await anyio.to_thread.run_sync(self._load)
 
     async def stop(self) -> None:
-        self._backbone = self._head = self._prompt = None
+        family, self._family, self._loaded = self._family, None, False
+        if family is not None:
+            family.unload()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
     async def check_health(self) -> None:
-        if self._backbone is None:
+        if not self._loaded:
             raise EngineUnavailableError("model is not loaded")
 
     async def score(self, job: ScoreJob) -> ScoreResult:
-        prompt, backbone = self._prompt, self._backbone
-        if prompt is None or backbone is None:
+        family = self._family
+        if family is None or not self._loaded:
             raise EngineUnavailableError("model is not loaded")
-        prompts = [prompt.assemble(job.shared_ids, item) for item in job.item_ids]
-        scores = [math.nan] * len(prompts)
+        rows = family.rows(job)
+        outputs: list[Any] = [None] * len(rows)
         batches = plan_batches(
-            [len(p) for p in prompts],
+            [len(r.ids) for r in rows],
             batch_tokens=self._config.batch_tokens,
             max_batch_size=self._config.max_batch_size,
         )
         for batch in batches:
-            rows = [prompts[i] for i in batch]
-            out = await anyio.to_thread.run_sync(self._forward, rows, limiter=self._limiter)
-            for i, s in zip(batch, out, strict=True):
-                scores[i] = s
-        return ScoreResult(scores=scores, input_tokens=sum(len(p) for p in prompts))
+            out = await anyio.to_thread.run_sync(self._forward, family, [rows[i] for i in batch], limiter=self._limiter)
+            for i, vec in zip(batch, out, strict=True):
+                outputs[i] = vec
+        scores = family.scores(job, torch.stack(outputs) if outputs else torch.empty(0, 1))
+        return ScoreResult(scores=scores, input_tokens=sum(len(r.ids) for r in rows))
 
     # -- worker-thread code ----------------------------------------------------------------
     def _load(self) -> None:
-        from transformers import AutoModelForCausalLM
-
         cfg = self._config
+        family = create_family(cfg, self.runtime)
+        self._family = family
         device = _resolve_device(cfg.device)
         dtype = _resolve_dtype(cfg.dtype, device)
-        tokenizer = load_hf_tokenizer(cfg.path, cfg.revision)
-        prompt = Qwen3PromptTokenizer(
-            tokenizer, max_length=cfg.max_length, max_query_tokens=cfg.max_query_tokens
-        )
-        model = AutoModelForCausalLM.from_pretrained(cfg.path, revision=cfg.revision, dtype=dtype)
-        model.eval()
-        lm_head = model.get_output_embeddings().weight
-        # Keep the two rows the score needs, in fp32 (the head is tiny; fp32 keeps scores stable).
-        head = lm_head[[prompt.no_id, prompt.yes_id]].detach().to(device=device, dtype=torch.float32)
-        backbone = getattr(model, model.base_model_prefix)
-        backbone.to(device)
-        del model  # drops the full-vocabulary LM head unless tied to the embeddings
-        self._device, self._head, self._backbone, self._prompt = device, head, backbone, prompt
+        family.load_tokenizer()
+        family.load_torch(device, dtype)
+        self._device, self._dtype, self._loaded = device, dtype, True
 
+    @staticmethod
     @torch.inference_mode()
-    def _forward(self, rows: list[list[int]]) -> list[float]:
-        assert self._head is not None and self._device is not None
-        width = max(len(r) for r in rows)
-        pad = 0
-        # Left padding puts every row's last token at position -1.
-        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
-        # Positions count real tokens only, so a padded row computes exactly what it would alone.
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        hidden = self._backbone(
-            input_ids=input_ids.to(self._device),
-            attention_mask=mask.to(self._device),
-            position_ids=positions.to(self._device),
-            use_cache=False,
-        ).last_hidden_state[:, -1, :]
-        logits = hidden.float() @ self._head.T  # (rows, 2): [no, yes]
-        return torch.softmax(logits, dim=-1)[:, 1].tolist()
+    def _forward(family: Family, rows: list[Row]) -> list[torch.Tensor]:
+        return list(family.forward(rows).float().cpu())
+
+
+# Kept for code written before families existed.
+TransformersQwen3Engine = TransformersEngine
 
 
 def _resolve_device(name: str) -> torch.device:

@@ -1,12 +1,13 @@
 """Shared plumbing of the vLLM engines: engine args, start + warm-up, stop, death, batch stats.
 
-Both Qwen3 vLLM engines (``adapters.runtimes.vllm_score``, ``adapters.runtimes.vllm_generate``) run vLLM's v1
+Both vLLM engines (``adapters.runtimes.vllm_score`` for every family vLLM's pooling runner
+serves, ``adapters.runtimes.vllm_generate`` for Qwen3) run vLLM's v1
 ``AsyncLLM``: every item of every HTTP request becomes its own vLLM request, submitted at once,
 so vLLM's scheduler packs items of concurrent HTTP requests into the same engine steps. There is
 no lock around inference (the seed's offline ``LLM`` behind a process-wide lock ran concurrent
 requests one after another).
 
-The gateway builds the prompt itself (``adapters.families.qwen3``, the same token pieces as the
+The gateway builds the prompt itself (the family's tokenizer, the same token pieces as the
 transformers engine) and hands vLLM token ids, shared part (system + instruction + query) first
 so vLLM's prefix cache reuses it across a request's documents.
 
@@ -37,11 +38,12 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from adapters.base import EngineDeadError, EngineError, EngineUnavailableError, ScoreJob, ScoreResult
-from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
+from adapters.base import EngineDeadError, EngineError, EngineUnavailableError, PromptTokenizer, ScoreJob, ScoreResult
+from adapters.families import create_family
+from adapters.families.base import Family, Row
 from schemas.config import VllmEngineConfig
 
-__all__ = ("BatchStats", "VllmQwen3Engine", "build_engine_args")
+__all__ = ("BatchStats", "VllmEngine", "VllmQwen3Engine", "build_engine_args")
 
 # Seconds to wait for the engine-core processes to exit on stop.
 _SHUTDOWN_TIMEOUT_S = 10.0
@@ -53,7 +55,7 @@ def _on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-def build_engine_args(config: VllmEngineConfig, runner_args: dict[str, Any]) -> dict[str, Any]:
+def build_engine_args(config: VllmEngineConfig, runner_args: dict[str, Any], *, max_length: int | None = None) -> dict[str, Any]:
     """AsyncEngineArgs keywords from the model config; ``runner_args`` are the engine kind's own.
 
     Raises ValueError naming any key the installed vLLM does not know, so a typo or a
@@ -71,7 +73,7 @@ def build_engine_args(config: VllmEngineConfig, runner_args: dict[str, Any]) -> 
         "revision": config.revision,
         "dtype": dtype,
         # The prompt window is the engine's window: the service never sends a longer prompt.
-        "max_model_len": config.max_length,
+        "max_model_len": max_length or config.max_length,
         "gpu_memory_utilization": util,
         "tensor_parallel_size": config.tensor_parallel_size,
         "enforce_eager": config.enforce_eager,
@@ -143,12 +145,15 @@ def _stat_logger_factory(stats: BatchStats) -> type[StatLoggerBase]:
     return _BatchRecorder
 
 
-class VllmQwen3Engine(abc.ABC):
+class VllmEngine(abc.ABC):
     """:class:`adapters.base.RerankEngine` over vLLM's ``AsyncLLM``; subclasses pick the runner."""
+
+    runtime: str
 
     def __init__(self, config: VllmEngineConfig) -> None:
         self._config = config
-        self._prompt: Qwen3PromptTokenizer | None = None
+        self._family: Family | None = None
+        self._starting: Family | None = None  # the family during start, before it serves
         self._engine: AsyncLLM | None = None
         self._stats = BatchStats()
         # vLLM request ids must be unique per engine; a random prefix keeps restarts apart in logs.
@@ -157,37 +162,60 @@ class VllmQwen3Engine(abc.ABC):
 
     # -- what a runner provides --------------------------------------------------------------
     @abc.abstractmethod
-    def runner_args(self, prompt: Qwen3PromptTokenizer) -> dict[str, Any]:
+    def runner_args(self, family: Family) -> dict[str, Any]:
         """Engine args of this runner; called once per start, before vLLM starts."""
         ...
 
     @abc.abstractmethod
-    async def score_prompt(self, engine: AsyncLLM, prompt_ids: list[int], request_id: str) -> float:
-        """One prompt's score in [0, 1] from ``engine`` (the runner's way: pooling or one token)."""
+    async def run_row(self, engine: AsyncLLM, row: Row, request_id: str) -> list[float]:
+        """One row's output vector from ``engine`` (the runner's way: pooling or one token)."""
+        ...
+
+    @abc.abstractmethod
+    def finish(self, family: Family, job: ScoreJob, outputs: list[list[float]]) -> list[float]:
+        """Scores of ``job`` from its rows' outputs."""
         ...
 
     # -- RerankEngine ------------------------------------------------------------------------
     @property
-    def tokenizer(self) -> Qwen3PromptTokenizer | None:
-        return self._prompt
+    def tokenizer(self) -> PromptTokenizer | None:
+        return self._family.tokenizer if self._engine is not None and self._family is not None else None
+
+    @property
+    def supports_raw_scores(self) -> bool:
+        return self._family is not None and self._family.supports_raw_scores
+
+    def describe(self) -> dict[str, str]:
+        """Family, runtime, device and dtype for /ready and /v1/models."""
+        cfg = self._config
+        on_cpu = _on_cpu()
+        out = {
+            "runtime": self.runtime,
+            "device": "cpu" if on_cpu else "cuda",
+            "dtype": cfg.dtype if cfg.dtype != "auto" else ("float32" if on_cpu else "bfloat16"),
+        }
+        if self._family is not None:
+            out["family"] = self._family.name
+            out["family_reason"] = self._family.detection.reason
+        return out
 
     def stats(self) -> dict[str, Any]:
         return {"vllm": vllm.__version__, **self._stats.snapshot()}
 
     async def start(self) -> None:
         cfg = self._config
-        # The prompt tokenizer checks the template fits max_length: a bad config fails here,
+        # The family's tokenizer checks the template fits max_length: a bad config fails here,
         # in seconds, before vLLM spends half a minute starting.
-        prompt = await anyio.to_thread.run_sync(self._load_prompt_tokenizer)
-        args = build_engine_args(cfg, self.runner_args(prompt))
+        family = self._starting = await anyio.to_thread.run_sync(self._load_family)
+        args = build_engine_args(cfg, self.runner_args(family), max_length=family.window())
         factory = _stat_logger_factory(self._stats)
         # Starting blocks for tens of seconds (engine-core processes, weights, KV cache): keep
         # it off the event loop so /health and other models keep answering.
         self._engine = await anyio.to_thread.run_sync(
             lambda: AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[factory])
         )
-        self._prompt = prompt
-        await self._warm_up(prompt)
+        self._family = family
+        await self._warm_up(family)
 
     async def stop(self) -> None:
         engine, self._engine = self._engine, None
@@ -203,25 +231,28 @@ class VllmQwen3Engine(abc.ABC):
             raise EngineDeadError("vLLM engine died; restarting")
 
     async def score(self, job: ScoreJob) -> ScoreResult:
-        prompt, engine = self._prompt, self._engine
-        if prompt is None or engine is None:
+        family, engine = self._family, self._engine
+        if family is None or engine is None:
             raise EngineUnavailableError("vLLM engine is not running")
-        prompts = [prompt.assemble(job.shared_ids, item) for item in job.item_ids]
-        scores = await self._score_all(engine, prompts)
-        return ScoreResult(scores=scores, input_tokens=sum(len(p) for p in prompts))
+        rows = family.rows(job)
+        outputs = await self._run_all(engine, rows)
+        try:
+            scores = self.finish(family, job, outputs)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
+        return ScoreResult(scores=scores, input_tokens=sum(len(r.ids) for r in rows))
 
     # -- internals ---------------------------------------------------------------------------
-    def _load_prompt_tokenizer(self) -> Qwen3PromptTokenizer:
-        cfg = self._config
-        tokenizer = load_hf_tokenizer(cfg.path, cfg.revision)
-        return Qwen3PromptTokenizer(tokenizer, max_length=cfg.max_length, max_query_tokens=cfg.max_query_tokens)
+    def _load_family(self) -> Family:
+        family = create_family(self._config, self.runtime)
+        family.load_tokenizer()
+        return family
 
-    async def _score_all(self, engine: AsyncLLM, prompts: Sequence[list[int]]) -> list[float]:
-        # One vLLM request per item, all in flight at once: the scheduler batches them with
-        # each other and with other HTTP requests' items.
+    async def _run_all(self, engine: AsyncLLM, rows: Sequence[Row]) -> list[list[float]]:
+        # One vLLM request per row, all in flight at once: the scheduler batches them with
+        # each other and with other HTTP requests' rows.
         tasks = [
-            asyncio.ensure_future(self.score_prompt(engine, p, f"{self._id_prefix}-{next(self._ids)}"))
-            for p in prompts
+            asyncio.ensure_future(self.run_row(engine, r, f"{self._id_prefix}-{next(self._ids)}")) for r in rows
         ]
         try:
             return list(await asyncio.gather(*tasks))
@@ -239,11 +270,17 @@ class VllmQwen3Engine(abc.ABC):
             for task in tasks:
                 task.cancel()
 
-    async def _warm_up(self, prompt: Qwen3PromptTokenizer) -> None:
-        """Score one tiny prompt so the model turns ready only when it really serves."""
+    async def _warm_up(self, family: Family) -> None:
+        """Score one tiny job so the model turns ready only when it really serves."""
         assert self._engine is not None
-        shared = prompt.encode_shared("warm-up", self._config.instruction)
-        (item,) = prompt.encode_documents(["warm-up"])
-        (score,) = await self._score_all(self._engine, [prompt.assemble(shared, item)])
+        tok = family.tokenizer
+        shared = tok.encode_shared("warm-up", self._config.instruction)
+        job = ScoreJob(query="warm-up", instruction=self._config.instruction, shared_ids=shared,
+                       item_ids=tok.encode_documents(["warm-up"]))
+        (score,) = self.finish(family, job, await self._run_all(self._engine, family.rows(job)))
         if not 0.0 <= score <= 1.0:
             raise EngineError(f"warm-up score {score} is outside [0, 1]")
+
+
+# Kept for code written before families existed.
+VllmQwen3Engine = VllmEngine

@@ -21,9 +21,10 @@ from typing import Any
 from vllm import SamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from adapters.base import EngineError
-from adapters.families.qwen3 import Qwen3PromptTokenizer
-from adapters.runtimes.vllm_base import VllmQwen3Engine
+from adapters.base import EngineError, ScoreJob
+from adapters.families.base import Family, Row
+from adapters.families.qwen3 import Qwen3Family
+from adapters.runtimes.vllm_base import VllmEngine
 
 __all__ = ("VllmGenerateEngine", "p_yes")
 
@@ -37,13 +38,17 @@ def p_yes(logprob_yes: float, logprob_no: float) -> float:
     return e / (1.0 + e)
 
 
-class VllmGenerateEngine(VllmQwen3Engine):
-    """Causal LM, ``max_tokens=1``, exact P(yes) from the yes and no log-probabilities."""
+class VllmGenerateEngine(VllmEngine):
+    """Causal LM, ``max_tokens=1``, exact P(yes) from the yes and no log-probabilities (Qwen3 only)."""
 
+    runtime = "vllm-generate"
     _params: SamplingParams | None = None
     _yes = _no = -1
 
-    def runner_args(self, prompt: Qwen3PromptTokenizer) -> dict[str, Any]:
+    def runner_args(self, family: Family) -> dict[str, Any]:
+        # schemas.config.FAMILY_RUNTIMES lets only qwen3 reach this runner.
+        assert isinstance(family, Qwen3Family)
+        prompt = family.tokenizer
         self._yes, self._no = prompt.yes_id, prompt.no_id
         self._params = SamplingParams(
             max_tokens=1,
@@ -59,10 +64,13 @@ class VllmGenerateEngine(VllmQwen3Engine):
             "max_model_len": self._config.max_length + 1,
         }
 
-    async def score_prompt(self, engine: AsyncLLM, prompt_ids: list[int], request_id: str) -> float:
+    def finish(self, family: Family, job: ScoreJob, outputs: list[list[float]]) -> list[float]:
+        return [out[0] for out in outputs]
+
+    async def run_row(self, engine: AsyncLLM, row: Row, request_id: str) -> list[float]:
         assert self._params is not None
         final = None
-        async for output in engine.generate({"prompt_token_ids": prompt_ids}, self._params, request_id=request_id):
+        async for output in engine.generate({"prompt_token_ids": row.ids}, self._params, request_id=request_id):
             final = output
         if final is None or not final.outputs or not final.outputs[0].logprobs:
             raise EngineError("vLLM returned no log-probabilities for a generate request")
@@ -71,4 +79,4 @@ class VllmGenerateEngine(VllmQwen3Engine):
         if yes is None or no is None:
             # Never guess the missing one: that is the 0/1 collapse engines.md warns about.
             raise EngineError("vLLM did not return both the yes and the no log-probability")
-        return p_yes(yes.logprob, no.logprob)
+        return [p_yes(yes.logprob, no.logprob)]

@@ -1,10 +1,11 @@
-"""Qwen3-Reranker on vLLM's pooling runner ("vllm-score").
+"""Any family vLLM's pooling runner serves ("vllm-score"): Qwen3-Reranker and cross-encoders.
 
-vLLM converts the original causal-LM checkpoint online into a sequence classifier whose one
-output is sigmoid((W[yes] - W[no]) . h_last): exactly softmax([no, yes])[1] of the LM head at
-the last position, without ever computing the full-vocabulary logits. The gateway sends token
-ids (its own template), so vLLM's score API and chat template are not involved: each item is a
-``classify`` request on one prompt.
+Each row (the family's token ids) is a ``classify`` request. vLLM is asked for the head's raw
+output (``use_activation=False``) and the family applies its activation once, the same code as
+on transformers: Qwen3's online conversion gives the yes-minus-no logit (sigmoid of it =
+softmax([no, yes])[1]); a BERT/XLM-R cross-encoder gives its label logits (sigmoid, or softmax
+and the positive label). vLLM's own default would apply sigmoid or softmax itself, and a second
+one on top squeezes scores (peers.md: node-llama-cpp#617); a test pins a known logit.
 """
 
 from __future__ import annotations
@@ -14,37 +15,32 @@ from typing import Any
 from vllm import PoolingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from adapters.base import EngineError
-from adapters.families.qwen3 import Qwen3PromptTokenizer
-from adapters.runtimes.vllm_base import VllmQwen3Engine
+from adapters.base import EngineError, ScoreJob
+from adapters.families.base import Family, Row
+from adapters.runtimes.vllm_base import VllmEngine
 
-__all__ = ("QWEN3_RERANKER_OVERRIDES", "VllmScoreEngine")
-
-# vLLM's documented online conversion of the original Qwen3-Reranker checkpoint.
-QWEN3_RERANKER_OVERRIDES: dict[str, Any] = {
-    "architectures": ["Qwen3ForSequenceClassification"],
-    "classifier_from_token": ["no", "yes"],
-    "is_original_qwen3_reranker": True,
-}
+__all__ = ("VllmScoreEngine",)
 
 
-class VllmScoreEngine(VllmQwen3Engine):
-    """Pooling runner + classify task on token ids."""
+class VllmScoreEngine(VllmEngine):
+    """Pooling runner + classify task on token ids, activation left to the family."""
 
-    _params = PoolingParams(task="classify")
+    runtime = "vllm-score"
 
-    def runner_args(self, prompt: Qwen3PromptTokenizer) -> dict[str, Any]:
-        return {"runner": "pooling", "hf_overrides": dict(QWEN3_RERANKER_OVERRIDES)}
+    def runner_args(self, family: Family) -> dict[str, Any]:
+        return family.vllm_runner_args()
 
-    async def score_prompt(self, engine: AsyncLLM, prompt_ids: list[int], request_id: str) -> float:
+    async def run_row(self, engine: AsyncLLM, row: Row, request_id: str) -> list[float]:
+        # During warm-up self._family is not set yet; rows carry what the family needs.
+        family = self._family or self._starting
+        extra = family.vllm_extra_kwargs(row) if family is not None else None
+        params = PoolingParams(task="classify", use_activation=False, extra_kwargs=extra)
         final = None
-        async for output in engine.encode({"prompt_token_ids": prompt_ids}, self._params, request_id=request_id):
+        async for output in engine.encode({"prompt_token_ids": row.ids}, params, request_id=request_id):
             final = output
         if final is None:
             raise EngineError("vLLM returned no output for a classify request")
-        data = final.outputs.data.reshape(-1)
-        # The converted head has one output, the sigmoid of yes-minus-no; anything else means
-        # the conversion did not apply (a checkpoint that is not an original Qwen3-Reranker).
-        if data.numel() != 1:
-            raise EngineError(f"vLLM classifier returned {data.numel()} values, expected 1 (P(yes))")
-        return float(data[0])
+        return [float(x) for x in final.outputs.data.reshape(-1).tolist()]
+
+    def finish(self, family: Family, job: ScoreJob, outputs: list[list[float]]) -> list[float]:
+        return family.vllm_scores(job, outputs)
