@@ -12,6 +12,7 @@ from typing import Final
 from adapters.base import RerankEngine
 from schemas.config import (
     DashScopeEngineConfig,
+    GgufEngineConfig,
     EngineConfig,
     PoolEngineConfig,
     StaticEngineConfig,
@@ -32,6 +33,8 @@ _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
     # httpx is a core dependency; tenacity too (retry policy).
     DashScopeEngineConfig: ("adapters.upstreams.dashscope:DashScopeEngine", None),
     PoolEngineConfig: ("adapters.upstreams.pool:PoolEngine", None),
+    # llama-cpp-python (built from its sdist on install) + gguf (reads the file's head and metadata).
+    GgufEngineConfig: ("adapters.runtimes.gguf:GgufEngine", "gguf"),
 }
 
 
