@@ -75,14 +75,22 @@ def build_tiny_xlmr(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 200
         bos_token_id=0,
         eos_token_id=2,
         num_labels=1,
+        # Wider than BERT's 0.02 so attention is not uniform and inputs really differ.
+        initializer_range=0.2,
     )
     torch.manual_seed(seed)
     model = XLMRobertaForSequenceClassification(cfg)
-    # Random init gives logits within a few hundredths of each other; widen the output so
-    # scores spread over [0, 1] and orders are stable across runtimes and dtypes.
-    with torch.no_grad():
-        model.classifier.out_proj.weight.mul_(20.0)
     model.eval()
+    # Calibrate the output layer on corpus pairs: logits centred on 0 with a spread of ~2, so
+    # scores cover [0, 1] (not all ~0 or ~1) and orders are stable across runtimes and dtypes.
+    with torch.no_grad():
+        logits = torch.tensor(
+            [float(model(**fast(q, d, return_tensors="pt")).logits[0, 0]) for q in _CORPUS[:3] for d in _CORPUS[3:]]
+        )
+        scale = 2.0 / float(logits.std())
+        head = model.classifier.out_proj
+        head.weight.mul_(scale)
+        head.bias.copy_((head.bias - logits.mean()) * scale)
     model.save_pretrained(out)
     return out
 

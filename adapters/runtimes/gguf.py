@@ -31,6 +31,7 @@ Imported only through ``adapters.registry``: importing it loads llama.cpp's shar
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -294,6 +295,9 @@ class GgufEngine:
         from llama_cpp._internals import LlamaBatch
 
         cfg = self._config
+        if not os.path.isfile(cfg.path):
+            # A ValueError, not an OSError: the hub download hint of other engines does not apply.
+            raise ValueError(f"{cfg.path}: no such file; engine 'gguf' needs the path of a local .gguf file")
         info = inspect_gguf(cfg.path)
         check_rerank_head(info)
         if cfg.family != "auto" and cfg.family != info.family:
