@@ -170,8 +170,8 @@ def write_gguf(
         data = tensor.detach().float().numpy()
         if name == "embeddings.position_embeddings.weight":
             data = data[POSITION_OFFSET:]  # llama.cpp counts positions from 0
-        # 1-D tensors (norms, biases) stay F32, as llama.cpp's converter keeps them.
-        if dtype == "f16" and data.ndim == 2:
+        # 1-D tensors and the small embedding tables llama.cpp's converter keeps in F32 stay F32.
+        if dtype == "f16" and data.ndim == 2 and mapped not in ("token_types", "position_embd"):
             data = data.astype(np.float16)
         w.add_tensor(f"{mapped}.{suffix}", np.ascontiguousarray(data))
 
