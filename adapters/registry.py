@@ -15,6 +15,7 @@ from typing import Final
 from adapters.base import RerankEngine
 from schemas.config import (
     DashScopeEngineConfig,
+    GgufEngineConfig,
     EngineConfig,
     PackedEngineConfig,
     PoolEngineConfig,
@@ -45,6 +46,8 @@ _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
     # httpx is a core dependency; tenacity too (retry policy).
     DashScopeEngineConfig: ("adapters.upstreams.dashscope:DashScopeEngine", None),
     PoolEngineConfig: ("adapters.upstreams.pool:PoolEngine", None),
+    # llama-cpp-python (built from its sdist on install) + gguf (reads the file's head and metadata).
+    GgufEngineConfig: ("adapters.runtimes.gguf:GgufEngine", "gguf"),
 }
 
 

@@ -24,6 +24,7 @@ __all__ = (
     "EngineConfig",
     "FAMILY_RUNTIMES",
     "FamilyName",
+    "GgufEngineConfig",
     "LimitsConfig",
     "LocalModelConfig",
     "LoggingConfig",
@@ -149,9 +150,10 @@ FamilyName = Literal["auto", "qwen3", "cross-encoder", "bi-encoder", "jina-v3"]
 # detected from the checkpoint (at start, and by `rerank-gateway check-config`).
 FAMILY_RUNTIMES: dict[str, frozenset[str]] = {
     # "packed": the Qwen3-only runtime that packs prompts without padding (adapters/runtimes/packed).
-    "qwen3": frozenset({"transformers", "vllm-score", "vllm-generate", "packed"}),
-    # Sequence-classification heads: vLLM serves BERT/XLM-R classifiers on its pooling runner.
-    "cross-encoder": frozenset({"transformers", "vllm-score"}),
+    "qwen3": frozenset({"transformers", "vllm-score", "vllm-generate", "packed", "gguf"}),
+    # Sequence-classification heads: vLLM serves BERT/XLM-R classifiers on its pooling runner;
+    # llama.cpp runs GGUF conversions that kept the head (rank pooling).
+    "cross-encoder": frozenset({"transformers", "vllm-score", "gguf"}),
     # Embeddings + cosine: no prompt, nothing to generate.
     "bi-encoder": frozenset({"transformers"}),
     # Listwise remote code (model.rerank); provided by the jina-v3 family.
@@ -216,6 +218,9 @@ class TransformersEngineConfig(LocalModelConfig, tag="transformers"):
     max_batch_size: Positive = 64
     # Forward passes running at once in worker threads (torch already uses every core).
     max_parallel_batches: Positive = 1
+    # Listwise families (jina-v3): documents per model.rerank call (the old service's batch_size;
+    # 64 was its T4 advice, 125 stays closer to one full listwise window at more latency).
+    block_size: Positive = 64
 
 
 class PackedEngineConfig(LocalModelConfig, tag="packed"):
@@ -342,6 +347,35 @@ class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
     probe_timeout_s: PositiveFloat = 2.0
 
 
+class GgufEngineConfig(ModelConfig, tag="gguf", kw_only=True):
+    """A GGUF reranker on llama.cpp (llama-cpp-python), CPU or GPU, with rank pooling.
+
+    The GGUF must carry a rerank head (``cls``/``cls.output`` tensors, as llama.cpp's converter
+    writes for sequence-classification checkpoints and Qwen3-Reranker); one without is refused
+    at load, since llama.cpp would score it with near-zero garbage.
+    """
+
+    # The .gguf file (a local path: llama.cpp reads no hub ids).
+    path: str
+    # "auto": from the GGUF's general.architecture (qwen3 -> "qwen3", encoders -> "cross-encoder").
+    family: Literal["auto", "qwen3", "cross-encoder"] = "auto"
+    # Tokens per prompt (template + query + one document chunk); None: the model's training
+    # context (512 for BERT / XLM-R rerankers). Longer documents are chunked.
+    max_length: Positive | None = None
+    max_query_tokens: Positive = 2048
+    max_chunks_per_doc: Positive = 10
+    # Layers offloaded to the GPU (0: CPU only, -1: all); needs a CUDA/Metal build of llama-cpp-python.
+    n_gpu_layers: Annotated[int, msgspec.Meta(ge=-1)] = 0
+    # CPU threads for llama.cpp (None: llama-cpp-python's default, the physical cores).
+    n_threads: Positive | None = None
+    # Tokens and sequences per llama_decode call. An encoder must see a whole prompt in one
+    # micro-batch, so batch_tokens is also llama.cpp's n_ubatch and must hold max_length.
+    batch_tokens: Positive = 8192
+    max_batch_size: Annotated[int, msgspec.Meta(ge=1, le=256)] = 64
+    # Return the head's raw output (a cross-encoder's logit) instead of a score in [0, 1].
+    raw_scores: bool = False
+
+
 EngineConfig = (
     TransformersEngineConfig
     | PackedEngineConfig
@@ -350,6 +384,7 @@ EngineConfig = (
     | StaticEngineConfig
     | DashScopeEngineConfig
     | PoolEngineConfig
+    | GgufEngineConfig
 )
 
 

@@ -47,6 +47,9 @@ class Family(abc.ABC):
     name: ClassVar[str]
     # True when the model has a meaningful raw output (a logit, a cosine) besides the [0, 1] score.
     supports_raw_scores: ClassVar[bool] = False
+    # True for listwise families whose model tokenizes itself (jina-v3): the runtime gives them
+    # texts through ``score_block`` in blocks of ``block_size``, and exposes no tokenizer.
+    takes_texts: ClassVar[bool] = False
 
     def __init__(self, config: LocalModelConfig, files: ModelFiles, detection: Detection) -> None:
         self.config = config

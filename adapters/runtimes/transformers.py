@@ -78,7 +78,10 @@ class TransformersEngine:
 
     @property
     def tokenizer(self) -> PromptTokenizer | None:
-        return self._family.tokenizer if self._loaded and self._family is not None else None
+        family = self._family
+        if not self._loaded or family is None or family.takes_texts:
+            return None  # text families (jina-v3) get texts: the model tokenizes itself
+        return family.tokenizer
 
     @property
     def supports_raw_scores(self) -> bool:
@@ -116,6 +119,8 @@ class TransformersEngine:
         family = self._family
         if family is None or not self._loaded:
             raise EngineUnavailableError("model is not loaded")
+        if family.takes_texts:
+            return await self._score_texts(family, job)
         rows = family.rows(job)
         outputs: list[Any] = [None] * len(rows)
         batches = plan_batches(
@@ -155,6 +160,18 @@ class TransformersEngine:
         """Requests waiting for their first forward pass (``rerank_queued_requests``)."""
         return self.queued_jobs
 
+    async def _score_texts(self, family: Any, job: ScoreJob) -> ScoreResult:
+        """Listwise families: one model call per block of documents, scores back in input order."""
+        size = family.block_size
+        scores: list[float] = []
+        for start in range(0, len(job.texts), size):
+            block = job.texts[start : start + size]
+            scores += await anyio.to_thread.run_sync(
+                lambda b=block: family.score_block(job.query, b, raw=job.raw_scores), limiter=self._limiter
+            )
+        blocks = -(-len(job.texts) // size)
+        return ScoreResult(scores=scores, input_tokens=family.count_tokens(job.query, job.texts, blocks))
+
     # -- worker-thread code ----------------------------------------------------------------
     def _load(self) -> None:
         cfg = self._config
@@ -162,10 +179,11 @@ class TransformersEngine:
         self._family = family
         device = _resolve_device(cfg.device)
         dtype = _resolve_dtype(cfg.dtype, device)
-        family.load_tokenizer()
-        # A window over the checkpoint's positions would score positions the model never saw;
-        # encoder families cap theirs at the checkpoint's, so this bites Qwen3 configs.
-        check_window(cfg.name, family.window(), max_position_embeddings(cfg.path, cfg.revision))
+        if not family.takes_texts:  # listwise families (jina-v3) tokenize inside the model
+            family.load_tokenizer()
+            # A window over the checkpoint's positions would score positions the model never saw;
+            # encoder families cap theirs at the checkpoint's, so this bites Qwen3 configs.
+            check_window(cfg.name, family.window(), max_position_embeddings(cfg.path, cfg.revision))
         family.load_torch(device, dtype)
         self._device, self._dtype, self._loaded = device, dtype, True
 
