@@ -23,7 +23,7 @@ import abc
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from adapters.base import PromptTokenizer, ScoreJob
+from adapters.base import EngineConfigError, PromptTokenizer, ScoreJob
 from adapters.families.detect import Detection, ModelFiles
 from schemas.config import LocalModelConfig
 
@@ -79,12 +79,14 @@ class Family(abc.ABC):
         return self.config.max_length
 
     # -- transformers runtime ----------------------------------------------------------------
+    # A family that does not run on a runtime keeps these defaults; FAMILY_RUNTIMES refuses such
+    # a combination at config check, so reaching one is a config the check did not know about.
     def load_torch(self, device: torch.device, dtype: torch.dtype) -> None:
-        raise NotImplementedError(f"family {self.name!r} does not run on transformers")
+        raise EngineConfigError(f"family {self.name!r} does not run on transformers")
 
     def forward(self, rows: list[Row]) -> torch.Tensor:
         """(len(rows), k) float32 outputs of one padded batch (worker thread, inference mode)."""
-        raise NotImplementedError(f"family {self.name!r} does not run on transformers")
+        raise EngineConfigError(f"family {self.name!r} does not run on transformers")
 
     def unload(self) -> None:
         """Drop the weights (the runtime empties the device cache)."""
@@ -92,7 +94,7 @@ class Family(abc.ABC):
     # -- vLLM pooling runner -----------------------------------------------------------------
     def vllm_runner_args(self) -> dict[str, Any]:
         """Engine args this family needs on vLLM's pooling runner (hf_overrides, prefix caching...)."""
-        raise NotImplementedError(f"family {self.name!r} does not run on vLLM's pooling runner")
+        raise EngineConfigError(f"family {self.name!r} does not run on vLLM's pooling runner")
 
     def vllm_extra_kwargs(self, row: Row) -> dict[str, Any] | None:
         """PoolingParams.extra_kwargs for ``row`` (e.g. where token type 1 starts)."""

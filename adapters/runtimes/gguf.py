@@ -39,7 +39,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from adapters.base import EngineError, EngineUnavailableError, ScoreJob, ScoreResult
+from adapters.base import EngineConfigError, EngineError, EngineUnavailableError, ScoreJob, ScoreResult
 from schemas.config import GgufEngineConfig
 
 __all__ = ("GgufEngine", "GgufInfo", "GgufPromptTokenizer", "NoRerankHeadError", "inspect_gguf", "plan_decodes")
@@ -50,7 +50,7 @@ _SOFTMAX_ARCHS = frozenset({"qwen3", "qwen3vl"})
 _DEFAULT_WINDOW = 8192
 
 
-class NoRerankHeadError(ValueError):
+class NoRerankHeadError(EngineConfigError):
     """The GGUF has no classification head: rank pooling would return meaningless scores."""
 
 
