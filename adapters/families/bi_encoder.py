@@ -22,7 +22,7 @@ import torch
 from adapters.base import ScoreJob
 from adapters.families.base import Family, Row
 from adapters.families.detect import pooling_mode
-from adapters.families.layout import SpecialLayout, checkpoint_window, load_fast_tokenizer, special_layout
+from adapters.families.layout import SpecialLayout, load_encoder_tokenizer, special_layout
 
 __all__ = ("BiEncoderFamily", "SingleTokenizer")
 
@@ -90,12 +90,10 @@ class BiEncoderFamily(Family):
         return self._window
 
     def load_tokenizer(self) -> SingleTokenizer:
-        cfg = self.config
-        tok = load_fast_tokenizer(cfg.path, cfg.revision, trust_remote_code=cfg.trust_remote_code)
-        self._window = min(cfg.max_length, checkpoint_window(self.files, tok))
-        if tok.pad_token_id is not None:
-            self._pad_id = int(tok.pad_token_id)
-        self._single = SingleTokenizer(tok, window=self._window, max_query_tokens=cfg.max_query_tokens)
+        tok, self._window, pad_id = load_encoder_tokenizer(self.config, self.files)
+        if pad_id is not None:
+            self._pad_id = int(pad_id)
+        self._single = SingleTokenizer(tok, window=self._window, max_query_tokens=self.config.max_query_tokens)
         return self._single
 
     def rows(self, job: ScoreJob) -> list[Row]:

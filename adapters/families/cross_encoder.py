@@ -20,7 +20,7 @@ import torch
 
 from adapters.base import ScoreJob
 from adapters.families.base import Family, Row
-from adapters.families.layout import SpecialLayout, checkpoint_window, load_fast_tokenizer, special_layout
+from adapters.families.layout import SpecialLayout, load_encoder_tokenizer, special_layout
 
 __all__ = ("CrossEncoderFamily", "PairTokenizer", "resolve_activation", "resolve_positive_label")
 
@@ -137,12 +137,10 @@ class CrossEncoderFamily(Family):
         return self._window
 
     def load_tokenizer(self) -> PairTokenizer:
-        cfg = self.config
-        tok = load_fast_tokenizer(cfg.path, cfg.revision, trust_remote_code=cfg.trust_remote_code)
-        self._window = min(cfg.max_length, checkpoint_window(self.files, tok))
-        if tok.pad_token_id is not None:
-            self._pad_id = int(tok.pad_token_id)
-        self._pair = PairTokenizer(tok, window=self._window, max_query_tokens=cfg.max_query_tokens)
+        tok, self._window, pad_id = load_encoder_tokenizer(self.config, self.files)
+        if pad_id is not None:
+            self._pad_id = int(pad_id)
+        self._pair = PairTokenizer(tok, window=self._window, max_query_tokens=self.config.max_query_tokens)
         return self._pair
 
     def rows(self, job: ScoreJob) -> list[Row]:

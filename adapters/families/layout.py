@@ -15,7 +15,7 @@ from typing import Any
 
 from adapters.families.detect import ModelFiles
 
-__all__ = ("SpecialLayout", "checkpoint_window", "load_fast_tokenizer", "special_layout")
+__all__ = ("SpecialLayout", "checkpoint_window", "load_encoder_tokenizer", "load_fast_tokenizer", "special_layout")
 
 # Huge "model_max_length" values mean "not set" in Hugging Face tokenizer configs.
 _UNSET_LENGTH = 1_000_000
@@ -91,3 +91,10 @@ def load_fast_tokenizer(path: str, revision: str | None, *, trust_remote_code: b
     rust.no_truncation()
     rust.no_padding()
     return tok
+
+
+def load_encoder_tokenizer(config: Any, files: ModelFiles) -> tuple[Any, int, int | None]:
+    """An encoder family's fast tokenizer, its window (``max_length`` capped at the checkpoint's)
+    and its pad id (None when the tokenizer names none)."""
+    tok = load_fast_tokenizer(config.path, config.revision, trust_remote_code=config.trust_remote_code)
+    return tok, min(config.max_length, checkpoint_window(files, tok)), tok.pad_token_id
