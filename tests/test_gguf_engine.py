@@ -12,8 +12,8 @@ XLM-R uses the exact erf GELU. Measured on this (deterministic) model: scores mo
 1.6e-3 (F32) and 1.8e-3 (F16, whose matmuls also round weights and activations to fp16);
 logits by up to 8.8e-3 and 1.8e-2. So the tests check, per dtype: scores within 2.5e-3 of plain
 transformers and the same order, and, for F32, scores within 1e-3 of the same transformers
-forward with llama.cpp's GELU swapped in (measured 1.4e-4), which shows the gap is that
-activation and nothing else.
+forward with llama.cpp's GELU swapped in (measured 1.4e-4), which shows the gap is almost all
+that activation.
 """
 
 from __future__ import annotations
