@@ -145,7 +145,11 @@ def _job(engine: GgufEngine, query: str, docs: list[str], *, raw: bool = False) 
     tok = engine.tokenizer
     assert tok is not None
     return ScoreJob(
-        query=query, instruction="", shared_ids=tok.encode_shared(query, ""), item_ids=tok.encode_documents(docs), raw_scores=raw
+        query=query,
+        instruction="",
+        shared_ids=tok.encode_shared(query, ""),
+        item_ids=tok.encode_documents(docs),
+        raw_scores=raw,
     )
 
 

@@ -59,9 +59,7 @@ def build_tiny_xlmr(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 200
     trained = json.loads(tok.to_str())["model"]["vocab"]
     assert [p for p, _ in trained[: len(SPECIALS)]] == SPECIALS
     rest = sorted(((p, round(s, 9)) for p, s in trained[len(SPECIALS) :]), key=lambda ps: (-ps[1], ps[0]))
-    tok.model = models.Unigram(
-        [(p, 0.0) for p in SPECIALS] + rest, unk_id=SPECIALS.index("<unk>"), byte_fallback=False
-    )
+    tok.model = models.Unigram([(p, 0.0) for p in SPECIALS] + rest, unk_id=SPECIALS.index("<unk>"), byte_fallback=False)
     tok.add_special_tokens(["<mask>"])
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     # XLM-R's pair layout, the one llama.cpp's default rerank prompt builds: <s> q </s></s> d </s>
@@ -105,9 +103,7 @@ def build_tiny_xlmr(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 200
     return out
 
 
-def write_gguf(
-    hf_dir: str | Path, out_file: str | Path, *, dtype: str = "f32", with_rerank_head: bool = True
-) -> Path:
+def write_gguf(hf_dir: str | Path, out_file: str | Path, *, dtype: str = "f32", with_rerank_head: bool = True) -> Path:
     """Write the checkpoint in ``hf_dir`` (from :func:`build_tiny_xlmr`) as a GGUF file."""
     import gguf
     import numpy as np
