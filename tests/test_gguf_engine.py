@@ -5,6 +5,15 @@ bge-reranker GGUFs) and writes it as GGUF F32 and F16, plus a copy without its r
 The reference is the straightforward Hugging Face computation: ``tokenizer(query, doc)`` ->
 ``XLMRobertaForSequenceClassification`` -> one logit -> sigmoid. It shares no code with the
 engine (not even the tokenizer: llama.cpp tokenizes from the GGUF's own vocabulary).
+
+Why not 1e-3 against plain transformers: llama.cpp's CPU GELU is the tanh approximation read
+from a table indexed by the fp16-rounded input (ggml-cpu/vec.h, ``GGML_GELU_FP16``) where
+XLM-R uses the exact erf GELU. Measured on this (deterministic) model: scores move by up to
+1.6e-3 (F32) and 1.8e-3 (F16, whose matmuls also round weights and activations to fp16);
+logits by up to 8.8e-3 and 1.8e-2. So the tests check, per dtype: scores within 2.5e-3 of plain
+transformers and the same order, and, for F32, scores within 1e-3 of the same transformers
+forward with llama.cpp's GELU swapped in (measured 1.4e-4), which shows the gap is almost all
+that activation.
 """
 
 from __future__ import annotations
@@ -48,22 +57,42 @@ def tiny(tmp_path_factory):
     }
 
 
+def _ggml_gelu(x):
+    """ggml-cpu's GELU: tanh approximation, looked up by the fp16-rounded input, stored as fp16."""
+    import torch
+
+    xh = x.half().float()
+    y = (0.5 * xh * (1 + torch.tanh(math.sqrt(2 / math.pi) * xh * (1 + 0.044715 * xh * xh)))).half().float()
+    return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, y))
+
+
 @pytest.fixture(scope="module")
 def reference(tiny):
-    """(ids, logit) of each (query, doc) pair by a plain transformers forward."""
+    """(ids, logit) of each (query, doc) pair by a plain transformers forward.
+
+    ``run(..., ggml_gelu=True)`` swaps each layer's GELU for llama.cpp's (the only change).
+    """
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny["hf"])
     model = AutoModelForSequenceClassification.from_pretrained(tiny["hf"], dtype=torch.float32).eval()
+    ggml_model = AutoModelForSequenceClassification.from_pretrained(tiny["hf"], dtype=torch.float32).eval()
 
-    def run(query: str, docs: list[str]) -> tuple[list[list[int]], list[float]]:
+    class GgmlGelu(torch.nn.Module):
+        def forward(self, x):
+            return _ggml_gelu(x)
+
+    for layer in ggml_model.roberta.encoder.layer:
+        layer.intermediate.intermediate_act_fn = GgmlGelu()
+
+    def run(query: str, docs: list[str], *, ggml_gelu: bool = False) -> tuple[list[list[int]], list[float]]:
         ids, logits = [], []
         with torch.inference_mode():
             for d in docs:
                 enc = tok(query, d, return_tensors="pt")
                 ids.append(enc["input_ids"][0].tolist())
-                logits.append(float(model(**enc).logits[0, 0]))
+                logits.append(float((ggml_model if ggml_gelu else model)(**enc).logits[0, 0]))
         return ids, logits
 
     def chunked(query: str, doc: str, window: int, max_query: int) -> list[float]:
@@ -96,11 +125,31 @@ async def f32(tiny):
     await engine.stop()
 
 
+@pytest.fixture(scope="module")
+async def f16(tiny):
+    engine = await _engine(tiny["f16"], max_batch_size=3, batch_tokens=512)
+    yield engine
+    await engine.stop()
+
+
+@pytest.fixture(scope="module")
+def engines(f32, f16):
+    return {"f32": f32, "f16": f16}
+
+
+# Raw-logit tolerance per file type (measured maxima 8.8e-3 and 1.8e-2, see the module docstring).
+_RAW_TOL = {"f32": 2e-2, "f16": 4e-2}
+
+
 def _job(engine: GgufEngine, query: str, docs: list[str], *, raw: bool = False) -> ScoreJob:
     tok = engine.tokenizer
     assert tok is not None
     return ScoreJob(
-        query=query, instruction="", shared_ids=tok.encode_shared(query, ""), item_ids=tok.encode_documents(docs), raw_scores=raw
+        query=query,
+        instruction="",
+        shared_ids=tok.encode_shared(query, ""),
+        item_ids=tok.encode_documents(docs),
+        raw_scores=raw,
     )
 
 
@@ -119,20 +168,30 @@ async def test_prompt_ids_equal_the_hf_pair_encoding(f32, reference, query):
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
 @pytest.mark.parametrize("query", QUERIES)
-async def test_f32_scores_equal_transformers(f32, reference, query):
-    result = await f32.score(_job(f32, query, DOCS))
+async def test_scores_equal_transformers(engines, reference, dtype, query):
+    engine = engines[dtype]
+    assert engine.describe()["dtype"] == dtype
+    result = await engine.score(_job(engine, query, DOCS))
     logits = reference(query, DOCS)[1]
-    # Not 1e-5: llama.cpp's CPU GELU is the tanh approximation read from an fp16 lookup table
-    # (ggml-cpu/vec.h, GGML_GELU_FP16) where transformers uses the exact erf GELU; on this
-    # model that moves scores by up to ~1.2e-3. The order must not change.
+    # Not 1e-3 against the erf GELU (module docstring): within 2.5e-3, and the order must not change.
     assert result.scores == pytest.approx([_sigmoid(x) for x in logits], abs=2.5e-3)
     expected_order = sorted(range(len(DOCS)), key=lambda i: -logits[i])
     assert sorted(range(len(DOCS)), key=lambda i: -result.scores[i]) == expected_order
     assert max(logits) - min(logits) > 1.0  # the tiny model really discriminates
-    raw = await f32.score(_job(f32, query, DOCS, raw=True))
-    assert raw.scores == pytest.approx(logits, abs=2.5e-2)
+    raw = await engine.score(_job(engine, query, DOCS, raw=True))
+    assert raw.scores == pytest.approx(logits, abs=_RAW_TOL[dtype])
     assert result.input_tokens == sum(len(ids) for ids in reference(query, DOCS)[0])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("query", QUERIES)
+async def test_f32_scores_equal_transformers_with_llama_cpp_gelu_within_1e_3(f32, reference, query):
+    """With llama.cpp's GELU in the reference, the F32 GGUF agrees within the issue's 1e-3."""
+    result = await f32.score(_job(f32, query, DOCS))
+    logits = reference(query, DOCS, ggml_gelu=True)[1]
+    assert result.scores == pytest.approx([_sigmoid(x) for x in logits], abs=1e-3)
 
 
 @pytest.mark.anyio

@@ -18,6 +18,7 @@ Usable from the command line too: ``python -m tests.tiny_gguf OUT_DIR``.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -52,6 +53,13 @@ def build_tiny_xlmr(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 200
         vocab_size=vocab_size, special_tokens=SPECIALS, unk_token="<unk>", shrinking_factor=0.9
     )
     tok.train_from_iterator(_CORPUS * 10, trainer=trainer)
+    # The trainer returns the same pieces and scores every run but orders ties differently, so
+    # ids (and with them the random model and every measured tolerance) would change per run:
+    # rebuild the model with a fixed order, specials first.
+    trained = json.loads(tok.to_str())["model"]["vocab"]
+    assert [p for p, _ in trained[: len(SPECIALS)]] == SPECIALS
+    rest = sorted(((p, round(s, 9)) for p, s in trained[len(SPECIALS) :]), key=lambda ps: (-ps[1], ps[0]))
+    tok.model = models.Unigram([(p, 0.0) for p in SPECIALS] + rest, unk_id=SPECIALS.index("<unk>"), byte_fallback=False)
     tok.add_special_tokens(["<mask>"])
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     # XLM-R's pair layout, the one llama.cpp's default rerank prompt builds: <s> q </s></s> d </s>
@@ -95,9 +103,7 @@ def build_tiny_xlmr(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 200
     return out
 
 
-def write_gguf(
-    hf_dir: str | Path, out_file: str | Path, *, dtype: str = "f32", with_rerank_head: bool = True
-) -> Path:
+def write_gguf(hf_dir: str | Path, out_file: str | Path, *, dtype: str = "f32", with_rerank_head: bool = True) -> Path:
     """Write the checkpoint in ``hf_dir`` (from :func:`build_tiny_xlmr`) as a GGUF file."""
     import gguf
     import numpy as np
@@ -170,7 +176,10 @@ def write_gguf(
         data = tensor.detach().float().numpy()
         if name == "embeddings.position_embeddings.weight":
             data = data[POSITION_OFFSET:]  # llama.cpp counts positions from 0
-        # 1-D tensors and the small embedding tables llama.cpp's converter keeps in F32 stay F32.
+        # 1-D tensors stay F32, and so do the position and token-type tables, as llama.cpp's
+        # converter keeps them (conversion/base.py): its BERT graph adds the token-type row to the
+        # F32 embeddings with ggml_add, which ggml's CPU backend cannot do with an F16 operand
+        # (binary-ops.cpp aborts the process: "unsupported types: dst: f32, src0: f32, src1: f16").
         if dtype == "f16" and data.ndim == 2 and mapped not in ("token_types", "position_embd"):
             data = data.astype(np.float16)
         w.add_tensor(f"{mapped}.{suffix}", np.ascontiguousarray(data))
@@ -183,8 +192,6 @@ def write_gguf(
 
 
 def _unigram_scores(hf_dir: Path) -> dict[str, float]:
-    import json
-
     model = json.loads((hf_dir / "tokenizer.json").read_text(encoding="utf-8"))["model"]
     return {piece: float(score) for piece, score in model["vocab"]}
 

@@ -20,14 +20,14 @@ from typing import Any
 import torch
 
 from adapters.base import ScoreJob
-from adapters.families.base import Family, Row
+from adapters.families.base import Row
 from adapters.families.detect import pooling_mode
-from adapters.families.layout import SpecialLayout, load_encoder_tokenizer, special_layout
+from adapters.families.encoder import EncoderFamily, EncoderTokenizer
 
 __all__ = ("BiEncoderFamily", "SingleTokenizer")
 
 
-class SingleTokenizer:
+class SingleTokenizer(EncoderTokenizer):
     """:class:`adapters.base.PromptTokenizer` for texts embedded one at a time.
 
     The shared part is the query's whole sequence (``[CLS] q [SEP]``); an item is a document's
@@ -35,64 +35,39 @@ class SingleTokenizer:
     """
 
     def __init__(self, tokenizer: Any, *, window: int, max_query_tokens: int) -> None:
-        self._rust = tokenizer.backend_tokenizer
-        self._encode_batch = getattr(self._rust, "encode_batch_fast", self._rust.encode_batch)
-        self.layout: SpecialLayout = special_layout(self._rust, pair=False)
-        self._window = window
+        super().__init__(tokenizer, window=window, pair=False)
         self._room = window - self.layout.specials
         if self._room < 1:
             raise ValueError(f"max_length={window} leaves no room for text beside the special tokens")
         self._max_query_tokens = min(max_query_tokens, self._room)
 
-    @property
-    def max_length(self) -> int:
-        return self._window
-
-    @property
-    def suffix_length(self) -> int:
-        return len(self.layout.tail)
-
     def encode_shared(self, query: str, instruction: str) -> list[int]:
-        ids = self._rust.encode(query, add_special_tokens=False).ids[: self._max_query_tokens]
-        return self.wrap(ids)
+        return self.wrap(self._query_ids(query, self._max_query_tokens))
 
     def item_room(self, shared_ids: Sequence[int]) -> int:
         return self._room
-
-    def encode_documents(self, documents: Sequence[str]) -> list[list[int]]:
-        if not documents:
-            return []
-        return [enc.ids for enc in self._encode_batch(list(documents), add_special_tokens=False)]
 
     def wrap(self, ids: Sequence[int]) -> list[int]:
         return [*self.layout.prefix, *ids, *self.layout.tail]
 
 
-class BiEncoderFamily(Family):
+class BiEncoderFamily(EncoderFamily):
     name = "bi-encoder"
     supports_raw_scores = True
+    auto_class = "AutoModel"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pooling = pooling_mode(self.files, self.config.pooling)
         self._single: SingleTokenizer | None = None
-        self._model: Any = None
-        self._device: torch.device | None = None
-        self._pad_id = int(self.files.config.get("pad_token_id") or 0)
-        self._window = self.config.max_length
 
     @property
     def tokenizer(self) -> SingleTokenizer:
         assert self._single is not None, "load_tokenizer first"
         return self._single
 
-    def window(self) -> int:
-        return self._window
-
     def load_tokenizer(self) -> SingleTokenizer:
-        tok, self._window, pad_id = load_encoder_tokenizer(self.config, self.files)
-        if pad_id is not None:
-            self._pad_id = int(pad_id)
+        tok = self._load_fast_tokenizer()
         self._single = SingleTokenizer(tok, window=self._window, max_query_tokens=self.config.max_query_tokens)
         return self._single
 
@@ -108,23 +83,10 @@ class BiEncoderFamily(Family):
         return cos.tolist() if job.raw_scores else ((1.0 + cos) / 2.0).tolist()
 
     # -- transformers --------------------------------------------------------------------------
-    def load_torch(self, device: torch.device, dtype: torch.dtype) -> None:
-        from transformers import AutoModel
-
-        cfg = self.config
-        model = AutoModel.from_pretrained(cfg.path, revision=cfg.revision, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
-        self._model = model.to(device).eval()
-        self._device = device
-
     def forward(self, rows: list[Row]) -> torch.Tensor:
-        width = max(len(r.ids) for r in rows)
-        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r.ids)] = torch.tensor(r.ids)
-            mask[i, : len(r.ids)] = 1
-        mask = mask.to(self._device)
-        hidden = self._model(input_ids=ids.to(self._device), attention_mask=mask).last_hidden_state.float()
+        inputs = self.padded_inputs(rows)
+        mask = inputs["attention_mask"]
+        hidden = self._model(**inputs).last_hidden_state.float()
         if self.pooling == "cls":
             return hidden[:, 0]
         if self.pooling == "lasttoken":
@@ -132,6 +94,3 @@ class BiEncoderFamily(Family):
             return hidden[torch.arange(len(rows), device=hidden.device), last]
         weights = mask.unsqueeze(-1).float()
         return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-
-    def unload(self) -> None:
-        self._model = None

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from adapters.base import ScoreJob
-from adapters.families.base import Family, Row
-from adapters.families.layout import SpecialLayout, load_encoder_tokenizer, special_layout
+from adapters.families.base import Row
+from adapters.families.encoder import EncoderFamily, EncoderTokenizer
 
 __all__ = ("CrossEncoderFamily", "PairTokenizer", "resolve_activation", "resolve_positive_label")
 
@@ -28,46 +28,27 @@ __all__ = ("CrossEncoderFamily", "PairTokenizer", "resolve_activation", "resolve
 _POSITIVE_NAMES = frozenset({"relevant", "positive", "yes", "true", "entailment", "match", "related"})
 
 
-class PairTokenizer:
+class PairTokenizer(EncoderTokenizer):
     """:class:`adapters.base.PromptTokenizer` for a (query, document) pair of an encoder."""
 
     def __init__(self, tokenizer: Any, *, window: int, max_query_tokens: int) -> None:
-        self._rust = tokenizer.backend_tokenizer
-        self._encode_batch = getattr(self._rust, "encode_batch_fast", self._rust.encode_batch)
-        self.layout: SpecialLayout = special_layout(self._rust, pair=True)
+        super().__init__(tokenizer, window=window, pair=True)
         # Token types only where the tokenizer hands them to the model (BERT: yes; XLM-R: no).
         self._typed = self.layout.second_segment_typed and "token_type_ids" in tokenizer.model_input_names
-        self._window = window
         # Half the window at most: a long query must leave documents room to be scored.
         self._max_query_tokens = min(max_query_tokens, (window - self.layout.specials) // 2)
         if self._max_query_tokens < 1:
             raise ValueError(f"max_length={window} leaves no room for a query and a document")
 
     @property
-    def max_length(self) -> int:
-        return self._window
-
-    @property
     def max_query_tokens(self) -> int:
         return self._max_query_tokens
 
-    @property
-    def suffix_length(self) -> int:
-        return len(self.layout.tail)
-
     def encode_shared(self, query: str, instruction: str) -> list[int]:
-        # A pair tokenizes its two sequences apart, so cutting the query's ids is exactly what
-        # the tokenizer's own truncation of the first sequence gives.
-        ids = self._rust.encode(query, add_special_tokens=False).ids[: self._max_query_tokens]
-        return [*self.layout.prefix, *ids, *self.layout.middle]
+        return [*self.layout.prefix, *self._query_ids(query, self._max_query_tokens), *self.layout.middle]
 
     def item_room(self, shared_ids: Sequence[int]) -> int:
         return self._window - len(shared_ids) - len(self.layout.tail)
-
-    def encode_documents(self, documents: Sequence[str]) -> list[list[int]]:
-        if not documents:
-            return []
-        return [enc.ids for enc in self._encode_batch(list(documents), add_special_tokens=False)]
 
     def row(self, shared_ids: Sequence[int], item_ids: Sequence[int]) -> Row:
         ids = [*shared_ids, *item_ids, *self.layout.tail]
@@ -112,9 +93,10 @@ def resolve_positive_label(configured: int | None, config: dict[str, Any], num_l
     )
 
 
-class CrossEncoderFamily(Family):
+class CrossEncoderFamily(EncoderFamily):
     name = "cross-encoder"
     supports_raw_scores = True
+    auto_class = "AutoModelForSequenceClassification"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -123,23 +105,14 @@ class CrossEncoderFamily(Family):
         self.activation, self.activation_reason = resolve_activation(cfg.activation, hf, self.num_labels)
         self.positive_label = resolve_positive_label(cfg.positive_label, hf, self.num_labels)
         self._pair: PairTokenizer | None = None
-        self._model: Any = None
-        self._device: torch.device | None = None
-        self._pad_id = int(hf.get("pad_token_id") or 0)
-        self._window = cfg.max_length
 
     @property
     def tokenizer(self) -> PairTokenizer:
         assert self._pair is not None, "load_tokenizer first"
         return self._pair
 
-    def window(self) -> int:
-        return self._window
-
     def load_tokenizer(self) -> PairTokenizer:
-        tok, self._window, pad_id = load_encoder_tokenizer(self.config, self.files)
-        if pad_id is not None:
-            self._pad_id = int(pad_id)
+        tok = self._load_fast_tokenizer()
         self._pair = PairTokenizer(tok, window=self._window, max_query_tokens=self.config.max_query_tokens)
         return self._pair
 
@@ -159,35 +132,8 @@ class CrossEncoderFamily(Family):
         return torch.sigmoid(logits[:, pos]).tolist()
 
     # -- transformers --------------------------------------------------------------------------
-    def load_torch(self, device: torch.device, dtype: torch.dtype) -> None:
-        from transformers import AutoModelForSequenceClassification
-
-        cfg = self.config
-        model = AutoModelForSequenceClassification.from_pretrained(
-            cfg.path, revision=cfg.revision, dtype=dtype, trust_remote_code=cfg.trust_remote_code
-        )
-        self._model = model.to(device).eval()
-        self._device = device
-
     def forward(self, rows: list[Row]) -> torch.Tensor:
-        width = max(len(r.ids) for r in rows)
-        # Right padding with the model's pad id: RoBERTa-style models number positions from the
-        # non-pad tokens, so a padded row computes what it would alone.
-        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        types = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r.ids)] = torch.tensor(r.ids)
-            mask[i, : len(r.ids)] = 1
-            if r.segment_start is not None:
-                types[i, r.segment_start : len(r.ids)] = 1
-        inputs = {"input_ids": ids.to(self._device), "attention_mask": mask.to(self._device)}
-        if any(r.segment_start is not None for r in rows):
-            inputs["token_type_ids"] = types.to(self._device)
-        return self._model(**inputs).logits.float()
-
-    def unload(self) -> None:
-        self._model = None
+        return self._model(**self.padded_inputs(rows)).logits.float()
 
     # -- vLLM ----------------------------------------------------------------------------------
     def vllm_runner_args(self) -> dict[str, Any]:
