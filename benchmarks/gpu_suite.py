@@ -8,7 +8,9 @@ Phases, in order of importance (a phase that would pass the deadline is skipped 
    128, MLP 3072, vocab 151,669, tied embeddings) with random bf16 weights -- weights do not
    change speed -- and the offline BPE tokenizer of ``tests.tiny_qwen3`` (lengths are cut in its
    tokens, so prompt lengths match the workload); bf16 matmul rate.
-2. parity: the packed engine (varlen on CUDA, compiled) against transformers fp32 on this device.
+2. parity: the packed and transformers engines (fp32 and bf16) against the independent reference
+   (fp32, CPU) on the tiny and the 0.6B-shaped checkpoints; each gateway phase then scores the
+   0.6B-shaped documents through its running engine too (vLLM engines included).
 3. gateway over HTTP, one gateway per engine kind of ``--http-engines`` (packed, vllm-score,
    vllm-generate), one after the other: ``create_app`` + uvicorn in this process,
    ``rerank-gateway bench`` as a separate client process, one call per level (d100 and d300, 1

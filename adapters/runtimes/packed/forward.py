@@ -4,16 +4,17 @@ The prompts of a step are concatenated into one token sequence (``T`` tokens); `
 the cumulative prompt lengths, positions restart at 0 for every prompt (RoPE sees each prompt
 as if alone), and attention is causal *within* each prompt only:
 
-- CUDA: varlen flash attention (PyTorch's ``torch.nn.attention.varlen.varlen_attn``, else
-  ``flash_attn_varlen_func`` when flash-attn is installed), no padding, no mask tensor;
+- CUDA: varlen flash attention (vLLM's FlashAttention-3 when vLLM is installed, else flash-attn,
+  else PyTorch's ``torch.nn.attention.varlen.varlen_attn``), no padding, no mask tensor;
 - CPU (or ``attention = "sdpa"``): one causal ``scaled_dot_product_attention`` per prompt, the
   same kernel and arithmetic transformers' own SDPA path uses for a single unpadded sequence,
   hence exact.
 
 Only the last position of each prompt goes through the last layer's MLP, the final norm and the
-two LM-head rows ("no", "yes"). The layer weights are transformers' own Qwen3 modules (the
-checkpoint loads with its real code); this file only replaces the sequence plumbing around
-them, so it serves any Qwen3ForCausalLM checkpoint, GQA included.
+two LM-head rows ("no", "yes"). The checkpoint loads with transformers' real Qwen3 code; the
+default "fused" mode concatenates each layer's q/k/v and gate/up weights (one GEMM each, the
+modules keep views) and runs the same arithmetic as those modules, so it serves any
+Qwen3ForCausalLM checkpoint without biases, GQA included.
 
 Imported only through ``adapters.registry`` (pulls in torch and transformers).
 """
