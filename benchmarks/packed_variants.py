@@ -29,13 +29,14 @@ from typing import Any
 
 from benchmarks.gpu_suite import REAL_CONFIG
 
-# name: (mode, compile, varlen kernel)
-VARIANTS: dict[str, tuple[str, bool, str]] = {
+# name: (mode, compile, varlen kernel[, vLLM's silu / q-k-norm-RoPE kernels when faster at start])
+VARIANTS: dict[str, tuple[Any, ...]] = {
     "modules+whole+torch (run 1)": ("modules", True, "torch"),
     "fused+regions+fa3": ("fused", True, "fa3"),
     "fused+regions+torch": ("fused", True, "torch"),
     "modules+whole+fa3": ("modules", True, "fa3"),
     "fused+eager+fa3": ("fused", False, "fa3"),
+    "fused+regions+fa3 (no vLLM ops)": ("fused", True, "fa3", False),
 }
 FLOP_PER_TOKEN = 0.90e9
 DEV = os.environ.get("RR_VARIANT_DEVICE", "cuda")  # "cpu": a dry run of the script
@@ -94,7 +95,8 @@ def run_variant(name: str, work: Path) -> dict[str, Any]:
 
     from adapters.runtimes.packed.forward import PackedQwen3Replica
 
-    mode, compile_, kernel = VARIANTS[name]
+    mode, compile_, kernel, *rest = VARIANTS[name]
+    vllm_ops = rest[0] if rest else True
     out: dict[str, Any] = {"variant": name}
     torch.manual_seed(0)
     cfg = (dict(REAL_CONFIG, num_hidden_layers=2, vocab_size=4096, hidden_size=128, intermediate_size=256, num_attention_heads=4,
@@ -104,7 +106,7 @@ def run_variant(name: str, work: Path) -> dict[str, Any]:
     for p in model.parameters():
         p.requires_grad_(False)
     head = model.lm_head.weight[[1, 2]].float().clone()
-    rep = PackedQwen3Replica(model.model, head, torch.device(DEV), attention="varlen" if DEV == "cuda" else "sdpa", compile=compile_ and DEV == "cuda", mode=mode, kernel=kernel)
+    rep = PackedQwen3Replica(model.model, head, torch.device(DEV), attention="varlen" if DEV == "cuda" else "sdpa", compile=compile_ and DEV == "cuda", mode=mode, kernel=kernel, vllm_ops=vllm_ops)
     out["attention"] = rep.attention_name
     d100, d300 = _batch(100, 50, 150, 1), _batch(100, 150, 450, 2)
     # 16 clients' d100 requests in the engine's 64k-token steps: ~3.3 requests per step.
@@ -122,6 +124,7 @@ def run_variant(name: str, work: Path) -> dict[str, Any]:
     rep.warm_up([d100[:1], d100, d300, steps[0], d100[:1]])
     out["warm_up_s"] = time.time() - t
     out["compile_error"] = rep.compile_error
+    out["kernels"] = {"silu": [rep.silu_kernel, rep.silu_timing_ms], "qk_norm_rope": [rep.qk_kernel, rep.qk_timing_ms]}
 
     def timed(prompts: list[list[int]], n: int = 15) -> dict[str, float]:
         ts = []

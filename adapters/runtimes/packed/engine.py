@@ -75,6 +75,8 @@ class PackedQwen3Engine:
             "mode": self._replicas[0].mode if self._replicas else None,
             "silu": ({"kernel": self._replicas[0].silu_kernel, "timing_ms": self._replicas[0].silu_timing_ms}
                      if self._replicas else None),
+            "qk_norm_rope": ({"kernel": self._replicas[0].qk_kernel, "timing_ms": self._replicas[0].qk_timing_ms}
+                             if self._replicas else None),
         }
         errors = [r.compile_error for r in self._replicas if r.compile_error]
         if errors:

@@ -201,6 +201,26 @@ def _vllm_silu_mul() -> Callable[[torch.Tensor], torch.Tensor] | None:
     return silu_mul
 
 
+def _vllm_qk_norm_rope() -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
+    """vLLM's CUDA ``fused_qk_norm_rope`` (q/k RMSNorm + NeoX RoPE in place on the fused projection)."""
+    try:
+        import vllm._C_stable_libtorch  # noqa: F401
+
+        op = torch.ops._C.fused_qk_norm_rope
+    except Exception:  # noqa: BLE001
+        return None
+
+    def qk_norm_rope(qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor, eps: float, positions: torch.Tensor,
+                     cos_sin: torch.Tensor, heads: int, kv_heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        op(qkv, heads, kv_heads, kv_heads, dim, eps, qw, kw, cos_sin, True, positions, -1)
+        n = qkv.shape[0]
+        q, k, v = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
+        # Views with the projection's row stride: the varlen kernels take them as they are.
+        return q.view(n, heads, dim), k.view(n, kv_heads, dim), v.view(n, kv_heads, dim)
+
+    return qk_norm_rope
+
+
 def _median_ms(fn: Callable[[], Any], n: int = 10) -> float:
     fn()
     times = []
@@ -252,7 +272,7 @@ class PackedQwen3Replica:
     """
 
     def __init__(self, backbone: Any, head: torch.Tensor, device: torch.device, *, attention: str, compile: bool,
-                 mode: str = "fused", kernel: str = "auto") -> None:
+                 mode: str = "fused", kernel: str = "auto", vllm_ops: bool = True) -> None:
         if mode not in ("fused", "modules"):
             raise ValueError(f"mode {mode!r}")
         self.device = device
@@ -268,6 +288,11 @@ class PackedQwen3Replica:
         self.compile_error: str | None = None
         self.silu_kernel = "torch" if mode == "fused" else "transformers module"
         self.silu_timing_ms: dict[str, float] = {}  # set at warm-up where there is a choice
+        self.vllm_ops = vllm_ops
+        self.qk_kernel = "torch" if mode == "fused" else "transformers module"
+        self.qk_timing_ms: dict[str, float] = {}
+        self._qk_vllm: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self._cos_sin: torch.Tensor | None = None
         self._layers = [_FusedLayer(layer) for layer in self.backbone.layers] if mode == "fused" else []
         self._eps = float(self.backbone.norm.variance_epsilon)
         self._stage = [torch.empty(0, dtype=torch.long)] * 2  # pinned host buffers, alternated between steps
@@ -314,33 +339,78 @@ class PackedQwen3Replica:
             self._uncompile()
             for batch in batches:
                 self.score(batch)
-        self._pick_silu()
+        if batches:
+            before = self.score(batches[-1])
+            self._pick_silu()
+            try:  # end to end with the kernels picked (q/k/v are then strided views for attention)
+                after = self.score(batches[-1])
+                ok = max(abs(a - b) for a, b in zip(after, before, strict=True)) < 0.05
+            except Exception as exc:  # noqa: BLE001
+                self.qk_timing_ms = {"error": f"{type(exc).__name__}: {exc}"[:200]}  # type: ignore[dict-item]
+                ok = False
+            if not ok:
+                self._qk_vllm, self.qk_kernel = None, "torch"
 
     @torch.inference_mode()
     def _pick_silu(self) -> None:
-        """silu(gate) * up: the compiled region or vLLM's CUDA kernel, whichever is faster here, timed now.
+        """vLLM's CUDA kernels or the compiled regions, whichever is faster here, timed now (~20 ms).
 
-        On the H200 the compiled region ran at ~1.5 TB/s, well under the memory bandwidth
-        (docs/benchmarks/gpu-h200-2026-12-01-b): a ~10 ms measurement at start settles it per machine.
+        silu(gate) * up: Inductor's kernel ran at ~1.5 TB/s on the H200, vLLM's ~3x faster
+        (docs/benchmarks/gpu-h200-2026-12-01-b). q/k norm + RoPE likewise. A kernel that does
+        not compute the same function (checked on random data first) is never used.
         """
-        if self.mode != "fused" or self.device.type != "cuda" or self.head.device.type != "cuda":
+        if not self.vllm_ops or self.mode != "fused" or self.device.type != "cuda":
             return
-        vllm_op = _vllm_silu_mul()
-        if vllm_op is None:
-            return
-        w = self._layers[0].gate_up
+        w = self._layers[0]
+        dim = self.backbone.layers[0].self_attn.head_dim
+        silu_op, qk_op = _vllm_silu_mul(), _vllm_qk_norm_rope()
         with torch.cuda.device(self.device):
-            x = torch.randn(16384, w.shape[0], dtype=w.dtype, device=self.device)
-            try:
-                if (vllm_op(x[:64]).float() - _silu_mul(x[:64]).float()).abs().max().item() > 0.05:
-                    return  # not the same function: never use it
-                current = self._regions[3]
-                self.silu_timing_ms = {"compiled": _median_ms(lambda: current(x)), "vllm": _median_ms(lambda: vllm_op(x))}
-            except Exception:  # noqa: BLE001
-                return
-        if self.silu_timing_ms["vllm"] < self.silu_timing_ms["compiled"]:
-            self._regions = (*self._regions[:3], vllm_op)
-            self.silu_kernel = "vLLM silu_and_mul"
+            x = torch.randn(16384, w.gate_up.shape[0], dtype=w.gate_up.dtype, device=self.device)
+            if silu_op is not None:
+                try:
+                    if (silu_op(x[:64]).float() - _silu_mul(x[:64]).float()).abs().max().item() < 0.05:
+                        current = self._regions[3]
+                        self.silu_timing_ms = {"compiled": _median_ms(lambda: current(x)), "vllm": _median_ms(lambda: silu_op(x))}
+                        if self.silu_timing_ms["vllm"] < self.silu_timing_ms["compiled"]:
+                            self._regions = (*self._regions[:3], silu_op)
+                            self.silu_kernel = "vLLM silu_and_mul"
+                except Exception as exc:  # noqa: BLE001  # keep the compiled region
+                    self.silu_timing_ms = {"error": f"{type(exc).__name__}: {exc}"[:200]}  # type: ignore[dict-item]
+            if qk_op is not None:
+                try:
+                    n = 16384
+                    qkv = torch.randn(n, w.qkv.shape[0], dtype=w.qkv.dtype, device=self.device)
+                    pos = torch.arange(n, device=self.device) % 300
+                    cos_sin = self._cos_sin_cache(300)
+                    cos, sin = self.backbone.rotary_emb(qkv[:, :dim], pos[None])
+                    cos, sin = cos[0, :, None, :], sin[0, :, None, :]
+                    region = self._regions[2]
+                    want = region(qkv, w.q_norm, w.k_norm, self._eps, cos, sin, w.heads, w.kv_heads, dim)
+                    got = qk_op(qkv.clone(), w.q_norm, w.k_norm, self._eps, pos, cos_sin, w.heads, w.kv_heads, dim)
+                    err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, want, strict=True))
+                    if err < 1e-2:
+                        self.qk_timing_ms = {
+                            "compiled": _median_ms(lambda: region(qkv, w.q_norm, w.k_norm, self._eps, cos, sin, w.heads, w.kv_heads, dim)),
+                            "vllm": _median_ms(lambda: qk_op(qkv, w.q_norm, w.k_norm, self._eps, pos, cos_sin, w.heads, w.kv_heads, dim)),
+                            "rel_err": err}
+                        if self.qk_timing_ms["vllm"] < self.qk_timing_ms["compiled"]:
+                            self._qk_vllm = qk_op
+                            self.qk_kernel = "vLLM fused_qk_norm_rope"
+                    else:
+                        self.qk_timing_ms = {"rel_err": err}
+                except Exception as exc:  # noqa: BLE001
+                    self.qk_timing_ms = {"error": f"{type(exc).__name__}: {exc}"[:200]}  # type: ignore[dict-item]
+
+    def _cos_sin_cache(self, n: int) -> torch.Tensor:
+        """vLLM's RoPE table layout: (positions, [cos | sin] of the rotary half), from the model's own rotary_emb."""
+        if self._cos_sin is None or self._cos_sin.shape[0] < n:
+            size = max(4096, 1 << (n - 1).bit_length())
+            w = self._layers[0].qkv
+            cos, sin = self.backbone.rotary_emb(torch.empty(1, dtype=w.dtype, device=w.device),
+                                                torch.arange(size, device=w.device)[None])
+            half = cos.shape[-1] // 2
+            self._cos_sin = torch.cat((cos[0, :, :half], sin[0, :, :half]), dim=-1).to(w.dtype).contiguous()
+        return self._cos_sin
 
     def score(self, prompts: Sequence[Sequence[int]]) -> list[float]:
         """P(yes) over {no, yes} at the last position of each prompt."""
@@ -406,14 +476,21 @@ class PackedQwen3Replica:
         bb, eps = self.backbone, self._eps
         n_tokens = ids.shape[0]
         h = bb.embed_tokens(ids)
-        cos, sin = bb.rotary_emb(h, positions[None])  # (1, T, D), whatever RoPE scaling the config has
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]
+        qk_vllm = self._qk_vllm
+        if qk_vllm is None:
+            cos, sin = bb.rotary_emb(h, positions[None])  # (1, T, D), whatever RoPE scaling the config has
+            cos, sin = cos[0, :, None, :], sin[0, :, None, :]
+        else:
+            cos_sin = self._cos_sin_cache(max_len)
         last = cu[1:].long() - 1
         layers = self._layers
         x = rms(h, layers[0].ln1, eps)
         dim = bb.layers[0].self_attn.head_dim
         for i, w in enumerate(layers):
-            q, k, v = qkv_rope(F.linear(x, w.qkv), w.q_norm, w.k_norm, eps, cos, sin, w.heads, w.kv_heads, dim)
+            if qk_vllm is None:
+                q, k, v = qkv_rope(F.linear(x, w.qkv), w.q_norm, w.k_norm, eps, cos, sin, w.heads, w.kv_heads, dim)
+            else:
+                q, k, v = qk_vllm(F.linear(x, w.qkv), w.q_norm, w.k_norm, eps, positions, cos_sin, w.heads, w.kv_heads, dim)
             o = self._attend(q, k, v, cu, max_len, lens)
             delta = F.linear(o.view(n_tokens, -1), w.o)
             if i == len(layers) - 1:
