@@ -8,7 +8,9 @@ Phases, in order of importance (a phase that would pass the deadline is skipped 
    128, MLP 3072, vocab 151,669, tied embeddings) with random bf16 weights -- weights do not
    change speed -- and the offline BPE tokenizer of ``tests.tiny_qwen3`` (lengths are cut in its
    tokens, so prompt lengths match the workload); bf16 matmul rate.
-2. parity: the packed engine (varlen on CUDA, compiled) against transformers fp32 on this device.
+2. parity: the packed and transformers engines (fp32 and bf16) against the independent reference
+   (fp32, CPU) on the tiny and the 0.6B-shaped checkpoints; each gateway phase then scores the
+   0.6B-shaped documents through its running engine too (vLLM engines included).
 3. gateway over HTTP, one gateway per engine kind of ``--http-engines`` (packed, vllm-score,
    vllm-generate), one after the other: ``create_app`` + uvicorn in this process,
    ``rerank-gateway bench`` as a separate client process, one call per level (d100 and d300, 1
@@ -177,6 +179,15 @@ async def phase_gateway(model_dir: Path, kind: str, engine_cfg: dict[str, Any], 
                 measured = d["measured"]
             out["http"][label][wl] = {"summaries": summaries, "measured": measured}
         out["engine_stats"] = engine_stats()
+        if PARITY_06B:
+            score = eb.service_score(app.state.service, label, RerankRequest)
+            got = [x for q, docs in PARITY_06B["reqs"] for x in await score((q, docs))]
+            ref = PARITY_06B["reference"]
+            order = sorted(range(len(ref)), key=lambda i: -ref[i])
+            out["parity_0.6b_via_gateway"] = {"max_abs_diff_vs_reference": max(abs(a - b) for a, b in zip(got, ref, strict=True)),
+                                             "same_order": sorted(range(len(got)), key=lambda i: -got[i]) == order,
+                                             "score_range": [min(got), max(got)], "documents": len(got)}
+            log(f"parity 0.6B shape via the gateway, {label}: {out['parity_0.6b_via_gateway']}")
         if service_rows:
             sizes = eb.SMALL_WORKLOADS if small else eb.WORKLOADS
             score = eb.service_score(app.state.service, label, RerankRequest)
@@ -187,6 +198,16 @@ async def phase_gateway(model_dir: Path, kind: str, engine_cfg: dict[str, Any], 
         server.should_exit = True
         await asyncio.wait_for(task, 120)
     return out
+
+
+# The 0.6B shape's parity requests and reference scores, kept by the parity phase so that each
+# gateway phase can score them through its running engine (no second engine start).
+PARITY_06B: dict[str, Any] = {}
+
+
+def _worst(v: list[float], base: list[float], lens: list[int]) -> dict[str, Any]:
+    i = max(range(len(v)), key=lambda j: abs(v[j] - base[j]))
+    return {"worst_doc": {"index": i, "prompt_tokens": lens[i] if i < len(lens) else None, "score": v[i], "reference": base[i]}}
 
 
 async def phase_parity(model_dir: Path, work: Path, small: bool) -> dict[str, Any]:
@@ -216,6 +237,10 @@ async def phase_parity(model_dir: Path, work: Path, small: bool) -> dict[str, An
             "packed bf16 (auto: varlen on CUDA)": PackedEngineConfig(**common, dtype="bfloat16",
                                                                      compile="off" if path == tiny else "auto"),
         }
+        if path == tiny and not small:
+            # The 2026-12-01 report's finding (transformers fp32 off by 0.44 on CUDA): the same engine
+            # with SDPA's math kernel only, to tell the fused SDPA kernels from the engine's own code.
+            configs["transformers fp32, SDPA math kernel only"] = configs["transformers fp32"]
         # The independent reference: full causal-LM forward per prompt, fp32, on the CPU -- in a
         # child process, so this process's CPU thread pools are never used before compiling.
         t = time.time()
@@ -226,20 +251,43 @@ async def phase_parity(model_dir: Path, work: Path, small: bool) -> dict[str, An
         ref_out, _ = await proc.communicate(json.dumps(reqs).encode())
         scores: dict[str, list[float]] = {"reference (CPU fp32)": json.loads(ref_out.decode().strip().splitlines()[-1])}
         log(f"reference {name}: {time.time() - t:.0f}s")
+        lens: list[int] = []
+        errors: dict[str, str] = {}
         for label, c in configs.items():
-            eng = build_engine(c)
-            await eng.start()
+            math_only = label.endswith("math kernel only")
+            if math_only:
+                import torch
+
+                flags = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+                         torch.backends.cuda.cudnn_sdp_enabled())
+                torch.backends.cuda.enable_flash_sdp(False)
+                torch.backends.cuda.enable_mem_efficient_sdp(False)
+                torch.backends.cuda.enable_cudnn_sdp(False)
             try:
-                tok = eng.tokenizer
-                s: list[float] = []
-                for q, docs in reqs:
-                    job = ScoreJob(query=q, instruction=DEFAULT_INSTRUCTION, shared_ids=tok.encode_shared(q, DEFAULT_INSTRUCTION),
-                                   item_ids=tok.encode_documents(docs))
-                    s += (await eng.score(job)).scores
-                scores[label] = s
+                eng = build_engine(c)
+                await eng.start()
+                try:
+                    tok = eng.tokenizer
+                    s: list[float] = []
+                    lens = []
+                    for q, docs in reqs:
+                        shared = tok.encode_shared(q, DEFAULT_INSTRUCTION)
+                        job = ScoreJob(query=q, instruction=DEFAULT_INSTRUCTION, shared_ids=shared, item_ids=tok.encode_documents(docs))
+                        lens += [len(tok.assemble(shared, i)) for i in job.item_ids]
+                        s += (await eng.score(job)).scores
+                    scores[label] = s
+                finally:
+                    await eng.stop()
+            except Exception as exc:  # noqa: BLE001  # one engine failing must not lose the others' parity
+                errors[label] = f"{type(exc).__name__}: {exc}"[:500]
             finally:
-                await eng.stop()
+                if math_only:
+                    torch.backends.cuda.enable_flash_sdp(flags[0])
+                    torch.backends.cuda.enable_mem_efficient_sdp(flags[1])
+                    torch.backends.cuda.enable_cudnn_sdp(flags[2])
         base = scores["reference (CPU fp32)"]
+        if path == model_dir:
+            PARITY_06B["reqs"], PARITY_06B["reference"] = reqs, base
 
         def order(v: list[float]) -> list[int]:
             return sorted(range(len(v)), key=lambda i: -v[i])
@@ -247,8 +295,11 @@ async def phase_parity(model_dir: Path, work: Path, small: bool) -> dict[str, An
         out[name] = {label: {"max_abs_diff_vs_reference": max(abs(a - b) for a, b in zip(v, base, strict=True)),
                              "same_order": order(v) == order(base),
                              "top10_same": order(v)[:10] == order(base)[:10],
-                             "score_range": [min(v), max(v)]}
+                             "score_range": [min(v), max(v)],
+                             # the worst document: index, its prompt's length in tokens, its two scores
+                             **_worst(v, base, lens)}
                      for label, v in scores.items()}
+        out[name].update({label: {"error": e} for label, e in errors.items()})
         log(f"parity {name}: {json.dumps(out[name])}")
     return out
 
@@ -331,6 +382,8 @@ async def main_async(args: argparse.Namespace) -> None:
             gw["start_s"][kind] = one["start_s"]
             gw["http"].update(one["http"])
             gw["engine_stats"][kind] = one.get("engine_stats")
+            if "parity_0.6b_via_gateway" in one:
+                results.setdefault("parity_via_gateway", {})[kind] = one["parity_0.6b_via_gateway"]
             results["gateway"] = gw
     if gw["http"]:
         for kind in list(gw["http"])[:2]:  # 4 plots at most: the device returns 8 files
@@ -468,6 +521,16 @@ def report(results: dict[str, Any]) -> str:
     if results.get("parity"):
         lines += ["## Parity on this device (against the independent reference, fp32 on the CPU, same prompts)", "", "```",
                   json.dumps(results["parity"], indent=1), "```", ""]
+    if results.get("parity_via_gateway"):
+        lines += ["## Parity through the gateway (0.6B shape, the parity phase's documents, each engine as served)", "",
+                  "| engine | max abs diff vs reference | same order | documents |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['max_abs_diff_vs_reference']:.2e} | {v['same_order']} | {v['documents']} |"
+                  for k, v in results["parity_via_gateway"].items()]
+        lines.append("")
+    if results.get("gateway", {}).get("engine_stats", {}).get("packed"):
+        st = results["gateway"]["engine_stats"]["packed"]
+        lines += ["## Packed engine as served", "", "```", json.dumps({k: st.get(k) for k in ("attention", "compiled", "mode", "silu",
+                  "compile_error", "steps", "step_ms_mean", "steps_by_requests")}, default=str), "```", ""]
     if results.get("two_gpu"):
         lines += ["## Two GPUs (packed engine, d100, 32 clients)", "", "```", json.dumps(results["two_gpu"], indent=1, default=str), "```", ""]
     for kind, by_wl in (gw or {}).get("http", {}).items():

@@ -234,9 +234,10 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     max_items_per_step: Positive = 1024
     # Which waiting request fills a step first: arrival order, or fewest tokens left.
     policy: Literal["fifo", "shortest-first"] = "fifo"
-    # torch.compile(dynamic=True) of the forward; "auto": on CUDA only.
+    # torch.compile(dynamic=True) of the pointwise work between the GEMMs; "auto": on CUDA only.
     compile: Literal["auto", "on", "off"] = "auto"
-    # "auto": varlen flash attention on CUDA, exact per-prompt SDPA on CPU.
+    # "auto": varlen flash attention on CUDA (vLLM's FA3 when vLLM is installed, else flash-attn or
+    # PyTorch's varlen_attn), exact per-prompt SDPA on CPU.
     attention: Literal["auto", "varlen", "sdpa"] = "auto"
 
 

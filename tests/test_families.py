@@ -293,3 +293,14 @@ def test_raw_scores_refused_for_a_family_without_raw_output(tiny_qwen3_dir):
     cfg = TransformersEngineConfig(name="q", path=str(tiny_qwen3_dir), raw_scores=True)
     with pytest.raises(ValueError, match="raw_scores = true: the qwen3 family has no raw output"):
         create_family(cfg, "transformers")
+
+
+def test_qwen3_fp32_on_cuda_loads_eager_attention():
+    """CUDA's fused SDPA kernels mis-scored left-padded fp32 batches on an H200 (0.44 off): eager there only."""
+    import torch
+
+    from adapters.families.qwen3 import attention_override
+
+    assert attention_override(torch.device("cuda", 0), torch.float32) == {"attn_implementation": "eager"}
+    assert attention_override("cuda", torch.bfloat16) == {}
+    assert attention_override("cpu", torch.float32) == {}

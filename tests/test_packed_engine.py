@@ -241,3 +241,22 @@ async def test_pipelined_runner_delivers_every_step():
         assert runner.collected == len(runner.launched) == scheduler.stats()["steps"]
     finally:
         scheduler.stop()
+
+
+@pytest.mark.parametrize("mode", ["fused", "modules"])
+def test_replica_modes_equal_reference(tiny_qwen3_dir, mode):
+    """Both forward modes (fused q/k/v and gate/up GEMMs; transformers' modules) = the reference, fp32 CPU."""
+    import torch
+
+    from adapters.families.qwen3 import load_hf_tokenizer
+    from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
+
+    tok = Qwen3PromptTokenizer(load_hf_tokenizer(str(tiny_qwen3_dir), None), max_length=512, max_query_tokens=64)
+    shared = tok.encode_shared(QUERIES[0], DEFAULT_INSTRUCTION)
+    prompts = [tok.assemble(shared, d) for d in tok.encode_documents(DOCS)]
+    backbone, head = load_backbone(str(tiny_qwen3_dir), None, torch.float32, (tok.no_id, tok.yes_id))
+    replica = PackedQwen3Replica(backbone, head, torch.device("cpu"), attention="sdpa", compile=False, mode=mode)
+    got = replica.score(prompts)
+    want = reference.score_ids(str(tiny_qwen3_dir), prompts)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
+    assert replica.score(prompts[:1]) == pytest.approx(want[:1], abs=1e-5)  # a step of one prompt

@@ -72,6 +72,11 @@ class PackedQwen3Engine:
             "devices": [{"device": str(r.device)} for r in self._replicas],
             "attention": self._replicas[0].attention_name if self._replicas else None,
             "compiled": bool(self._replicas and self._replicas[0].compiled),
+            "mode": self._replicas[0].mode if self._replicas else None,
+            "silu": ({"kernel": self._replicas[0].silu_kernel, "timing_ms": self._replicas[0].silu_timing_ms}
+                     if self._replicas else None),
+            "qk_norm_rope": ({"kernel": self._replicas[0].qk_kernel, "timing_ms": self._replicas[0].qk_timing_ms}
+                             if self._replicas else None),
         }
         errors = [r.compile_error for r in self._replicas if r.compile_error]
         if errors:
@@ -108,7 +113,7 @@ class PackedQwen3Engine:
         prompt = Qwen3PromptTokenizer(load_hf_tokenizer(cfg.path, cfg.revision), max_length=cfg.max_length,
                                       max_query_tokens=cfg.max_query_tokens)
         backbone, head = load_backbone(cfg.path, cfg.revision, dtype, (prompt.no_id, prompt.yes_id))
-        # Compiling fuses the elementwise work between matmuls (~2x on an H200); on CPU it only
+        # Compiling fuses the elementwise work between the GEMMs (~2x on an H200); on CPU it only
         # costs start time (the CPU benchmark, docs/benchmarks.md), so "auto" compiles on CUDA only.
         compile_ = cfg.compile == "on" or (cfg.compile == "auto" and on_gpu)
         replicas = PackedQwen3Replica.replicas(backbone, head, devices, attention=cfg.attention, compile=compile_)
