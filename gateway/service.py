@@ -340,17 +340,18 @@ class RerankService:
         except EngineDeadError as exc:
             runtime.engine_died(engine, exc)  # 503 for this request; restart in the background
             raise
+        size = job.size
         if result.indices is not None:
-            expected = min(job.top_n or job.size, job.size)
+            expected = min(job.top_n or size, size)
             if (
                 job.top_n is None
                 or len(result.scores) != expected
                 or len(set(result.indices)) != expected
-                or not all(0 <= i < job.size for i in result.indices)
+                or not all(0 <= i < size for i in result.indices)
             ):
                 raise EngineError(f"engine returned {len(result.scores)} ranked scores for top_n {job.top_n}")
-        elif len(result.scores) != job.size:
-            raise EngineError(f"engine returned {len(result.scores)} scores for {job.size} items")
+        elif len(result.scores) != size:
+            raise EngineError(f"engine returned {len(result.scores)} scores for {size} items")
         if job.raw_scores:  # logits or cosines: any finite number
             if not all(math.isfinite(s) for s in result.scores):
                 raise EngineError("engine returned a non-finite raw score (NaN or inf)")
