@@ -193,6 +193,9 @@ def main() -> int:
     ap.add_argument("--before", help="a checkout of an earlier commit (git archive COMMIT | tar -x -C DIR): "
                     "its gateway, one worker, joins the comparison as gateway-before")
     ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", "/tmp/litellm-venv"))
+    ap.add_argument("--spinners", type=int, default=0,
+                    help="busy loops at nice 19 during the rounds: keeps idle vCPUs from sleeping, to see how much "
+                    "of the 1-client latency is wake-up cost rather than work")
     ap.add_argument("--no-pause", action="store_true",
                     help="leave the other targets running during each run (by default they are stopped with "
                     "SIGSTOP: an idle LiteLLM proxy keeps using CPU, which moved the 1-client figures of the others)")
@@ -271,6 +274,9 @@ def main() -> int:
             _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], 4, 1.0)
 
         results["idle_cpu_share"] = _idle_cpu({t: procs[t] for t in targets})
+        results["spinners"] = args.spinners
+        spinners = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
+                    for _ in range(args.spinners)]
         results["other_targets_paused"] = not args.no_pause
         print(f"idle CPU (share of a core): {results['idle_cpu_share']}", flush=True)
 
@@ -296,6 +302,9 @@ def main() -> int:
                     print(f"round {rnd} c={c:>2} {t:<11} {res['req_s']:8.1f} req/s  p50 {res.get('p50_ms', 0):6.2f} ms  "
                           f"cpu {res['cpu_ms_per_request']:.3f} ms/req  errors {res['errors']}  load {load0[0]}", flush=True)
 
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
         if args.profile_seconds > 0:
             prof_out = logs / "gateway-1w.pyspy.txt"
             proc = subprocess.Popen(["wrk", "-t1", "-c32", f"-d{round(args.profile_seconds) + 4}s", "-s", str(scripts["plain"]),
@@ -373,6 +382,8 @@ def render(results: dict[str, Any]) -> str:
         *([f"- During each run the other proxies were stopped (SIGSTOP; the stub always runs). Idle CPU, share "
            f"of a core, before the rounds: " + ", ".join(f"{k} {v:.3f}" for k, v in results["idle_cpu_share"].items())]
           if results.get("other_targets_paused") else []),
+        *([f"- {results['spinners']} busy loops at nice 19 ran during the rounds (idle vCPUs kept awake)."]
+          if results.get("spinners") else []),
         "",
         "| target | clients | req/s | p50 ms | p99 ms | CPU ms / request | errors |",
         "|---|---|---|---|---|---|---|",
