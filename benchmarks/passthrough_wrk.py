@@ -28,6 +28,7 @@ import platform
 import re
 import secrets
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -142,6 +143,39 @@ def _component(frames: list[str]) -> str:
     return f"other ({leaf.split(' (')[0][:40]})"
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (uvicorn's workers, LiteLLM's children) from /proc."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children[ppid].append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def _signal_tree(proc: Proc, sig: int) -> None:
+    for pid in _tree(proc.proc.pid):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _idle_cpu(procs: dict[str, Proc], seconds: float = 3.0) -> dict[str, float]:
+    """Share of a core each target uses while nobody sends it anything."""
+    before = {n: p.cpu_s() for n, p in procs.items()}
+    time.sleep(seconds)
+    return {n: round((p.cpu_s() - before[n]) / seconds, 4) for n, p in procs.items()}
+
+
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -159,6 +193,12 @@ def main() -> int:
     ap.add_argument("--before", help="a checkout of an earlier commit (git archive COMMIT | tar -x -C DIR): "
                     "its gateway, one worker, joins the comparison as gateway-before")
     ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", "/tmp/litellm-venv"))
+    ap.add_argument("--spinners", type=int, default=0,
+                    help="busy loops at nice 19 during the rounds: keeps idle vCPUs from sleeping, to see how much "
+                    "of the 1-client latency is wake-up cost rather than work")
+    ap.add_argument("--no-pause", action="store_true",
+                    help="leave the other targets running during each run (by default they are stopped with "
+                    "SIGSTOP: an idle LiteLLM proxy keeps using CPU, which moved the 1-client figures of the others)")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         print("wrk is missing: apt-get install -y wrk", file=sys.stderr)
@@ -233,20 +273,38 @@ def main() -> int:
         for t in targets:  # warm-up: connections, lazy imports, first-request paths
             _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], 4, 1.0)
 
+        results["idle_cpu_share"] = _idle_cpu({t: procs[t] for t in targets})
+        results["spinners"] = args.spinners
+        spinners = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
+                    for _ in range(args.spinners)]
+        results["other_targets_paused"] = not args.no_pause
+        print(f"idle CPU (share of a core): {results['idle_cpu_share']}", flush=True)
+
         for rnd in range(args.rounds):
             for c in clients:
                 order = targets[rnd % len(targets):] + targets[: rnd % len(targets)]
                 for t in order:
+                    # The stub serves every target, so it always runs; the other proxies wait stopped.
+                    paused = [] if args.no_pause else [procs[o] for o in targets if o not in (t, "stub")]
+                    for other in paused:
+                        _signal_tree(other, signal.SIGSTOP)
                     load0 = _loadavg()
                     cpu0 = procs[t].cpu_s()
-                    res = _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], c, args.seconds)
-                    cpu1 = procs[t].cpu_s()
+                    try:
+                        res = _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], c, args.seconds)
+                    finally:
+                        cpu1 = procs[t].cpu_s()
+                        for other in paused:
+                            _signal_tree(other, signal.SIGCONT)
                     res.update(round=rnd, clients=c, target=t, loadavg_before=load0, loadavg_after=_loadavg(),
                                cpu_ms_per_request=(cpu1 - cpu0) / max(1, res["requests"]) * 1e3)
                     results["runs"].append(res)
                     print(f"round {rnd} c={c:>2} {t:<11} {res['req_s']:8.1f} req/s  p50 {res.get('p50_ms', 0):6.2f} ms  "
                           f"cpu {res['cpu_ms_per_request']:.3f} ms/req  errors {res['errors']}  load {load0[0]}", flush=True)
 
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
         if args.profile_seconds > 0:
             prof_out = logs / "gateway-1w.pyspy.txt"
             proc = subprocess.Popen(["wrk", "-t1", "-c32", f"-d{round(args.profile_seconds) + 4}s", "-s", str(scripts["plain"]),
@@ -321,6 +379,11 @@ def render(results: dict[str, Any]) -> str:
         f"{w['seconds_per_run']:g} s per run, {w['rounds']} rounds, target order rotated each round; "
         f"N-worker gateway: {w['workers']} workers. LiteLLM {results.get('litellm_version', '(not run)')}, one worker.",
         f"- Command: `{results['command']}`",
+        *([f"- During each run the other proxies were stopped (SIGSTOP; the stub always runs). Idle CPU, share "
+           f"of a core, before the rounds: " + ", ".join(f"{k} {v:.3f}" for k, v in results["idle_cpu_share"].items())]
+          if results.get("other_targets_paused") else []),
+        *([f"- {results['spinners']} busy loops at nice 19 ran during the rounds (idle vCPUs kept awake)."]
+          if results.get("spinners") else []),
         "",
         "| target | clients | req/s | p50 ms | p99 ms | CPU ms / request | errors |",
         "|---|---|---|---|---|---|---|",

@@ -52,8 +52,8 @@ def check_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> None:
     again. A body with more than MAX_JSON_CONTAINERS arrays/objects is refused first, so the
     check costs well under a second on any body (a per-byte Python loop took 5 s on 18 MB).
     """
-    if body.count(b"[") + body.count(b"{") <= limit:
-        return  # too few brackets to be too deep
+    if _few_brackets(body, limit):
+        return  # too few brackets to be too deep (every body of string documents)
     brackets = _STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
     if len(brackets) > 2 * MAX_JSON_CONTAINERS:
         raise MalformedRequestError(
@@ -75,6 +75,21 @@ def check_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> None:
 
 
 _SPAN: Final = 4096
+
+
+def _few_brackets(body: bytes, limit: int) -> bool:
+    """At most ``limit`` ``[`` and ``{`` in ``body``: found by ``find`` (memchr), which skips the
+    text between brackets, and stops at ``limit`` + 1. ``count`` compares every byte in a loop
+    (0.2 ms for two counts over a 56 kB body, more than decoding it)."""
+    seen = 0
+    for bracket in (0x5B, 0x7B):  # [ {
+        at = body.find(bracket)
+        while at >= 0:
+            seen += 1
+            if seen > limit:
+                return False
+            at = body.find(bracket, at + 1)
+    return True
 
 
 class _TooDeep(Exception):

@@ -62,13 +62,30 @@ class UsageMetrics:
             registry=self.registry,
         )
 
+        # Labelled children, resolved once per series: labels() costs more than inc() (it
+        # validates, joins and locks). Keys are config key ids, canonical models and statuses,
+        # so these stay as small as the series themselves.
+        self._request_children: dict[tuple[str, str | None, int], Any] = {}
+        self._usage_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+
     def record_request(self, key: str, model: str | None, status: int) -> None:
-        self._requests.labels(key, model or NO_MODEL, str(status)).inc()
+        child = self._request_children.get((key, model, status))
+        if child is None:
+            child = self._requests.labels(key, model or NO_MODEL, str(status))
+            self._request_children[(key, model, status)] = child
+        child.inc()
 
     def record_usage(self, key: str, model: str, *, documents: int, tokens: int, search_units: int) -> None:
-        self._documents.labels(key, model).inc(documents)
-        self._tokens.labels(key, model).inc(tokens)
-        self._search_units.labels(key, model).inc(search_units)
+        children = self._usage_children.get((key, model))
+        if children is None:
+            children = self._usage_children[(key, model)] = (
+                self._documents.labels(key, model),
+                self._tokens.labels(key, model),
+                self._search_units.labels(key, model),
+            )
+        children[0].inc(documents)
+        children[1].inc(tokens)
+        children[2].inc(search_units)
 
     def record_rate_limited(self, key: str, limit: str) -> None:
         self._rate_limited.labels(key, limit).inc()

@@ -19,6 +19,7 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any, Literal
 
 import anyio.to_thread
@@ -92,8 +93,10 @@ class RerankOutcome(msgspec.Struct, kw_only=True, frozen=True):
     cache: str | None = None
 
 
-def dedup(texts: Sequence[str]) -> tuple[list[str], list[int]]:
+def dedup(texts: Sequence[str]) -> tuple[list[str], Sequence[int]]:
     """Unique texts in first-seen order, and for every input position its unique index."""
+    if len(dict.fromkeys(texts)) == len(texts):  # no duplicates (the usual case): one C-level pass
+        return list(texts), range(len(texts))
     index_of: dict[str, int] = {}
     positions = [index_of.setdefault(t, len(index_of)) for t in texts]
     return list(index_of), positions
@@ -329,23 +332,26 @@ class RerankService:
     async def _score(self, runtime: ModelRuntime, job: ScoreJob) -> Any:
         engine = runtime.usable_engine()
         try:
-            result = await asyncio.wait_for(engine.score(job), timeout=runtime.config.timeout_s)
+            # In this task (wait_for would start another one per request).
+            async with asyncio.timeout(runtime.config.timeout_s):
+                result = await engine.score(job)
         except TimeoutError:
             raise EngineTimeoutError(f"model '{runtime.name}' did not answer within {runtime.config.timeout_s}s") from None
         except EngineDeadError as exc:
             runtime.engine_died(engine, exc)  # 503 for this request; restart in the background
             raise
+        size = job.size
         if result.indices is not None:
-            expected = min(job.top_n or job.size, job.size)
+            expected = min(job.top_n or size, size)
             if (
                 job.top_n is None
                 or len(result.scores) != expected
                 or len(set(result.indices)) != expected
-                or not all(0 <= i < job.size for i in result.indices)
+                or not all(0 <= i < size for i in result.indices)
             ):
                 raise EngineError(f"engine returned {len(result.scores)} ranked scores for top_n {job.top_n}")
-        elif len(result.scores) != job.size:
-            raise EngineError(f"engine returned {len(result.scores)} scores for {job.size} items")
+        elif len(result.scores) != size:
+            raise EngineError(f"engine returned {len(result.scores)} scores for {size} items")
         if job.raw_scores:  # logits or cosines: any finite number
             if not all(math.isfinite(s) for s in result.scores):
                 raise EngineError("engine returned a non-finite raw score (NaN or inf)")
@@ -403,6 +409,8 @@ def rank_texts(documents: Sequence[str | dict[str, Any]], rank_fields: list[str]
         raise InvalidRequestError(
             "invalid request: rank_fields cannot be empty, it must either contain at least one field or be omitted"
         )
+    if rank_fields is None and all(map(isinstance, documents, repeat(str))):
+        return list(documents)  # plain strings (the usual case): checked at C speed
     texts: list[str] = []
     for i, doc in enumerate(documents):
         if isinstance(doc, str):

@@ -203,6 +203,8 @@ class PoolEngine:
             admitted = [r for r in candidates if r.admitted]
         if not admitted:
             return None
+        if len(admitted) == 1:  # one replica up: no ordering to compute
+            return admitted[0]
         least = min(r.outstanding for r in admitted)
         if key is not None:
             for replica in rendezvous_order(key, admitted):
