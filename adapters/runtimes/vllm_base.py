@@ -74,8 +74,12 @@ def engine_prompt(prompt_ids: list[int]) -> Any:
         return _tokens_input(prompt_ids)
     return {"prompt_token_ids": prompt_ids}
 
-# Seconds to wait for the engine-core processes to exit on stop.
-_SHUTDOWN_TIMEOUT_S = 10.0
+# Seconds the engine-core processes get to exit by themselves on stop; then vLLM kills their
+# process tree (engine core and its executor's worker). They hold nothing to save (weights and
+# KV cache are memory), and on their own they take long: the worker tears its interpreter down
+# (torch + vLLM: 5-15 s on a loaded 2-core box) while the core waits up to 5 s for it and then
+# tears down itself, so a 10 s bound was always used in full (docs/benchmarks/shutdown-2026-12-01).
+_SHUTDOWN_GRACE_S = 2.0
 
 
 def _on_cpu() -> bool:
@@ -282,8 +286,8 @@ class VllmEngine(abc.ABC):
             handler.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await handler
-        # Joins the engine-core processes; blocking, so in a thread.
-        await anyio.to_thread.run_sync(lambda: engine.shutdown(timeout=_SHUTDOWN_TIMEOUT_S))
+        # Stops and joins the engine-core processes (killed after the grace); blocking, so in a thread.
+        await anyio.to_thread.run_sync(lambda: engine.shutdown(timeout=_SHUTDOWN_GRACE_S))
 
     async def check_health(self) -> None:
         engine = self._engine
