@@ -109,7 +109,7 @@ def _event_times(text: str) -> dict[str, float]:
         if line.startswith("{") and '"event"' in line:
             try:
                 rec = json.loads(line)
-                when = dt.datetime.fromisoformat(rec["timestamp"].replace("Z", "+00:00")).timestamp()
+                when = dt.datetime.fromisoformat(rec["timestamp"]).timestamp()
             except (ValueError, KeyError):
                 continue
             out.setdefault(str(rec["event"]), when)
