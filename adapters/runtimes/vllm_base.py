@@ -82,6 +82,51 @@ def engine_prompt(prompt_ids: list[int]) -> Any:
 _SHUTDOWN_GRACE_S = 2.0
 
 
+def _engine_processes(engine: AsyncLLM) -> list[Any]:
+    """This engine's engine-core processes and their descendants (the executor's workers).
+
+    Read from vLLM's process manager (``engine_core.resources.engine_manager.processes``); an
+    engine without one (another vLLM layout, in-process core) gives an empty list.
+    """
+    import psutil  # a dependency of vLLM
+
+    manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
+    out: list[Any] = []
+    for proc in getattr(manager, "processes", None) or []:
+        with contextlib.suppress(psutil.Error, ValueError, TypeError):
+            core = psutil.Process(proc.pid)
+            out += [core, *core.children(recursive=True)]
+    return out
+
+
+def _reap(procs: list[Any], timeout: float = 5.0) -> None:
+    """Wait until ``procs`` have exited; SIGKILL those still running then and wait again.
+
+    A zombie counts as exited: it holds no memory, and its parent (the dead core, or this
+    process) reaps it, not us. Bounded: at most ``2 * timeout`` seconds.
+    """
+    import time
+
+    import psutil
+
+    def running(proc: Any) -> bool:
+        try:
+            return bool(proc.is_running()) and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    for last in (False, True):
+        deadline = time.monotonic() + timeout
+        while (alive := [p for p in procs if running(p)]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not alive or last:
+            return
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        procs = alive
+
+
 def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
@@ -286,8 +331,12 @@ class VllmEngine(abc.ABC):
             handler.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await handler
+        tree = _engine_processes(engine)
         # Stops and joins the engine-core processes (killed after the grace); blocking, so in a thread.
         await anyio.to_thread.run_sync(lambda: engine.shutdown(timeout=_SHUTDOWN_GRACE_S))
+        # vLLM's kill sends SIGKILL to the core's tree without waiting: on a busy machine a worker
+        # can still be running (dying) after shutdown returns, and outlive the gateway.
+        await anyio.to_thread.run_sync(_reap, tree)
 
     async def check_health(self) -> None:
         engine = self._engine
