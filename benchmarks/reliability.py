@@ -167,7 +167,8 @@ class Load:
 
 
 async def _load(url: str, clients: int, seconds: float, load: Load, *, model: str, key: str | None = KEY,
-                request_timeout: float = 30.0, backoff_503: float = 0.1) -> None:
+                request_timeout: float = 30.0, backoff_503: float = 0.1, until: Any = None) -> None:
+    """Closed-loop clients for ``seconds``, or until ``until()`` (checked between requests) is true."""
     load.start = time.monotonic()
     stop_at = load.start + seconds
     headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -175,7 +176,7 @@ async def _load(url: str, clients: int, seconds: float, load: Load, *, model: st
     async def client(n: int) -> None:
         i = n
         async with httpx.AsyncClient(base_url=url, timeout=request_timeout, headers=headers) as http:
-            while time.monotonic() < stop_at:
+            while time.monotonic() < stop_at and not (until is not None and until()):
                 t0 = time.monotonic()
                 body = {"model": model, "query": f"query {i}", "documents": _docs(i), "top_n": 5}
                 try:
@@ -383,7 +384,15 @@ def sigterm(workdir: Path, in_flight: int = 16) -> dict[str, Any]:
                     return -1
 
             tasks = [asyncio.create_task(one()) for _ in range(in_flight)]
-            await asyncio.sleep(0.5)  # all in flight, none finished
+            # Signal once the gateway has every request (a connection whose request has not
+            # arrived yet is idle, and a draining server closes idle connections): on a loaded
+            # box the client may take longer than the requests' 2 s to send them all.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                models = (await http.get("/ready")).json()["models"]
+                if sum(m["in_flight"] for m in models) >= in_flight:
+                    break
+                await asyncio.sleep(0.05)
             took = await asyncio.to_thread(gw.stop, signal.SIGTERM)
             return list(await asyncio.gather(*tasks)), took
 
@@ -407,7 +416,13 @@ def _vllm_lock() -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def engine_kill(workdir: Path, clients: int) -> dict[str, Any]:
+def engine_kill(workdir: Path, clients: int, window_s: float, logs: Path | None = None) -> dict[str, Any]:
+    """Kill vLLM's engine-core process (and its worker) under load; keep loading until the
+    first 200 after the kill plus ``_AFTER_RECOVERY_S``, or ``window_s`` at most.
+
+    vLLM on a loaded 2-core CPU takes minutes to start (155 s seen for the first start), so the
+    window must exceed a start: a shorter one reports "no recovery" for a restart in progress.
+    """
     from tests.tiny_qwen3 import build_tiny_qwen3
 
     tiny = build_tiny_qwen3(workdir / "tiny-qwen3")
@@ -416,38 +431,75 @@ def engine_kill(workdir: Path, clients: int) -> dict[str, Any]:
         "max_length = 256\nmax_query_tokens = 32\ntimeout_s = 60\nenforce_eager = true\ngpu_memory_utilization = 0.1\n"
     )
     with _vllm_lock():
+        started = time.monotonic()
         gw = Gateway(config, workdir, "vllm").ready(timeout=480)
+        first_start_s = round(time.monotonic() - started, 1)
         load = Load()
         marks: dict[str, float] = {}
         try:
+            # The engine-core process only: its executor's VLLM::Worker child is left to notice.
             cores = [
                 p for p in psutil.Process(gw.proc.pid).children(recursive=True)
                 if "EngineCore" in " ".join([p.name(), *p.cmdline()])
             ]
+
+            def recovered_a_while_ago() -> bool:
+                if "kill" not in marks:
+                    return False
+                ok = load.first_ok_after(marks["kill"])
+                return ok is not None and time.monotonic() - load.start > marks["kill"] + ok + _AFTER_RECOVERY_S
 
             async def run() -> None:
                 async def faults() -> None:
                     await asyncio.sleep(3)
                     marks["kill"] = time.monotonic() - load.start
                     for core in cores:
-                        core.send_signal(signal.SIGKILL)
+                        with contextlib.suppress(psutil.Error):
+                            core.send_signal(signal.SIGKILL)
 
                 await asyncio.gather(
-                    _load(gw.url, clients, 150, load, model="vs", backoff_503=0.5), faults()
+                    _load(gw.url, clients, window_s, load, model="vs", backoff_503=0.5, until=recovered_a_while_ago),
+                    faults(),
                 )
 
             asyncio.run(run())
             restarted = load.first_ok_after(marks["kill"])
+            after = marks["kill"] + (restarted if restarted is not None else window_s)
             return {
                 "clients": clients,
+                "window_s": window_s,
+                "first_start_s": first_start_s,
                 "engine_cores_killed": len(cores),
                 "before_kill": load.summary(0, marks["kill"]),
                 "after_kill": load.summary(marks["kill"]),
+                "until_recovery": load.summary(marks["kill"], after),
+                "after_recovery": load.summary(after) if restarted is not None else None,
                 "recovery_s_after_kill": restarted,
+                "gateway_events": _events(gw.log, ("engine_died", "engine_restart_failed", "engine_restarted")),
                 "tracebacks_logged": gw.tracebacks(),
             }
         finally:
             gw.stop()
+            if logs is not None:
+                logs.mkdir(parents=True, exist_ok=True)
+                shutil.copy(gw.log, logs / "engine-gateway.log")
+
+
+# Seconds of load kept after the first 200 following a fault: the engine must keep serving.
+_AFTER_RECOVERY_S = 15.0
+
+
+def _events(log: Path, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The gateway's JSON log lines whose event is one of ``names`` (error text cut)."""
+    out: list[dict[str, Any]] = []
+    for line in log.read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if rec.get("event") in names:
+                out.append({k: (v[:300] if isinstance(v, str) else v) for k, v in rec.items()})
+    return out
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -455,6 +507,8 @@ def engine_kill(workdir: Path, clients: int) -> dict[str, Any]:
 
 def _md(report: dict[str, Any]) -> str:
     lines = [f"# Reliability run {report['date']}", "", f"Machine: {report['machine']}. Command: `{report['command']}`.", ""]
+    if ran := report.get("section_dates"):
+        lines += ["Sections re-run later (the others ran at the time above): " + ", ".join(f"{k} {v}" for k, v in ran.items()) + ".", ""]
     lines += ["| Section | Figure | Value |", "|---|---|---|"]
 
     def row(section: str, figure: str, value: Any) -> None:
@@ -486,9 +540,16 @@ def _md(report: dict[str, Any]) -> str:
         if "skipped" in e:
             row("engine", "skipped", e["skipped"])
         else:
-            a = e["after_kill"]
-            row("engine", "after the kill: requests / statuses / lost / Retry-After on every 503", f"{a['requests']} / {a['statuses']} / {a['lost']} / {a['retry_after_on_all_503']}")
+            a = e.get("until_recovery") or e["after_kill"]
+            row("engine", "kill to recovery: requests / statuses / lost / Retry-After on every 503", f"{a['requests']} / {a['statuses']} / {a['lost']} / {a['retry_after_on_all_503']}")
             row("engine", "recovery (s from kill to first 200)", e["recovery_s_after_kill"])
+            if "window_s" in e:
+                row("engine", "window (s) / first start of the engine (s)", f"{e['window_s']:g} / {e['first_start_s']}")
+                restarts = [ev for ev in e["gateway_events"] if ev["event"] == "engine_restarted"]
+                failed = [ev for ev in e["gateway_events"] if ev["event"] == "engine_restart_failed"]
+                row("engine", "restart: engine start s / failed attempts", f"{restarts[0]['load_s'] if restarts else None} / {len(failed)}")
+            if r := e.get("after_recovery"):
+                row("engine", "after recovery: requests / statuses / lost", f"{r['requests']} / {r['statuses']} / {r['lost']}")
     lines += ["", "Full figures (per-phase statuses, RSS timeline) are in reliability.json.", ""]
     return "\n".join(lines)
 
@@ -525,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak-s", type=float, default=120.0)
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--out", default=str(ROOT / "docs" / "reliability"))
+    parser.add_argument("--engine-window-s", type=float, default=420.0,
+                        help="engine section: longest wait for the first 200 after the kill")
+    parser.add_argument("--keep-logs", default=None, help="copy the engine section's gateway log into this folder")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
     now = datetime.now(UTC)
@@ -541,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             "upstream": lambda: upstream(workdir, max(2, args.clients // 2)),
             "redis": lambda: redis_faults(workdir, max(2, args.clients // 2)),
             "sigterm": lambda: sigterm(workdir),
-            "engine": lambda: engine_kill(workdir, 4),
+            "engine": lambda: engine_kill(workdir, 4, args.engine_window_s, Path(args.keep_logs) if args.keep_logs else None),
         }
         for name in SECTIONS:
             if name not in only:
@@ -551,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
                 report[name] = steps[name]()
             except Exception as exc:  # a section that cannot run is reported, not fatal
                 report[name] = {"skipped": f"{type(exc).__name__}: {exc}"}
+            report.setdefault("section_dates", {})[name] = f"{datetime.now(UTC):%H:%M} UTC"
             print(json.dumps(report[name], default=str)[:600], flush=True)
             _write(report, out)  # after every section: a run stopped early keeps what it measured
     print(f"wrote {out}/reliability.json and reliability.md")
@@ -563,6 +628,7 @@ def _write(report: dict[str, Any], out: Path) -> None:
     if previous.exists():  # sections run separately on one day (e.g. `--only engine`) add up
         merged = json.loads(previous.read_text())
         merged.update({k: v for k, v in report.items() if k in SECTIONS})
+        merged["section_dates"] = {**merged.get("section_dates", {}), **report.get("section_dates", {})}
         merged["command"] = " ; ".join(dict.fromkeys([*merged.get("command", "").split(" ; "), report["command"]]))
         report = merged
     (out / "reliability.json").write_text(json.dumps(report, indent=2, default=str) + "\n")

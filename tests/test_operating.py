@@ -311,3 +311,62 @@ def test_sigterm_finishes_in_flight_requests_stops_accepting_and_exits_0(gateway
     events = [line["event"] for line in _lines(srv.output())]
     assert events.index("gateway_stopping") < events.index("gateway_stopped")
     assert "Traceback" not in srv.output()
+
+
+_TEARDOWN_HANG = """
+import atexit, os, sys, time
+from pathlib import Path
+
+sys.path.insert(0, os.getcwd())  # this checkout's gateway (a script's own folder is first on the path)
+
+class HangsAtTeardown:
+    # Stands in for what torch and vLLM free at interpreter teardown (seconds on a loaded box):
+    # here a teardown that never ends, so a gateway that waits for it hangs.
+    def __del__(self):
+        time.sleep(3600)
+
+keep = HangsAtTeardown()
+atexit.register(lambda: Path(sys.argv[1]).write_text("atexit ran"))
+from gateway.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_exit_does_not_wait_for_the_interpreter_teardown(tmp_path):
+    """After a clean shutdown the gateway ends at once: atexit callbacks and the log are done,
+    the interpreter's teardown (6-18 s with torch and vLLM imported, measured in
+    docs/benchmarks/shutdown-2026-12-01) is skipped. Bounded: a gateway that waits for the
+    teardown hangs here, and the wait's bound turns the hang into a failure."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, free_port, stop_process
+
+    port = free_port()
+    config = tmp_path / "g.toml"
+    config.write_text('[logging]\nformat = "json"\n[[models]]\nname = "static"\nengine = "static"\n')
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(_TEARDOWN_HANG)
+    marker = tmp_path / "atexit.txt"
+    log = tmp_path / "g.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(launcher), str(marker), "serve", "--config", str(config), "--port", str(port)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_http_ok(f"http://127.0.0.1:{port}/ready", proc, deadline=time.monotonic() + 120, what="gateway",
+                         log=lambda: log.read_text(errors="replace"))
+            proc.send_signal(signal.SIGTERM)
+            try:
+                rc = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                raise AssertionError("the gateway did not exit: it waited for the interpreter's teardown") from None
+        finally:
+            stop_process(proc)
+    output = log.read_text(errors="replace")
+    assert rc == 0, output[-2000:]
+    assert marker.read_text() == "atexit ran"  # atexit callbacks still run
+    events = [line["event"] for line in _lines(output)]
+    assert events[-1] == "gateway_stopped", events[-5:]  # the last line was written and flushed

@@ -377,6 +377,9 @@ def test_sigterm_exits_promptly_and_cleanly(server: ServerProcess) -> None:
     """Runs after the engine-death test: a clean SIGTERM stops both vLLM engines quickly, exit 0,
     with no EngineDeadError or traceback (benchmarks/sigterm_vllm.py measures it side by side)."""
     assert httpx.get(f"{server.url}/ready", timeout=30).status_code == 200
+    # vLLM's engine cores and their executors' workers: none may outlive the gateway.
+    engines = [p for p in psutil.Process(server.proc.pid).children(recursive=True) if "VLLM" in p.name()]
+    assert len(engines) >= 2, engines
     mark = len(server.output())
     started = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
@@ -386,6 +389,14 @@ def test_sigterm_exits_promptly_and_cleanly(server: ServerProcess) -> None:
     assert rc == 0, after[-3000:]
     assert "EngineDeadError" not in after and "Traceback" not in after, after[-3000:]
     assert '"gateway_stopped"' in after or "gateway_stopped" in after
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    left = [p for p in engines if running(p)]
+    assert not left, f"engine processes left running after the gateway exited: {left}"
     # How fast is a benchmark's question (benchmarks/sigterm_vllm.py), not a test's: this only
     # bounds it well below the 60 s wait so a hang shows as a failure with the log.
     assert took < 45, took

@@ -74,8 +74,57 @@ def engine_prompt(prompt_ids: list[int]) -> Any:
         return _tokens_input(prompt_ids)
     return {"prompt_token_ids": prompt_ids}
 
-# Seconds to wait for the engine-core processes to exit on stop.
-_SHUTDOWN_TIMEOUT_S = 10.0
+# Seconds the engine-core processes get to exit by themselves on stop; then vLLM kills their
+# process tree (engine core and its executor's worker). They hold nothing to save (weights and
+# KV cache are memory), and on their own they take long: the worker tears its interpreter down
+# (torch + vLLM: 5-15 s on a loaded 2-core box) while the core waits up to 5 s for it and then
+# tears down itself, so a 10 s bound was always used in full (docs/benchmarks/shutdown-2026-12-01).
+_SHUTDOWN_GRACE_S = 2.0
+
+
+def _engine_processes(engine: AsyncLLM) -> list[Any]:
+    """This engine's engine-core processes and their descendants (the executor's workers).
+
+    Read from vLLM's process manager (``engine_core.resources.engine_manager.processes``); an
+    engine without one (another vLLM layout, in-process core) gives an empty list.
+    """
+    import psutil  # a dependency of vLLM
+
+    manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
+    out: list[Any] = []
+    for proc in getattr(manager, "processes", None) or []:
+        with contextlib.suppress(psutil.Error, ValueError, TypeError):
+            core = psutil.Process(proc.pid)
+            out += [core, *core.children(recursive=True)]
+    return out
+
+
+def _reap(procs: list[Any], timeout: float = 5.0) -> None:
+    """Wait until ``procs`` have exited; SIGKILL those still running then and wait again.
+
+    A zombie counts as exited: it holds no memory, and its parent (the dead core, or this
+    process) reaps it, not us. Bounded: at most ``2 * timeout`` seconds.
+    """
+    import time
+
+    import psutil
+
+    def running(proc: Any) -> bool:
+        try:
+            return bool(proc.is_running()) and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    for last in (False, True):
+        deadline = time.monotonic() + timeout
+        while (alive := [p for p in procs if running(p)]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not alive or last:
+            return
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        procs = alive
 
 
 def _on_cpu() -> bool:
@@ -282,8 +331,12 @@ class VllmEngine(abc.ABC):
             handler.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await handler
-        # Joins the engine-core processes; blocking, so in a thread.
-        await anyio.to_thread.run_sync(lambda: engine.shutdown(timeout=_SHUTDOWN_TIMEOUT_S))
+        tree = _engine_processes(engine)
+        # Stops and joins the engine-core processes (killed after the grace); blocking, so in a thread.
+        await anyio.to_thread.run_sync(lambda: engine.shutdown(timeout=_SHUTDOWN_GRACE_S))
+        # vLLM's kill sends SIGKILL to the core's tree without waiting: on a busy machine a worker
+        # can still be running (dying) after shutdown returns, and outlive the gateway.
+        await anyio.to_thread.run_sync(_reap, tree)
 
     async def check_health(self) -> None:
         engine = self._engine
