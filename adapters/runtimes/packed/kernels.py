@@ -1,0 +1,220 @@
+"""The packed forward's kernels: varlen attention and the pointwise regions between the GEMMs.
+
+Attention on CUDA is the first of vLLM's FlashAttention-3 (native GQA), flash-attn and PyTorch's
+``varlen_attn`` that imports; on CPU one causal SDPA per prompt (exact). The pointwise regions
+(RMSNorm + residual, q/k norm + RoPE, silu·mul) are plain torch that ``torch.compile`` fuses, with
+vLLM's fused kernels as alternatives that :mod:`.forward` times and checks at start. Kept apart
+from the replica so a reader sees the model's arithmetic in one place and its kernels in another.
+
+Imported only through ``adapters.registry`` (pulls in torch).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = (
+    "Attention",
+    "add_rms",
+    "median_ms",
+    "pick_attention",
+    "qkv_rope",
+    "rms",
+    "rotate_half",
+    "sdpa_per_prompt",
+    "silu_mul",
+    "vllm_qk_norm_rope",
+    "vllm_silu_mul",
+)
+
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, list[int] | None], torch.Tensor]
+
+
+def _fa3_attention() -> Attention | None:
+    """vLLM's FlashAttention-3 varlen kernel (Hopper; GQA native), when vLLM is importable and has it."""
+    try:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func
+        from vllm.vllm_flash_attn.flash_attn_interface import is_fa_version_supported
+
+        if not is_fa_version_supported(3):
+            return None
+    except Exception:  # noqa: BLE001  # no vLLM, no FA3 build, or not a Hopper GPU: another kernel
+        return None
+
+    def fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
+            lens: list[int] | None) -> torch.Tensor:
+        return flash_attn_varlen_func(q, k, v, max_len, cu, max_len, cu, causal=True, fa_version=3)
+
+    return fa3
+
+
+def _torch_varlen() -> Attention | None:
+    """PyTorch's (>= 2.10) ``varlen_attn``."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = set(inspect.signature(varlen_attn).parameters)
+    # torch 2.11 (the GPU image) has window_size but no enable_gqa: KV heads are expanded there.
+    gqa = "enable_gqa" in params
+    causal_kw: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+
+    def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
+                     lens: list[int] | None) -> torch.Tensor:
+        if not gqa and k.shape[1] != q.shape[1]:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        extra = {"enable_gqa": True} if gqa and k.shape[1] != q.shape[1] else {}
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **causal_kw, **extra)
+
+    torch_varlen.gqa = gqa  # type: ignore[attr-defined]
+    return torch_varlen
+
+
+def _flash_attn() -> Attention | None:
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+
+    def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
+              lens: list[int] | None) -> torch.Tensor:
+        return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True)  # GQA native
+
+    return flash
+
+
+def _varlen_attention(kernel: str = "auto") -> tuple[str, Attention] | None:
+    """The first importable varlen kernel of: vLLM's FA3 (GQA native), flash-attn, PyTorch's ``varlen_attn``.
+
+    FA3 first: on the H200 it was the fastest (docs/benchmarks/gpu-h200-2026-12-01-b) and needs
+    no KV-head expansion; torch 2.11's ``varlen_attn`` runs FA2 kernels and lacks GQA.
+    """
+    for name, make in (("fa3", _fa3_attention), ("flash_attn", _flash_attn), ("torch", _torch_varlen)):
+        if kernel not in ("auto", name):
+            continue
+        fn = make()
+        if fn is not None:
+            label = {"fa3": "vLLM FlashAttention-3 varlen", "flash_attn": "flash_attn varlen",
+                     "torch": "torch varlen_attn"}[name]
+            if name == "torch" and not getattr(fn, "gqa", False):
+                label += " (KV heads expanded)"
+            return label, fn
+    return None
+
+
+def sdpa_per_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
+                     lens: list[int] | None) -> torch.Tensor:
+    """Exact fallback: causal SDPA over each prompt alone (no T x T mask is ever built)."""
+    assert lens is not None
+    out = []
+    for qi, ki, vi in zip(q.split(lens), k.split(lens), v.split(lens), strict=True):
+        # (L, heads, D) -> (1, heads, L, D); GQA by SDPA itself, as transformers does.
+        o = F.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
+                                           is_causal=True, enable_gqa=ki.shape[1] != qi.shape[1])
+        out.append(o[0].transpose(0, 1))
+    return torch.cat(out)
+
+
+def pick_attention(choice: str, device: torch.device, kernel: str = "auto") -> tuple[str, Attention]:
+    """``kernel`` ("auto", "fa3", "flash_attn", "torch") narrows which varlen kernel may serve."""
+    if choice == "sdpa" or (choice == "auto" and device.type != "cuda"):
+        return "sdpa per prompt", sdpa_per_prompt
+    found = _varlen_attention(kernel) if device.type == "cuda" else None
+    if found is None:
+        if choice == "varlen":
+            raise RuntimeError("attention = 'varlen' needs CUDA and vLLM's FA3, flash-attn or torch >= 2.10 (varlen_attn)")
+        return "sdpa per prompt", sdpa_per_prompt
+    return found
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+# -- the pointwise regions between GEMMs (compiled one by one in "regions" mode) -------------------
+# Same arithmetic as transformers' Qwen3RMSNorm / apply_rotary_pos_emb / Qwen3MLP, so fp32 parity holds.
+
+def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def add_rms(h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add fused with the next norm: one pass over ``h`` instead of three."""
+    h = h + delta
+    return h, rms(h, w, eps)
+
+
+def qkv_rope(qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+              heads: int, kv_heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split the fused projection, per-head q/k norms, RoPE; contiguous (T, heads, dim) outputs for the kernel."""
+    n = qkv.shape[0]
+    q, k, v = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
+    q = rms(q.reshape(n, heads, dim), qw, eps)
+    k = rms(k.reshape(n, kv_heads, dim), kw, eps)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    return q.contiguous(), k.contiguous(), v.reshape(n, kv_heads, dim).contiguous()
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def vllm_silu_mul() -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """vLLM's CUDA ``silu_and_mul`` (same [gate, up] layout), when vLLM's compiled ops load."""
+    try:
+        import vllm._C_stable_libtorch  # noqa: F401  # registers torch.ops._C
+
+        op = torch.ops._C.silu_and_mul
+    except Exception:  # noqa: BLE001  # no vLLM (or not its CUDA build): the compiled region serves
+        return None
+
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype, device=gate_up.device)
+        op(out, gate_up)
+        return out
+
+    return silu_mul
+
+
+def vllm_qk_norm_rope() -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
+    """vLLM's CUDA ``fused_qk_norm_rope`` (q/k RMSNorm + NeoX RoPE in place on the fused projection)."""
+    try:
+        import vllm._C_stable_libtorch  # noqa: F401
+
+        op = torch.ops._C.fused_qk_norm_rope
+    except Exception:  # noqa: BLE001
+        return None
+
+    def qk_norm_rope(qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor, eps: float, positions: torch.Tensor,
+                     cos_sin: torch.Tensor, heads: int, kv_heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        op(qkv, heads, kv_heads, kv_heads, dim, eps, qw, kw, cos_sin, True, positions, -1)
+        n = qkv.shape[0]
+        q, k, v = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
+        # Views with the projection's row stride: the varlen kernels take them as they are.
+        return q.view(n, heads, dim), k.view(n, kv_heads, dim), v.view(n, kv_heads, dim)
+
+    return qk_norm_rope
+
+
+def median_ms(fn: Callable[[], Any], n: int = 10) -> float:
+    fn()
+    times = []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[n // 2]
