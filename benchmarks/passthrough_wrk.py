@@ -166,6 +166,21 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
+def _switches(proc: Proc) -> int:
+    """Voluntary context switches of every thread of the process tree: how often it went to sleep
+    (waiting for a socket, another thread, the GIL). One client's request costs a wake-up per sleep."""
+    total = 0
+    for pid in _tree(proc.proc.pid):
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                status = (task / "status").read_text()
+            except OSError:
+                continue
+            m = re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M)
+            total += int(m.group(1)) if m else 0
+    return total
+
+
 def _signal_tree(proc: Proc, sig: int) -> None:
     for pid in _tree(proc.proc.pid):
         try:
@@ -302,18 +317,19 @@ def main() -> int:
                     for other in paused:
                         _signal_tree(other, signal.SIGSTOP)
                     load0 = _loadavg()
-                    cpu0 = procs[t].cpu_s()
+                    cpu0, sw0 = procs[t].cpu_s(), _switches(procs[t])
                     try:
                         res = _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], c, args.seconds)
                     finally:
-                        cpu1 = procs[t].cpu_s()
+                        cpu1, sw1 = procs[t].cpu_s(), _switches(procs[t])
                         for other in paused:
                             _signal_tree(other, signal.SIGCONT)
                     res.update(round=rnd, clients=c, target=t, loadavg_before=load0, loadavg_after=_loadavg(),
-                               cpu_ms_per_request=(cpu1 - cpu0) / max(1, res["requests"]) * 1e3)
+                               cpu_ms_per_request=(cpu1 - cpu0) / max(1, res["requests"]) * 1e3,
+                               switches_per_request=(sw1 - sw0) / max(1, res["requests"]))
                     results["runs"].append(res)
                     print(f"round {rnd} c={c:>2} {t:<18} {res['req_s']:8.1f} req/s  p50 {res.get('p50_ms', 0):6.2f} ms  "
-                          f"cpu {res['cpu_ms_per_request']:.3f} ms/req  errors {res['errors']}  load {load0[0]}", flush=True)
+                          f"cpu {res['cpu_ms_per_request']:.3f} ms/req  sleeps {res['switches_per_request']:.1f}/req  errors {res['errors']}  load {load0[0]}", flush=True)
 
         for spinner in spinners:
             spinner.kill()
@@ -344,7 +360,7 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for (t, c), rs in sorted(by.items()):
         summary.setdefault(t, {})[str(c)] = {
-            k: _median([r[k] for r in rs if k in r]) for k in ("req_s", "p50_ms", "p99_ms", "cpu_ms_per_request")
+            k: _median([r[k] for r in rs if k in r]) for k in ("req_s", "p50_ms", "p99_ms", "cpu_ms_per_request", "switches_per_request")
         } | {"errors": sum(r["errors"] for r in rs), "runs": len(rs)}
     ratios: dict[str, Any] = {}
     rounds = sorted({r["round"] for r in runs})
@@ -405,13 +421,13 @@ def render(results: dict[str, Any]) -> str:
         *([f"- {results['spinners']} busy loops at nice 19 ran during the rounds (idle vCPUs kept awake)."]
           if results.get("spinners") else []),
         "",
-        "| target | clients | req/s | p50 ms | p99 ms | CPU ms / request | errors |",
-        "|---|---|---|---|---|---|---|",
+        "| target | clients | req/s | p50 ms | p99 ms | CPU ms / request | voluntary context switches / request | errors |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for t in ("stub", *TARGETS):
         for c, v in s.get(t, {}).items():
             lines.append(f"| {t} | {c} | {v['req_s']:.0f} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | "
-                         f"{v['cpu_ms_per_request']:.3f} | {v['errors']} |")
+                         f"{v['cpu_ms_per_request']:.3f} | {v.get('switches_per_request', float('nan')):.1f} | {v['errors']} |")
     lines += ["", "| gateway ÷ LiteLLM (median of rounds) | req/s | CPU per request, LiteLLM's ÷ ours |", "|---|---|---|"]
     for k, v in s["ratios_vs_litellm"].items():
         lines.append(f"| {k} | {v['req_s_ratio']:.2f}× | {v['cpu_ratio']:.2f}× |")
