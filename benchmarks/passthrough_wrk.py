@@ -11,7 +11,9 @@ wrk run is made and the CPU seconds the target's process tree used during it are
 (the pair ran seconds apart) and the report gives their median, since the box is shared.
 
 Targets: the bare stub (the upstream alone, for added latency), the gateway with
-``server.workers = 1`` and ``= N``, LiteLLM proxy with one worker (``LITELLM_VENV``: a venv
+``server.workers = 1`` and ``= N`` under uvicorn (``gateway-1w``, ``gateway-Nw``) and, with
+``--runners uvicorn,granian``, the same configs under ``server.runner = "granian"``
+(``gateway-granian-1w``, ``gateway-granian-Nw``), LiteLLM proxy with one worker (``LITELLM_VENV``: a venv
 holding ``litellm[proxy]``; it is not a dependency of this project). A py-spy profile of the
 one-worker gateway at 32 clients (when py-spy is installed) is grouped by component.
 Writes ``passthrough_wrk.json`` and ``passthrough_wrk.md`` into ``--out``.
@@ -40,7 +42,10 @@ from benchmarks.cpu_overhead import ROOT, Proc, _free_port
 
 __all__ = ("main", "parse_wrk")
 
-TARGETS = ("gateway-before", "gateway-1w", "gateway-Nw", "litellm")
+GATEWAYS = ("gateway-before", "gateway-1w", "gateway-Nw", "gateway-granian-1w", "gateway-granian-Nw")
+TARGETS = (*GATEWAYS, "litellm")
+# The one-worker targets whose 1-client p50 is compared with the stub's (the latency target).
+ONE_WORKER = ("gateway-1w", "gateway-granian-1w")
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
@@ -161,6 +166,21 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
+def _switches(proc: Proc) -> int:
+    """Voluntary context switches of every thread of the process tree: how often it went to sleep
+    (waiting for a socket, another thread, the GIL). One client's request costs a wake-up per sleep."""
+    total = 0
+    for pid in _tree(proc.proc.pid):
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                status = (task / "status").read_text()
+            except OSError:
+                continue
+            m = re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M)
+            total += int(m.group(1)) if m else 0
+    return total
+
+
 def _signal_tree(proc: Proc, sig: int) -> None:
     for pid in _tree(proc.proc.pid):
         try:
@@ -192,6 +212,8 @@ def main() -> int:
     ap.add_argument("--profile-seconds", type=float, default=8.0, help="0: no py-spy profile")
     ap.add_argument("--before", help="a checkout of an earlier commit (git archive COMMIT | tar -x -C DIR): "
                     "its gateway, one worker, joins the comparison as gateway-before")
+    ap.add_argument("--runners", default="uvicorn",
+                    help="comma-separated server.runner values; granian adds gateway-granian-1w and -Nw")
     ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", "/tmp/litellm-venv"))
     ap.add_argument("--spinners", type=int, default=0,
                     help="busy loops at nice 19 during the rounds: keeps idle vCPUs from sleeping, to see how much "
@@ -224,21 +246,27 @@ def main() -> int:
         "workload": {"documents": args.documents, "top_n": args.top_n, "body_bytes": body.stat().st_size,
                      "seconds_per_run": args.seconds, "rounds": args.rounds, "clients": clients,
                      "workers": args.workers},
+        "runners": args.runners.split(","),
         "command": " ".join(["python -m benchmarks.passthrough_wrk", *sys.argv[1:]]),
         "runs": [],
     }
     try:
         sp = _free_port()
-        procs["stub"] = Proc("stub", [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(sp)], logs)
+        procs["stub"] = Proc("stub", [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(sp), "--keep-alive-s", "600"], logs)
         urls["stub"] = f"http://127.0.0.1:{sp}/v2/rerank"
-        gateways = [("gateway-1w", 1, ROOT), ("gateway-Nw", args.workers, ROOT)]
+        runners = [r.strip() for r in args.runners.split(",") if r.strip()]
+        gateways = []
+        for runner in runners:
+            prefix = "gateway" if runner == "uvicorn" else f"gateway-{runner}"
+            gateways += [(f"{prefix}-1w", 1, ROOT, runner), (f"{prefix}-Nw", args.workers, ROOT, runner)]
         if args.before:
-            gateways.insert(0, ("gateway-before", 1, Path(args.before).resolve()))
-        for name, workers, cwd in gateways:
+            gateways.insert(0, ("gateway-before", 1, Path(args.before).resolve(), "uvicorn"))
+        for name, workers, cwd, runner in gateways:
             port = _free_port()
             cfg = logs / f"{name}.toml"
+            server = ([f"workers = {workers}"] if workers > 1 else []) + ([f'runner = "{runner}"'] if runner != "uvicorn" else [])
             cfg.write_text(
-                (f"[server]\nworkers = {workers}\n\n" if workers > 1 else "") + "[logging]\nlevel = \"WARNING\"\n\n"
+                ("[server]\n" + "\n".join(server) + "\n\n" if server else "") + "[logging]\nlevel = \"WARNING\"\n\n"
                 f'[[models]]\nname = "rerank"\nengine = "pool"\nprotocol = "cohere"\n'
                 f'urls = ["http://127.0.0.1:{sp}"]\nmodel = "stub"\nmax_connections = 64\n'
             )
@@ -265,7 +293,7 @@ def main() -> int:
         else:
             print(f"no LiteLLM at {exe}: gateway only", flush=True)
         procs["stub"].wait_http(f"http://127.0.0.1:{sp}/health")
-        for name, _, _ in gateways:
+        for name, *_ in gateways:
             procs[name].wait_http(urls[name].replace("/v2/rerank", "/ready"))
         if "litellm" in procs:
             procs["litellm"].wait_http(urls["litellm"].replace("/v2/rerank", "/health/liveliness"), timeout=900)
@@ -289,23 +317,24 @@ def main() -> int:
                     for other in paused:
                         _signal_tree(other, signal.SIGSTOP)
                     load0 = _loadavg()
-                    cpu0 = procs[t].cpu_s()
+                    cpu0, sw0 = procs[t].cpu_s(), _switches(procs[t])
                     try:
                         res = _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], c, args.seconds)
                     finally:
-                        cpu1 = procs[t].cpu_s()
+                        cpu1, sw1 = procs[t].cpu_s(), _switches(procs[t])
                         for other in paused:
                             _signal_tree(other, signal.SIGCONT)
                     res.update(round=rnd, clients=c, target=t, loadavg_before=load0, loadavg_after=_loadavg(),
-                               cpu_ms_per_request=(cpu1 - cpu0) / max(1, res["requests"]) * 1e3)
+                               cpu_ms_per_request=(cpu1 - cpu0) / max(1, res["requests"]) * 1e3,
+                               switches_per_request=(sw1 - sw0) / max(1, res["requests"]))
                     results["runs"].append(res)
-                    print(f"round {rnd} c={c:>2} {t:<11} {res['req_s']:8.1f} req/s  p50 {res.get('p50_ms', 0):6.2f} ms  "
-                          f"cpu {res['cpu_ms_per_request']:.3f} ms/req  errors {res['errors']}  load {load0[0]}", flush=True)
+                    print(f"round {rnd} c={c:>2} {t:<18} {res['req_s']:8.1f} req/s  p50 {res.get('p50_ms', 0):6.2f} ms  "
+                          f"cpu {res['cpu_ms_per_request']:.3f} ms/req  sleeps {res['switches_per_request']:.1f}/req  errors {res['errors']}  load {load0[0]}", flush=True)
 
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
-        if args.profile_seconds > 0:
+        if args.profile_seconds > 0 and "gateway-1w" in procs:
             prof_out = logs / "gateway-1w.pyspy.txt"
             proc = subprocess.Popen(["wrk", "-t1", "-c32", f"-d{round(args.profile_seconds) + 4}s", "-s", str(scripts["plain"]),
                                      urls["gateway-1w"]], stdout=subprocess.DEVNULL)
@@ -331,11 +360,11 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for (t, c), rs in sorted(by.items()):
         summary.setdefault(t, {})[str(c)] = {
-            k: _median([r[k] for r in rs if k in r]) for k in ("req_s", "p50_ms", "p99_ms", "cpu_ms_per_request")
+            k: _median([r[k] for r in rs if k in r]) for k in ("req_s", "p50_ms", "p99_ms", "cpu_ms_per_request", "switches_per_request")
         } | {"errors": sum(r["errors"] for r in rs), "runs": len(rs)}
     ratios: dict[str, Any] = {}
     rounds = sorted({r["round"] for r in runs})
-    for gw in ("gateway-before", "gateway-1w", "gateway-Nw"):
+    for gw in GATEWAYS:
         for c in clients:
             req, cpu = [], []
             for rnd in rounds:
@@ -349,17 +378,24 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
                                          "req_s_ratios": req, "cpu_ratios": cpu}
     summary["ratios_vs_litellm"] = ratios
     # Added latency at one client: median per round of (gateway p50 - stub p50).
-    added = []
-    for rnd in rounds:
-        g = [r for r in by[("gateway-1w", 1)] if r["round"] == rnd]
-        s = [r for r in by[("stub", 1)] if r["round"] == rnd]
-        if g and s and "p50_ms" in g[0] and "p50_ms" in s[0]:
-            added.append(g[0]["p50_ms"] - s[0]["p50_ms"])
-    summary["added_p50_ms_1_client"] = _median(added)
     lo, hi = min(clients), max(clients)
-    flat = [r["cpu_ms_per_request"] for r in by[("gateway-1w", hi)]], [r["cpu_ms_per_request"] for r in by[("gateway-1w", lo)]]
-    if all(flat):
-        summary["gateway_1w_cpu_growth"] = _median(flat[0]) / _median(flat[1])
+    summary["added_p50_ms_1_client_by_target"], summary["cpu_growth_by_target"] = {}, {}
+    for gw in ONE_WORKER:
+        added = []
+        for rnd in rounds:
+            g = [r for r in by[(gw, 1)] if r["round"] == rnd]
+            s = [r for r in by[("stub", 1)] if r["round"] == rnd]
+            if g and s and "p50_ms" in g[0] and "p50_ms" in s[0]:
+                added.append(g[0]["p50_ms"] - s[0]["p50_ms"])
+        if added:
+            summary["added_p50_ms_1_client_by_target"][gw] = _median(added)
+        flat = [r["cpu_ms_per_request"] for r in by[(gw, hi)]], [r["cpu_ms_per_request"] for r in by[(gw, lo)]]
+        if all(flat):
+            summary["cpu_growth_by_target"][gw] = _median(flat[0]) / _median(flat[1])
+    # The names earlier reports used (uvicorn, one worker).
+    summary["added_p50_ms_1_client"] = summary["added_p50_ms_1_client_by_target"].get("gateway-1w", float("nan"))
+    if "gateway-1w" in summary["cpu_growth_by_target"]:
+        summary["gateway_1w_cpu_growth"] = summary["cpu_growth_by_target"]["gateway-1w"]
     summary["loadavg_1min"] = {"min": min(r["loadavg_before"][0] for r in runs),
                                "median": _median([r["loadavg_before"][0] for r in runs]),
                                "max": max(r["loadavg_before"][0] for r in runs)}
@@ -385,18 +421,21 @@ def render(results: dict[str, Any]) -> str:
         *([f"- {results['spinners']} busy loops at nice 19 ran during the rounds (idle vCPUs kept awake)."]
           if results.get("spinners") else []),
         "",
-        "| target | clients | req/s | p50 ms | p99 ms | CPU ms / request | errors |",
-        "|---|---|---|---|---|---|---|",
+        "| target | clients | req/s | p50 ms | p99 ms | CPU ms / request | voluntary context switches / request | errors |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for t in ("stub", *TARGETS):
         for c, v in s.get(t, {}).items():
             lines.append(f"| {t} | {c} | {v['req_s']:.0f} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | "
-                         f"{v['cpu_ms_per_request']:.3f} | {v['errors']} |")
+                         f"{v['cpu_ms_per_request']:.3f} | {v.get('switches_per_request', float('nan')):.1f} | {v['errors']} |")
     lines += ["", "| gateway ÷ LiteLLM (median of rounds) | req/s | CPU per request, LiteLLM's ÷ ours |", "|---|---|---|"]
     for k, v in s["ratios_vs_litellm"].items():
         lines.append(f"| {k} | {v['req_s_ratio']:.2f}× | {v['cpu_ratio']:.2f}× |")
-    lines += ["", f"Added p50 over the stub alone at 1 client (gateway-1w): {s['added_p50_ms_1_client']:.2f} ms.",
-              f"Gateway-1w CPU per request, 32 clients ÷ 1 client: {s.get('gateway_1w_cpu_growth', float('nan')):.2f}."]
+    lines.append("")
+    for gw, v in s.get("added_p50_ms_1_client_by_target", {}).items():
+        lines.append(f"Added p50 over the stub alone at 1 client ({gw}): {v:.2f} ms.")
+    for gw, v in s.get("cpu_growth_by_target", {}).items():
+        lines.append(f"{gw} CPU per request, {max(w['clients'])} clients ÷ {min(w['clients'])} client: {v:.2f}.")
     prof = results.get("profile_gateway_1w_32_clients")
     if prof:
         lines += ["", "py-spy profile of gateway-1w at 32 clients (share of samples, innermost known frame):", "",

@@ -85,8 +85,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9100)
+    # A benchmark that pauses a gateway (SIGSTOP) for longer than uvicorn's 5 s default finds its
+    # pooled connections closed by the stub in the meantime: the first requests after SIGCONT then
+    # race the close and fail (503), which is not what it measures.
+    parser.add_argument("--keep-alive-s", type=float, default=5.0)
     args = parser.parse_args()
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                timeout_keep_alive=args.keep_alive_s)
 
 
 if __name__ == "__main__":

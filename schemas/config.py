@@ -58,7 +58,8 @@ class _Strict(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=T
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
-    # uvicorn is a hard dependency; granian is faster but optional (extra `granian`).
+    # uvicorn is a hard dependency and the faster for a passthrough gateway (one client: granian
+    # added 0.7-1.8 ms more, docs/benchmarks/cpu-2026-12-01-granian); granian is optional (extra `granian`).
     runner: Literal["uvicorn", "granian"] = "uvicorn"
     # Connection bounds (gateway.servers): no client holds a descriptor forever.
     keep_alive_timeout_s: PositiveFloat = 5.0  # idle connection, fresh or between requests
