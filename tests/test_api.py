@@ -199,6 +199,26 @@ def test_duplicates_scored_once_and_copied(client):
     assert body["usage"]["total_tokens"] == single["usage"]["total_tokens"]
 
 
+@pytest.mark.parametrize(
+    "texts",
+    [
+        [],
+        ["a"],
+        ["ab", "cd", "ef"],  # equal lengths, all different: no duplicates
+        ["ab", "cd", "ab", "x", "cd"],  # duplicates among equal lengths
+        ["a", "bb", "ccc", "bb"],  # one duplicate, other lengths unique
+        ["é", "e", "é"],  # lengths in characters, not bytes
+    ],
+)
+def test_dedup_matches_a_plain_dict(texts):
+    from gateway.service import dedup
+
+    index_of: dict[str, int] = {}
+    positions = [index_of.setdefault(t, len(index_of)) for t in texts]
+    unique, got = dedup(texts)
+    assert (unique, list(got)) == (list(index_of), positions)
+
+
 def test_instruction_per_request(client, tiny_qwen3_dir):
     docs = ["Paris is in France.", "qubits"]
     for field in ("instruction", "instruct"):
