@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import Counter
 from collections.abc import Sequence
 from itertools import repeat
 from typing import Any, Literal
@@ -95,18 +94,8 @@ class RerankOutcome(msgspec.Struct, kw_only=True, frozen=True):
 
 
 def dedup(texts: Sequence[str]) -> tuple[list[str], Sequence[int]]:
-    """Unique texts in first-seen order, and for every input position its unique index.
-
-    Only texts of the same length can be equal, so only those are hashed: hashing every text
-    (SipHash over all of its characters) was 8 % of a 100-document request's instructions,
-    and in real requests most documents differ in length.
-    """
-    lengths = list(map(len, texts))
-    if len(set(lengths)) == len(lengths):  # all lengths differ (the usual case): no duplicates
-        return list(texts), range(len(texts))
-    shared = {n for n, count in Counter(lengths).items() if count > 1}
-    candidates = [t for t, n in zip(texts, lengths) if n in shared]
-    if len(dict.fromkeys(candidates)) == len(candidates):  # equal lengths, different texts
+    """Unique texts in first-seen order, and for every input position its unique index."""
+    if len(dict.fromkeys(texts)) == len(texts):  # no duplicates (the usual case): one C-level pass
         return list(texts), range(len(texts))
     index_of: dict[str, int] = {}
     positions = [index_of.setdefault(t, len(index_of)) for t in texts]
