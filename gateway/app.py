@@ -23,6 +23,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from gateway import __version__
 from gateway.access import AccessControl, AccessMiddleware
 from gateway.cache import build_cache
+from gateway.direct import DirectRoutes
 from gateway.errors import exception_handlers
 from gateway.logging import configure_logging
 from gateway.metrics import metrics_endpoint
@@ -70,12 +71,19 @@ def _operation_id(handler: Any, method: Any, path_components: list[Any]) -> str:
 
 
 class GatewayApp(Litestar):
-    """Litestar with the request context around everything, routing errors included."""
+    """Litestar with the request context around everything, routing errors included.
+
+    The rerank POST routes are served by ``gateway.direct`` (Litestar's own pieces without its
+    per-request router); everything else, and anything those do not match exactly, by Litestar.
+    """
+
+    direct = DirectRoutes({})  # set by create_app once the routes are registered
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             timeout = self.state.settings.server.body_read_timeout_s
-            await request_context(scope, receive, send, super().__call__, body_timeout_s=timeout)
+            next_app = self.direct.match(scope) or super().__call__
+            await request_context(scope, receive, send, next_app, body_timeout_s=timeout)
         else:
             await super().__call__(scope, receive, send)
 
@@ -146,6 +154,7 @@ def create_app(
     app.state.access = access
     app.state.usage_metrics = access.metrics
     app.state.service = RerankService(registry, settings.limits, cache=cache)
+    app.direct = DirectRoutes.build(app)
     finalize_openapi(app, settings)  # the schemas and error responses the wire really has
     finalize_dialects_openapi(app, settings)  # ... and those of the TEI and vLLM dialects
     return app
