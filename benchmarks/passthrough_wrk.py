@@ -380,6 +380,7 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
     # Added latency at one client: median per round of (gateway p50 - stub p50).
     lo, hi = min(clients), max(clients)
     summary["added_p50_ms_1_client_by_target"], summary["cpu_growth_by_target"] = {}, {}
+    summary["cpu_growth_of_medians_by_target"] = {}
     for gw in ONE_WORKER:
         added = []
         for rnd in rounds:
@@ -389,9 +390,20 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
                 added.append(g[0]["p50_ms"] - s[0]["p50_ms"])
         if added:
             summary["added_p50_ms_1_client_by_target"][gw] = _median(added)
+        # CPU growth with load: the median of the per-round pairs (hi clients ÷ lo clients, the
+        # two runs seconds apart), like every other ratio here; the ratio of the two medians
+        # (what reports before 2026-12-01-direct gave) is kept beside it.
+        growth = []
+        for rnd in rounds:
+            h = [r for r in by[(gw, hi)] if r["round"] == rnd]
+            l_ = [r for r in by[(gw, lo)] if r["round"] == rnd]
+            if h and l_:
+                growth.append(h[0]["cpu_ms_per_request"] / l_[0]["cpu_ms_per_request"])
+        if growth:
+            summary["cpu_growth_by_target"][gw] = _median(growth)
         flat = [r["cpu_ms_per_request"] for r in by[(gw, hi)]], [r["cpu_ms_per_request"] for r in by[(gw, lo)]]
         if all(flat):
-            summary["cpu_growth_by_target"][gw] = _median(flat[0]) / _median(flat[1])
+            summary["cpu_growth_of_medians_by_target"][gw] = _median(flat[0]) / _median(flat[1])
     # The names earlier reports used (uvicorn, one worker).
     summary["added_p50_ms_1_client"] = summary["added_p50_ms_1_client_by_target"].get("gateway-1w", float("nan"))
     if "gateway-1w" in summary["cpu_growth_by_target"]:
@@ -434,8 +446,13 @@ def render(results: dict[str, Any]) -> str:
     lines.append("")
     for gw, v in s.get("added_p50_ms_1_client_by_target", {}).items():
         lines.append(f"Added p50 over the stub alone at 1 client ({gw}): {v:.2f} ms.")
+    of_medians = s.get("cpu_growth_of_medians_by_target", {})
     for gw, v in s.get("cpu_growth_by_target", {}).items():
-        lines.append(f"{gw} CPU per request, {max(w['clients'])} clients ÷ {min(w['clients'])} client: {v:.2f}.")
+        extra = f" (ratio of the two medians: {of_medians[gw]:.3f})" if gw in of_medians else ""
+        lines.append(
+            f"{gw} CPU per request, {max(w['clients'])} clients ÷ {min(w['clients'])} client, median of per-round "
+            f"pairs: {v:.3f}{extra}."
+        )
     prof = results.get("profile_gateway_1w_32_clients")
     if prof:
         lines += ["", "py-spy profile of gateway-1w at 32 clients (share of samples, innermost known frame):", "",
