@@ -149,6 +149,25 @@ def test_direct_answers_match_litestar(open_pair):
     assert not any(served for _, served in routed_spy.served)
 
 
+@pytest.mark.parametrize(("body", "status"), [(_json(V2), 200), (_json({**V2, "documents": ["x" * MAX_BODY]}), 413)])
+def test_chunked_bodies_match_litestar(open_pair, body, status):
+    """No content-length: the size limit is enforced on the bytes streamed (Litestar's reader)."""
+    direct, routed, direct_spy, _ = open_pair
+
+    def chunks():
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+
+    answers = []
+    for client, path in ((direct, "/v2/rerank"), (routed, "/v2/rerank/")):
+        resp = client.post(path, content=chunks(), headers={"content-type": "application/json", "x-request-id": "chunked"})
+        assert "content-length" not in resp.request.headers
+        answers.append((resp.status_code, resp.content, dict(resp.headers)))
+    _same(answers[0], answers[1], "chunked")
+    assert answers[0][0] == status
+    assert direct_spy.served[-1] == ("/v2/rerank", True)
+
+
 def test_keys_and_limits_match_litestar(keyed_pair):
     direct, routed, direct_spy, _ = keyed_pair
     steps = [
