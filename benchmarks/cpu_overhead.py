@@ -147,17 +147,17 @@ def _bucket(filename: str, func: str) -> str:
     return "other (builtins: str ops, dict, sorting)"
 
 
-def _scope(body: bytes) -> dict[str, Any]:
+def _scope(body: bytes, path: str = "/v2/rerank") -> dict[str, Any]:
     return {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/v2/rerank", "raw_path": b"/v2/rerank", "query_string": b"", "root_path": "",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
         "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode())],
         "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000), "state": {},
     }
 
 
-async def _asgi_call(app: Callable[..., Any], body: bytes) -> None:
+async def _asgi_call(app: Callable[..., Any], body: bytes, path: str = "/v2/rerank") -> None:
     sent = False
 
     async def receive() -> dict[str, Any]:
@@ -174,7 +174,7 @@ async def _asgi_call(app: Callable[..., Any], body: bytes) -> None:
         if message["type"] == "http.response.start":
             status.append(message["status"])
 
-    await app(_scope(body), receive, send)
+    await app(_scope(body, path), receive, send)
     if status != [200]:
         raise RuntimeError(f"in-process call answered {status}")
 

@@ -198,7 +198,7 @@ def test_keys_and_limits_match_litestar(keyed_pair):
     ],
 )
 def test_what_direct_routes_leave_to_litestar(open_pair, path, headers, reason):
-    direct, routed, direct_spy, _ = open_pair
+    direct, _, direct_spy, _ = open_pair
     before = len(direct_spy.served)
     status = direct.post(path, content=_json(V2), headers={"content-type": "application/json", **headers}).status_code
     assert direct_spy.served[before:] == [(path, False)], reason
