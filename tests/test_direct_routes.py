@@ -9,17 +9,26 @@ at the end both apps' ``/metrics`` must agree too, timing histograms aside.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from litestar import Litestar, Request, Response, get, post
+from litestar.background_tasks import BackgroundTask
+from litestar.config.cors import CORSConfig
+from litestar.di import NamedDependency, Provide
+from litestar.logging.config import LoggingConfig
+from litestar.params import FromPath, JSONBody
 from litestar.testing import TestClient
 from structlog.testing import capture_logs
 
 from gateway.app import create_app
 from gateway.auth import generate_key, hash_key
+from gateway.decoding import StrictBody
+from gateway.direct import DirectRoutes
 from schemas.config import ApiKeyConfig, AuthConfig, LimitsConfig, Settings, StaticEngineConfig
 
 # Values that are measured, not computed: present on both sides, compared by name only.
@@ -211,3 +220,96 @@ def test_other_methods_are_litestars(open_pair):
     resp = direct.get("/v2/rerank")
     assert resp.status_code == 405 and set(resp.json()) == {"message", "id", "detail"}
     assert direct_spy.served[before:] == [("/v2/rerank", False)]
+
+
+# -- which routes and apps are served directly ---------------------------------------------------
+def _tiny_app(*handlers: Any, **app_kwargs: Any) -> Litestar:
+    def answer(request: Any, exc: Exception) -> Response[dict[str, str]]:
+        return Response({"error": type(exc).__name__}, status_code=500)
+
+    # logging_config=None as create_app has it: Litestar's own exception logging is not reproduced.
+    app_kwargs.setdefault("logging_config", None)
+    return Litestar(route_handlers=list(handlers), exception_handlers={Exception: answer}, **app_kwargs)
+
+
+def _handlers() -> dict[str, Any]:
+    async def boom() -> None:
+        raise RuntimeError("after the answer")
+
+    @post("/plain", dto=StrictBody[dict[str, int]], return_dto=None)
+    async def plain(request: Request[Any, Any, Any], data: JSONBody[dict[str, int]]) -> Response[dict[str, int]]:
+        return Response(data, status_code=200)
+
+    @post("/late-error", dto=StrictBody[dict[str, int]], return_dto=None)
+    async def late_error(request: Request[Any, Any, Any], data: JSONBody[dict[str, int]]) -> Response[dict[str, int]]:
+        return Response(data, status_code=200, background=BackgroundTask(boom))
+
+    @post("/guarded", dto=StrictBody[dict[str, int]], return_dto=None, guards=[lambda connection, handler: None])
+    async def guarded(request: Request[Any, Any, Any], data: JSONBody[dict[str, int]]) -> Response[dict[str, int]]:
+        return Response(data)
+
+    @post("/with-dependency", dto=StrictBody[dict[str, int]], return_dto=None, dependencies={"x": Provide(lambda: 1, sync_to_thread=False)})
+    async def with_dependency(request: Request[Any, Any, Any], data: JSONBody[dict[str, int]], x: NamedDependency[int]) -> Response[dict[str, int]]:
+        return Response(data)
+
+    @post("/items/{item:int}", dto=StrictBody[dict[str, int]], return_dto=None)
+    async def path_param(request: Request[Any, Any, Any], data: JSONBody[dict[str, int]], item: FromPath[int]) -> Response[dict[str, int]]:
+        return Response(data)
+
+    @post("/litestar-decoded")
+    async def litestar_decoded(data: JSONBody[dict[str, int]]) -> dict[str, int]:
+        return data
+
+    @get("/read")
+    async def read() -> dict[str, int]:
+        return {}
+
+    return {h.handler_name: h for h in (plain, late_error, guarded, with_dependency, path_param, litestar_decoded, read)}
+
+
+def test_only_strict_request_data_handlers_are_direct():
+    direct = DirectRoutes.build(_tiny_app(*_handlers().values()))
+    # Both lean: a response with a background task is recognised per response and written by
+    # Litestar's to_response (test_an_error_after_the_answer_started_propagates runs it).
+    assert direct.paths == direct.lean_paths == {"/plain", "/late-error"}
+
+
+@pytest.mark.parametrize(
+    "app_kwargs",
+    [
+        {"cors_config": "cors"},
+        {"before_send": [lambda message, scope: None]},
+        {"after_exception": [lambda exc, scope: None]},
+        {"allowed_hosts": ["example.com"]},
+        {"logging_config": "default"},
+    ],
+    ids=["cors", "before_send", "after_exception", "allowed_hosts", "litestar_logging"],
+)
+def test_apps_that_wrap_routes_have_no_direct_routes(app_kwargs):
+    made = {"cors": CORSConfig(), "default": LoggingConfig()}
+    kwargs = {k: made.get(v, v) if isinstance(v, str) else v for k, v in app_kwargs.items()}
+    assert DirectRoutes.build(_tiny_app(_handlers()["plain"], **kwargs)).paths == frozenset()
+
+
+def test_an_error_after_the_answer_started_propagates():
+    """Nothing can be answered any more: the exception reaches the server (which closes the
+    connection), as from Litestar's own exception layer; the answer already sent stays."""
+    route = DirectRoutes.build(_tiny_app(_handlers()["late_error"])).match(
+        {"type": "http", "method": "POST", "path": "/late-error", "root_path": "", "headers": [(b"host", b"localhost")]}
+    )
+    assert route is not None
+    sent: list[dict[str, Any]] = []
+    body = iter([{"type": "http.request", "body": b'{"a": 1}', "more_body": False}])
+
+    async def receive() -> dict[str, Any]:
+        return next(body, {"type": "http.disconnect"})
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/late-error", "root_path": "", "headers": [], "state": {},
+             "query_string": b"", "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80), "client": None}
+    with pytest.raises(RuntimeError, match="after the answer"):
+        asyncio.run(route(scope, receive, send))
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 200 and sent[1]["body"] == b'{"a":1}'
