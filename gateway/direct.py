@@ -2,11 +2,11 @@
 per-request routing machinery but running the same pieces in the same order.
 
 Why: on the passthrough path (``pool`` engine in front of a fast upstream) the gateway's own
-CPU is the added latency. Measured with callgrind on the 100-document ``/v2/rerank`` request
-(docs/benchmarks/cpu-2026-12-01-direct/), Litestar's router, its ``Request`` kwargs model and
-signature model and the two exception-handler layers around every route cost about 0.3 M of
-the 2.15 M instructions of a whole request, more than decoding the body. None of that work
-is needed for a route that takes exactly ``(request, data)`` with ``data`` decoded by our
+CPU is the added latency. Litestar's router, its kwargs and signature models, the
+``Response`` -> ``ASGIResponse`` objects and their generic paths cost 0.15 M of the 2.24 M
+instructions (valgrind) of a whole 100-document passthrough request, and 17 % of its CPU at 32
+clients (docs/benchmarks/cpu-2026-12-01-direct/). None of that work is needed for a route that
+takes exactly ``(request, data)`` with ``data`` decoded by our
 :class:`~gateway.decoding.StrictBody`.
 
 What a direct route does is what Litestar does for it, with Litestar's own objects:
@@ -123,6 +123,8 @@ class _Route:
             and handler.background is None
             and not any(layer.after_request for layer in handler.ownership_layers)
             and handler.media_type in ("", MediaType.JSON, MediaType.JSON.value)  # "": the default, JSON
+            and handler.status_code >= 200
+            and handler.status_code not in (204, 304)  # a status without a body
         )
         inner: ASGIApp = self._inner_guard
         for middleware in handler.resolve_middleware():  # as build_route_middleware_stack does
