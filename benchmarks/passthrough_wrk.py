@@ -352,6 +352,19 @@ def main() -> int:
     return 0
 
 
+def _round_pairs(
+    by: dict[tuple[str, int], list[dict[str, Any]]], a: tuple[str, int], b: tuple[str, int], rounds: list[int]
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The runs of ``a`` and ``b`` (target, clients) made in the same round, round by round."""
+    pairs = []
+    for rnd in rounds:
+        ra = [r for r in by[a] if r["round"] == rnd]
+        rb = [r for r in by[b] if r["round"] == rnd]
+        if ra and rb:
+            pairs.append((ra[0], rb[0]))
+    return pairs
+
+
 def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
     """Medians per target and level, and medians of the per-round ratios."""
     by: dict[tuple[str, int], list[dict[str, Any]]] = collections.defaultdict(list)
@@ -366,13 +379,9 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
     rounds = sorted({r["round"] for r in runs})
     for gw in GATEWAYS:
         for c in clients:
-            req, cpu = [], []
-            for rnd in rounds:
-                a = [r for r in by[(gw, c)] if r["round"] == rnd]
-                b = [r for r in by[("litellm", c)] if r["round"] == rnd]
-                if a and b:
-                    req.append(a[0]["req_s"] / b[0]["req_s"])
-                    cpu.append(b[0]["cpu_ms_per_request"] / a[0]["cpu_ms_per_request"])
+            pairs = _round_pairs(by, (gw, c), ("litellm", c), rounds)
+            req = [a["req_s"] / b["req_s"] for a, b in pairs]
+            cpu = [b["cpu_ms_per_request"] / a["cpu_ms_per_request"] for a, b in pairs]
             if req:
                 ratios[f"{gw} c={c}"] = {"req_s_ratio": _median(req), "cpu_ratio": _median(cpu),
                                          "req_s_ratios": req, "cpu_ratios": cpu}
@@ -382,23 +391,20 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
     summary["added_p50_ms_1_client_by_target"], summary["cpu_growth_by_target"] = {}, {}
     summary["cpu_growth_of_medians_by_target"] = {}
     for gw in ONE_WORKER:
-        added = []
-        for rnd in rounds:
-            g = [r for r in by[(gw, 1)] if r["round"] == rnd]
-            s = [r for r in by[("stub", 1)] if r["round"] == rnd]
-            if g and s and "p50_ms" in g[0] and "p50_ms" in s[0]:
-                added.append(g[0]["p50_ms"] - s[0]["p50_ms"])
+        added = [
+            g["p50_ms"] - s["p50_ms"]
+            for g, s in _round_pairs(by, (gw, 1), ("stub", 1), rounds)
+            if "p50_ms" in g and "p50_ms" in s
+        ]
         if added:
             summary["added_p50_ms_1_client_by_target"][gw] = _median(added)
         # CPU growth with load: the median of the per-round pairs (hi clients ÷ lo clients, the
         # two runs seconds apart), like every other ratio here; the ratio of the two medians
         # (what reports before 2026-12-01-direct gave) is kept beside it.
-        growth = []
-        for rnd in rounds:
-            h = [r for r in by[(gw, hi)] if r["round"] == rnd]
-            l_ = [r for r in by[(gw, lo)] if r["round"] == rnd]
-            if h and l_:
-                growth.append(h[0]["cpu_ms_per_request"] / l_[0]["cpu_ms_per_request"])
+        growth = [
+            h["cpu_ms_per_request"] / l_["cpu_ms_per_request"]
+            for h, l_ in _round_pairs(by, (gw, hi), (gw, lo), rounds)
+        ]
         if growth:
             summary["cpu_growth_by_target"][gw] = _median(growth)
         flat = [r["cpu_ms_per_request"] for r in by[(gw, hi)]], [r["cpu_ms_per_request"] for r in by[(gw, lo)]]
