@@ -9,6 +9,7 @@ Usable from the command line too: ``python -m tests.tiny_qwen3 OUT_DIR``.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def build_tiny_qwen3(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 51
         vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,  # its bar and blank lines cluttered `python -m tests.tiny_qwen3`
     )
     tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
     fast = PreTrainedTokenizerFast(
@@ -79,7 +81,33 @@ def build_tiny_qwen3(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 51
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
     model.save_pretrained(out)
+    _readable(out)
     return out
+
+
+def _readable(out: Path) -> None:
+    """Give every written file the mode a plain ``open(..., "w")`` gets (0644 under umask 022).
+
+    safetensors writes ``model.safetensors`` through a private temporary file (mode 0600), so a
+    checkpoint built by one user could not be read by a server running as another.
+    """
+    mode = 0o666 & ~_umask()
+    for path in out.iterdir():
+        if path.is_file():
+            path.chmod(mode)
+
+
+def _umask() -> int:
+    # Reading the umask without setting it: /proc on Linux; elsewhere set it and put it back.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 if __name__ == "__main__":
