@@ -181,7 +181,8 @@ class LocalModelConfig(ModelConfig):
     # Qwen3 only: the default instruction (other families have no instruction slot).
     instruction: str = DEFAULT_INSTRUCTION
     # Tokens per prompt (template + query + one document chunk); longer documents are chunked.
-    # Capped at the checkpoint's own window (e.g. 512 for BERT / XLM-R cross-encoders).
+    # Capped at the checkpoint's own window (e.g. 512 for BERT / XLM-R cross-encoders); a value too
+    # small for the prompt template fails at start.
     max_length: Positive = 8192
     # Longer queries are truncated (Cohere truncates queries too). Cross-encoders cap it at half
     # the window so a long query cannot crowd out the document.

@@ -205,8 +205,9 @@ def config_reference_markdown() -> str:
     out += [
         "## `[[models]]`",
         "",
-        "One entry per public model name; `engine` selects the kind of entry, and with it the keys",
-        "it accepts. Environment: `RERANK_MODELS__<i>__<KEY>`.",
+        "One entry per public model name; `engine` (required) selects the kind of entry, and with it",
+        "the keys it accepts: " + ", ".join(f"`\"{c.__struct_config__.tag}\"`" for c in engine_classes()) + ".",
+        "Environment: `RERANK_MODELS__<i>__<KEY>`.",
         "",
     ]
     for cls in engine_classes():
