@@ -111,6 +111,7 @@ def test_home_page_is_the_readme_with_site_links(hook):
     page = hook.index_markdown()
     assert page.startswith("# rerank-gateway")
     assert "](docs/" not in page and "](getting-started.md)" in page
+    assert "]()" not in page and "](#)" not in page
 
 
 @pytest.mark.slow
