@@ -83,7 +83,7 @@ def test_every_configuration_key_has_a_meaning_type_and_default(hook):
 
 def test_reference_defaults_and_types_are_the_structs(hook):
     text = hook.config_reference_markdown()
-    assert '| `port` | integer (≥ 0, ≤ 65535) | `8000` |' in text
+    assert "| `port` | integer (≥ 0, ≤ 65535) | `8000` |" in text
     assert '| `runner` | `"granian"` or `"uvicorn"` | `"uvicorn"` |' in text
     assert '| `devices` | list of string, at least 1 long | `["auto"]` |' in text
     assert f"| `batch_tokens` | integer (≥ 1) | `{cfg.TransformersEngineConfig(name='x').batch_tokens:_}` |" in text
@@ -118,9 +118,13 @@ def test_home_page_is_the_readme_with_site_links(hook):
 def test_mkdocs_build_strict(tmp_path: Path):
     """Strict mode: a broken link or anchor, or a page missing from disk, fails the build."""
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run(
+    proc = subprocess.run(  # noqa: PLW1510 - the return code is asserted
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     site = tmp_path / "site"
@@ -137,11 +141,17 @@ def test_strict_build_fails_on_a_broken_link(tmp_path: Path):
     (docs / "index.md").write_text("# Home\n\n[gone](missing.md) and [anchor](#nowhere)\n")
     ours = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     (tmp_path / "mkdocs.yml").write_text(
-        yaml.safe_dump({"site_name": "t", "strict": True, "validation": ours["validation"], "markdown_extensions": ["toc"]})
+        yaml.safe_dump(
+            {"site_name": "t", "strict": True, "validation": ours["validation"], "markdown_extensions": ["toc"]}
+        )
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict"], cwd=tmp_path, capture_output=True, text=True,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=120,
+    proc = subprocess.run(  # noqa: PLW1510 - the return code is asserted
+        [sys.executable, "-m", "mkdocs", "build", "--strict"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=120,
     )
     assert proc.returncode != 0
     assert "missing.md" in proc.stderr and "nowhere" in proc.stderr
@@ -149,9 +159,11 @@ def test_strict_build_fails_on_a_broken_link(tmp_path: Path):
 
 def test_hook_module_is_importable_without_mkdocs_objects():
     """The reference can be printed without building the site (``python docs/hooks/reference.py config``)."""
-    proc = subprocess.run(
+    proc = subprocess.run(  # noqa: PLW1510 - the return code is asserted
         [sys.executable, str(ROOT / "docs" / "hooks" / "reference.py"), "config"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("# Configuration reference")

@@ -58,9 +58,13 @@ def _pip(args: list[str], config: Path | None, tmp: Path) -> tuple[subprocess.Co
     env["PIP_CONFIG_FILE"] = str(config) if config else os.devnull
     report = tmp / "report.json"
     started = time.monotonic()
-    proc = subprocess.run(
+    proc = subprocess.run(  # noqa: PLW1510 - the return code is asserted
         [sys.executable, "-m", "pip", *args, "--dry-run", "--report", str(report), "--disable-pip-version-check"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     took = time.monotonic() - started
     return proc, took, json.loads(report.read_text()) if report.exists() else {}

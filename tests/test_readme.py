@@ -26,7 +26,7 @@ GETTING_STARTED = ROOT / "docs" / "getting-started.md"
 
 
 def _blocks(text: str, lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.DOTALL)
 
 
 def commands(text: str) -> list[str]:
@@ -90,8 +90,11 @@ def test_both_commands_install_the_cpu_torch_first_and_fail_fast():
         assert 0 < float(argv[argv.index("--timeout") + 1]) <= 30
         assert "--no-deps" in argv  # torch alone: its dependencies come from PyPI in the next step
         assert argv[argv.index("--extra-index-url") + 1] == "https://download.pytorch.org/whl/cpu"
-        requirements = [a for a in argv[2:] if not a.startswith("-") and not a.startswith("https://")
-                        and not re.fullmatch(r"[\d.]+", a)]
+        requirements = [
+            a
+            for a in argv[2:]
+            if not a.startswith("-") and not a.startswith("https://") and not re.fullmatch(r"[\d.]+", a)
+        ]
         assert len(requirements) == 1 and requirements[0].startswith("torch==")
         # Nothing after it may name PyTorch's index again (that is what retried per package).
         assert command.count("download.pytorch.org") == 1
@@ -149,11 +152,13 @@ scores = { "Washington, D.C. is the capital of the United States." = 0.98 }
 """
     )
     (curl,) = [b for b in _blocks(README.read_text(), "bash") if "curl" in b and "/v2/rerank" in b]
-    body = json.loads(re.search(r"-d '(.*?)'", curl, re.S).group(1))
+    body = json.loads(re.search(r"-d '(.*?)'", curl, re.DOTALL).group(1))
     url = re.search(r"(http://127\.0\.0\.1:8000\S*)", curl).group(1).replace("http://127.0.0.1:8000", server.url)
     resp = httpx.post(url, json=body, timeout=30)
     assert resp.status_code == 200, resp.text
-    shown = json.loads("".join(line.lstrip("#").strip() for line in curl.splitlines() if line.startswith("#")).replace("…", "x"))
+    shown = json.loads(
+        "".join(line.lstrip("#").strip() for line in curl.splitlines() if line.startswith("#")).replace("…", "x")
+    )
     got = resp.json()
     assert [r["index"] for r in got["results"]] == [r["index"] for r in shown["results"]]
     assert got["meta"]["api_version"] == shown["meta"]["api_version"] and got["model"] == shown["model"]
@@ -190,7 +195,7 @@ def _run_documented(command: str, tiny: Path) -> subprocess.CompletedProcess[str
         argv[0] = sys.executable
     elif argv[0] == ".venv/bin/rerank-gateway":
         argv[:1] = [sys.executable, "-m", "gateway"]
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(argv, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +234,9 @@ def test_check_config_sample_output_is_the_real_one(documented_tiny):
     from gateway.settings import default_engine_kind
 
     engine = default_engine_kind()
-    expected = [line.replace("/tmp/tiny-qwen3", str(tiny)).replace("engine=transformers", f"engine={engine}") for line in shown]
+    expected = [
+        line.replace("/tmp/tiny-qwen3", str(tiny)).replace("engine=transformers", f"engine={engine}") for line in shown
+    ]
     assert real == expected, (
         "docs/getting-started.md's check-config sample is stale; the real output is:\n" + "\n".join(real)
     )

@@ -120,4 +120,6 @@ def _umask() -> int:
 
 
 if __name__ == "__main__":
-    print(f"wrote a tiny random Qwen3 checkpoint to {build_tiny_qwen3(sys.argv[1])} (scores are meaningless: for trying the gateway)")
+    print(
+        f"wrote a tiny random Qwen3 checkpoint to {build_tiny_qwen3(sys.argv[1])} (scores are meaningless: for trying the gateway)"
+    )

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # mkdocs loads hooks by path; the project may not be installed
     sys.path.insert(0, str(ROOT))
 
-from schemas import config as cfg  # noqa: E402
+from schemas import config as cfg
 
 CONFIG_PAGE = "reference/configuration.md"
 HTTP_PAGE = "reference/http.md"
@@ -58,7 +58,9 @@ def _field_comments() -> dict[tuple[str, str], str]:
             while n >= 0 and lines[n].strip().startswith("#"):
                 above.insert(0, lines[n].strip().lstrip("#").strip())
                 n -= 1
-            parts = above + [trailing[i] for i in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if i in trailing]
+            parts = above + [
+                trailing[i] for i in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if i in trailing
+            ]
             out[(node.name, stmt.target.id)] = " ".join(p for p in parts if p)
     return out
 
@@ -206,13 +208,13 @@ def config_reference_markdown() -> str:
         "## `[[models]]`",
         "",
         "One entry per public model name; `engine` (required) selects the kind of entry, and with it",
-        "the keys it accepts: " + ", ".join(f"`\"{c.__struct_config__.tag}\"`" for c in engine_classes()) + ".",
+        "the keys it accepts: " + ", ".join(f'`"{c.__struct_config__.tag}"`' for c in engine_classes()) + ".",
         "Environment: `RERANK_MODELS__<i>__<KEY>`.",
         "",
     ]
     for cls in engine_classes():
         tag = cls.__struct_config__.tag
-        out += [f"### `engine = \"{tag}\"`", ""]
+        out += [f'### `engine = "{tag}"`', ""]
         if _doc(cls):
             out += [_doc(cls), ""]
         out += struct_table(cls, comments, skip=())
@@ -266,8 +268,12 @@ def _schema_type(node: dict[str, Any]) -> str:
     for key, sym in (("minimum", "≥"), ("exclusiveMinimum", ">"), ("maximum", "≤"), ("exclusiveMaximum", "<")):
         if key in node:
             cons.append(f"{sym} {node[key]}")
-    for key, word in (("minItems", "at least {} items"), ("maxItems", "at most {} items"),
-                      ("minLength", "at least {} characters"), ("maxLength", "at most {} characters")):
+    for key, word in (
+        ("minItems", "at least {} items"),
+        ("maxItems", "at most {} items"),
+        ("minLength", "at least {} characters"),
+        ("maxLength", "at most {} characters"),
+    ):
         if key in node:
             cons.append(word.format(node[key]))
     if "pattern" in node:
@@ -304,8 +310,10 @@ def http_reference_markdown(doc: dict[str, Any] | None = None) -> str:
             if params:
                 out += ["| Parameter | In | Type | Required |", "|---|---|---|---|"]
                 for p in params:
-                    out.append(f"| `{p['name']}` | {p.get('in', '')} | {_cell(_schema_type(p.get('schema', {})))} | "
-                               f"{'yes' if p.get('required') else 'no'} |")
+                    out.append(
+                        f"| `{p['name']}` | {p.get('in', '')} | {_cell(_schema_type(p.get('schema', {})))} | "
+                        f"{'yes' if p.get('required') else 'no'} |"
+                    )
                 out.append("")
             out += ["| Status | Meaning | Body |", "|---|---|---|"]
             for status, resp in op.get("responses", {}).items():
@@ -324,8 +332,10 @@ def http_reference_markdown(doc: dict[str, Any] | None = None) -> str:
             required = set(schema.get("required", ()))
             out += ["| Field | Type | Required | Meaning |", "|---|---|---|---|"]
             for prop, node in props.items():
-                out.append(f"| `{prop}` | {_cell(_schema_type(node))} | {'yes' if prop in required else 'no'} | "
-                           f"{_cell(_flat(node.get('description', '')))} |")
+                out.append(
+                    f"| `{prop}` | {_cell(_schema_type(node))} | {'yes' if prop in required else 'no'} | "
+                    f"{_cell(_flat(node.get('description', '')))} |"
+                )
             out.append("")
         elif not schema.get("description"):
             out += [_cell(_schema_type(schema)), ""]
