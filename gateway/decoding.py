@@ -1,7 +1,7 @@
 """Strict request decoding: one function for every JSON body the gateway reads.
 
 Litestar's default body parsing converts with ``strict=False`` (``"2"`` becomes ``2``,
-``"true"`` becomes ``True``), which contradicts the README's promise of 422 for wrong types, and
+``"true"`` becomes ``True``), which contradicts the documented promise (docs/api.md) of 422 for wrong types, and
 lets msgspec recurse into arbitrarily nested arrays until ``RecursionError`` (a 500). Here the
 body is decoded once with msgspec in strict mode, after a depth check that runs before any
 recursion, and every failure becomes one of our errors:

@@ -30,7 +30,7 @@ __all__ = ("ERROR_RESPONSES", "finalize_openapi")
 
 _REF = "#/components/schemas/{name}"
 
-# Status -> when, as in README's error table (the table itself lives in gateway.errors).
+# Status -> when, as in docs/api.md's error table (the table itself lives in gateway.errors).
 ERROR_RESPONSES: Final[dict[int, str]] = {
     400: "The body is not JSON (malformed, empty, invalid UTF-8, nested deeper than 64 levels, over 1,000,000 arrays/objects).",
     401: "API keys are configured and the key is missing, unknown or expired.",

@@ -56,8 +56,9 @@ class _Strict(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=T
 
 
 class ServerConfig(_Strict):
+    # Address to bind; anything but loopback needs API keys ([auth]) or auth.open = true.
     host: str = "127.0.0.1"
-    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000  # TCP port to listen on
     # uvicorn is a hard dependency and the faster for a passthrough gateway (one client: granian
     # added 0.7-1.8 ms more, docs/benchmarks/cpu-2026-12-01-granian); granian is optional (extra `granian`).
     runner: Literal["uvicorn", "granian"] = "uvicorn"
@@ -70,7 +71,7 @@ class ServerConfig(_Strict):
     # A model that failed to load is retried with capped exponential backoff: after
     # load_retry_initial_s, then twice as long each time, at most load_retry_max_s apart.
     load_retry_initial_s: PositiveFloat = 5.0
-    load_retry_max_s: PositiveFloat = 300.0
+    load_retry_max_s: PositiveFloat = 300.0  # the longest wait between two load attempts
     # Liveness (/health) answers 503 once every model has been failed or unhealthy this long,
     # so an orchestrator restarts the process; 0 keeps /health 200 whatever the models do.
     liveness_failure_after_s: Annotated[float, msgspec.Meta(ge=0)] = 600.0
@@ -80,20 +81,21 @@ class ServerConfig(_Strict):
 
 
 class LoggingConfig(_Strict):
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"  # the gateway's and libraries' log level
+    # "json": one JSON object per line on stdout (third-party lines too); "console": for people.
     format: Literal["json", "console"] = "json"
 
 
 class LimitsConfig(_Strict):
-    max_body_bytes: Positive = 20 * 1024 * 1024
-    max_documents: Positive = 10_000
+    max_body_bytes: Positive = 20 * 1024 * 1024  # larger request bodies get 413
+    max_documents: Positive = 10_000  # documents per request; more get 413
     # Cohere caps documents x chunks at 10,000; we cap the chunks actually produced.
     max_total_chunks: Positive = 10_000
     # Per-key rate limits live in this Redis when set (shared by every replica), else in memory.
     redis_url: str | None = None
     # Redis unreachable: "closed" answers 503, "open" falls back to this process's own counters.
     redis_failure: Literal["open", "closed"] = "closed"
-    redis_timeout_s: PositiveFloat = 0.5
+    redis_timeout_s: PositiveFloat = 0.5  # per Redis call; slower counts as Redis unreachable
 
 
 KeyId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
@@ -104,7 +106,7 @@ class ApiKeyConfig(_Strict):
     """One API key, stored as the SHA-256 of the key (``rerank-gateway keys create``), never the key."""
 
     id: KeyId  # shown in logs, metrics and errors instead of the key
-    hash: KeyHash
+    hash: KeyHash  # "sha256:" and the key's SHA-256 in hex
     # Canonical model names or globs ("qwen3-*", "*"); aliases are resolved before matching.
     models: Annotated[tuple[ModelName, ...], msgspec.Meta(min_length=1)]
     expires_at: datetime | None = None  # without an offset: UTC
@@ -116,16 +118,17 @@ class ApiKeyConfig(_Strict):
 class AuthConfig(_Strict):
     # Without keys the gateway only serves on loopback unless this is set.
     open: bool = False
+    # API keys ([[auth.keys]] entries, from `rerank-gateway keys create`); none: the gateway is open.
     keys: tuple[ApiKeyConfig, ...] = ()
 
 
 class CacheConfig(_Strict):
     """Response cache: exact repeats of a request answered without the engine (off by default)."""
 
-    enabled: bool = False
+    enabled: bool = False  # off by default: answers only exact repeats, x-cache says which
     # "memory": an LRU with TTL in this process; "redis": shared by every replica.
     backend: Literal["memory", "redis"] = "memory"
-    ttl_s: PositiveFloat = 300.0
+    ttl_s: PositiveFloat = 300.0  # how long a stored response is served
     max_entries: Positive = 10_000  # memory backend
     # Responses larger than this (encoded JSON) are not cached.
     max_entry_bytes: Positive = 1024 * 1024
@@ -138,9 +141,10 @@ class CacheConfig(_Strict):
 class ModelConfig(_Strict, tag_field="engine"):
     """Fields every engine kind shares."""
 
-    name: ModelName
+    name: ModelName  # the public model name clients send (no spaces)
+    # More names for the same model (e.g. "rerank-v3.5" for clients that send a fixed name).
     aliases: tuple[ModelName, ...] = ()
-    timeout_s: PositiveFloat = 60.0
+    timeout_s: PositiveFloat = 60.0  # engine (or upstream) time per request; then 504
     # Requests admitted to this model at once (running + waiting); more get 503 + Retry-After.
     max_concurrent_requests: Positive = 256
 
@@ -169,15 +173,16 @@ class LocalModelConfig(ModelConfig):
     the model's output a score.
     """
 
-    path: str = DEFAULT_MODEL_PATH
-    revision: str | None = None
+    path: str = DEFAULT_MODEL_PATH  # hub id or local directory of the checkpoint
+    revision: str | None = None  # hub revision (branch, tag or commit); None: the default branch
     # "auto": read the checkpoint's config.json (architectures, id2label) and
     # sentence-transformers files (modules.json, 1_Pooling/) and log the choice.
     family: FamilyName = "auto"
     # Qwen3 only: the default instruction (other families have no instruction slot).
     instruction: str = DEFAULT_INSTRUCTION
     # Tokens per prompt (template + query + one document chunk); longer documents are chunked.
-    # Capped at the checkpoint's own window (e.g. 512 for BERT / XLM-R cross-encoders).
+    # Capped at the checkpoint's own window (e.g. 512 for BERT / XLM-R cross-encoders); a value too
+    # small for the prompt template fails at start.
     max_length: Positive = 8192
     # Longer queries are truncated (Cohere truncates queries too). Cross-encoders cap it at half
     # the window so a long query cannot crowd out the document.
@@ -212,11 +217,14 @@ Qwen3LocalConfig = LocalModelConfig
 
 
 class TransformersEngineConfig(LocalModelConfig, tag="transformers"):
-    device: str = "auto"
+    """In-process Hugging Face transformers, CPU or CUDA: length-sorted batches in worker threads."""
+
+    device: str = "auto"  # "auto" (CUDA if available), "cpu", "cuda", "cuda:1", ...
+    # "auto": float32 on CPU, bfloat16 on CUDA (float16 where bfloat16 is unsupported).
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # Padded tokens (longest prompt x rows) per forward pass, and rows per pass.
     batch_tokens: Positive = 16_384
-    max_batch_size: Positive = 64
+    max_batch_size: Positive = 64  # rows per forward pass
     # Forward passes running at once in worker threads (torch already uses every core).
     max_parallel_batches: Positive = 1
     # Listwise families (jina-v3): documents per model.rerank call (the old service's batch_size;
@@ -229,10 +237,10 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
 
     # One model replica per device, all fed from one queue: ["cuda:0", "cuda:1"]; "auto": cuda:0, else cpu.
     devices: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)] = ("auto",)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # "auto": float32 on CPU, bfloat16 on CUDA
     # Prompt tokens per step (one forward pass) on a device; a longer prompt gets a step alone.
     batch_tokens: Positive = 16_384
-    max_items_per_step: Positive = 1024
+    max_items_per_step: Positive = 1024  # prompts per step
     # Which waiting request fills a step first: arrival order, or fewest tokens left.
     policy: Literal["fifo", "shortest-first"] = "fifo"
     # torch.compile(dynamic=True) of the pointwise work between the GEMMs; "auto": on CUDA only.
@@ -251,12 +259,12 @@ class VllmEngineConfig(LocalModelConfig):
     # Fraction of GPU memory vLLM may take (weights + KV cache); on CPU, of RAM for the KV cache.
     # None: 0.9 on CUDA, 0.1 on CPU (where 0.9 would reserve most of the machine's RAM).
     gpu_memory_utilization: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
-    tensor_parallel_size: Positive = 1
+    tensor_parallel_size: Positive = 1  # GPUs one model is split over (vLLM tensor parallelism)
     # Skip CUDA graphs / compilation: faster start, slower steps.
     enforce_eager: bool = False
     # Sequences and tokens per scheduler step (None: vLLM's defaults for the device).
     max_num_seqs: Positive | None = None
-    max_num_batched_tokens: Positive | None = None
+    max_num_batched_tokens: Positive | None = None  # see max_num_seqs
     # vLLM attention backend name (e.g. "TRITON_ATTN" or "FLEX_ATTENTION" on pre-Ampere GPUs); None: vLLM picks.
     attention_backend: str | None = None
     # Reuse the KV of the shared prompt part (system + instruction + query) across documents.
@@ -277,7 +285,7 @@ class VllmGenerateEngineConfig(VllmEngineConfig, tag="vllm-generate"):
 class StaticEngineConfig(ModelConfig, tag="static"):
     """Zero-cost test engine: a fixed score per document, no model. For tests and benchmarks."""
 
-    score: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
+    score: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5  # every document's score unless `scores` lists it
     # Scores by exact document text; documents not listed get `score`.
     scores: dict[str, Annotated[float, msgspec.Meta(ge=0, le=1)]] = {}
     # Simulated inference time per request (tests of timeouts and overload; latency models).
@@ -291,12 +299,12 @@ class StaticEngineConfig(ModelConfig, tag="static"):
 class UpstreamHttpConfig(ModelConfig):
     """Fields of engines that score over HTTP. ``timeout_s`` is the total per request, retries included."""
 
-    connect_timeout_s: PositiveFloat = 5.0
+    connect_timeout_s: PositiveFloat = 5.0  # longest wait for a TCP + TLS connection to the upstream
     # Longest wait for the upstream's answer to one call.
     read_timeout_s: PositiveFloat = 30.0
     # The key sent as ``Authorization: Bearer``; or the name of an environment variable holding it.
     api_key: str | None = None
-    api_key_env: str | None = None
+    api_key_env: str | None = None  # see api_key
     # Keep-alive connections per upstream host.
     max_connections: Positive = 64
     # Instruction used when the request has none; "" sends none (the upstream's default applies).
@@ -312,25 +320,26 @@ class DashScopeEngineConfig(UpstreamHttpConfig, tag="dashscope", kw_only=True):
     endpoint: Literal["native", "compatible"] = "native"
     # Region host (Beijing by default); e.g. https://dashscope-intl.aliyuncs.com for Singapore.
     base_url: str = "https://dashscope.aliyuncs.com"
-    api_key_env: str | None = "DASHSCOPE_API_KEY"
-    workspace: str | None = None
+    api_key_env: str | None = "DASHSCOPE_API_KEY"  # the environment variable holding the key (when api_key is unset)
+    workspace: str | None = None  # DashScope workspace id, sent as X-DashScope-WorkSpace; None: the default
     # The model's limits (DashScope docs, they vary by model and region): one upstream call
     # never exceeds them; larger requests become several calls.
     max_documents_per_call: Positive = 500
-    max_tokens_per_item: Positive = 4000
-    max_tokens_per_request: Positive = 30_000
-    max_parallel_calls: Positive = 4
+    max_tokens_per_item: Positive = 4000  # see max_documents_per_call
+    max_tokens_per_request: Positive = 30_000  # see max_documents_per_call
+    max_parallel_calls: Positive = 4  # upstream calls of one split request in flight at once
     # Retries of one call after 429, 5xx or a connect error (exponential backoff, jitter, Retry-After).
     retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
-    backoff_initial_s: PositiveFloat = 0.5
-    backoff_max_s: PositiveFloat = 10.0
+    backoff_initial_s: PositiveFloat = 0.5  # first retry delay, doubled each time (with jitter) ...
+    backoff_max_s: PositiveFloat = 10.0  # ... up to this
 
 
 class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
     """A model served by replicas of vLLM, TEI, Infinity or a Cohere-compatible server."""
 
+    # The replicas' API: vllm (/rerank), vllm-score (/score), tei, infinity, cohere (/v2/rerank).
     protocol: Literal["vllm", "vllm-score", "tei", "infinity", "cohere"]
-    urls: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)]
+    urls: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)]  # base URLs of the replicas
     # The model name sent upstream (None: omitted; the cohere protocol sends `name`).
     model: str | None = None
     # Texts per upstream call; None: the whole request in one call (32 for tei, its default limit).
@@ -344,9 +353,9 @@ class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
     # Passive health: eject a replica after this many consecutive failures, for cooldown_s,
     # then probe health_path before sending it traffic again.
     eject_after_failures: Positive = 3
-    cooldown_s: PositiveFloat = 10.0
-    health_path: str = "/health"
-    probe_timeout_s: PositiveFloat = 2.0
+    cooldown_s: PositiveFloat = 10.0  # how long an ejected replica gets no traffic
+    health_path: str = "/health"  # probed (GET, 200 expected) before an ejected replica is used again
+    probe_timeout_s: PositiveFloat = 2.0  # time limit of that probe
 
 
 class GgufEngineConfig(ModelConfig, tag="gguf", kw_only=True):
@@ -364,8 +373,8 @@ class GgufEngineConfig(ModelConfig, tag="gguf", kw_only=True):
     # Tokens per prompt (template + query + one document chunk); None: the model's training
     # context (512 for BERT / XLM-R rerankers). Longer documents are chunked.
     max_length: Positive | None = None
-    max_query_tokens: Positive = 2048
-    max_chunks_per_doc: Positive = 10
+    max_query_tokens: Positive = 2048  # longer queries are truncated (at most half the window)
+    max_chunks_per_doc: Positive = 10  # default chunk cap when the request names none
     # Layers offloaded to the GPU (0: CPU only, -1: all); needs a CUDA/Metal build of llama-cpp-python.
     n_gpu_layers: Annotated[int, msgspec.Meta(ge=-1)] = 0
     # CPU threads for llama.cpp (None: llama-cpp-python's default, the physical cores).
@@ -373,7 +382,7 @@ class GgufEngineConfig(ModelConfig, tag="gguf", kw_only=True):
     # Tokens and sequences per llama_decode call. An encoder must see a whole prompt in one
     # micro-batch, so batch_tokens is also llama.cpp's n_ubatch and must hold max_length.
     batch_tokens: Positive = 8192
-    max_batch_size: Annotated[int, msgspec.Meta(ge=1, le=256)] = 64
+    max_batch_size: Annotated[int, msgspec.Meta(ge=1, le=256)] = 64  # see batch_tokens
     # Return the head's raw output (a cross-encoder's logit) instead of a score in [0, 1].
     raw_scores: bool = False
 

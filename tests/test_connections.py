@@ -101,7 +101,7 @@ def _healthy(server: ServerProcess) -> None:
 
 def test_fresh_idle_connection_is_closed(server):
     if "granian" in server.config.read_text():
-        # hyper starts its header timer at the first byte: documented in README "Reliability".
+        # hyper starts its header timer at the first byte: documented in docs/configuration.md (granian note).
         pytest.skip("granian does not close a connection that never sends a byte")
     sock = _connect(server)
     took, data = _closed_within(sock, KEEP_ALIVE_S)

@@ -106,7 +106,7 @@ def test_served_schema_is_the_one_fuzzed(server):
 def test_schemathesis(case, server):
     if case.body is not None and _integral_float(case.body):
         # JSON Schema counts 1.0 as an integer; the gateway decodes strictly and answers 422
-        # (README "Strict types"), so such bodies are not schema-valid requests for us.
+        # (docs/api.md, strict types), so such bodies are not schema-valid requests for us.
         return
     if isinstance(case.body, dict) and any(
         isinstance(v, list) and len(v) > MAX_DOCUMENTS for v in case.body.values()

@@ -9,6 +9,7 @@ Usable from the command line too: ``python -m tests.tiny_qwen3 OUT_DIR``.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def build_tiny_qwen3(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 51
         vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,  # it printed blank lines on stdout even with nothing to show
     )
     tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
     fast = PreTrainedTokenizerFast(
@@ -78,9 +80,46 @@ def build_tiny_qwen3(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 51
     # scores differ by ~0.01-0.1 and orders are stable across engines.
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
-    model.save_pretrained(out)
+    from transformers.utils import logging as hf_logging
+
+    # transformers draws a "Writing model shards" bar on stderr for a 2 MB file; keep the CLI quiet.
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    _readable(out)
     return out
 
 
+def _readable(out: Path) -> None:
+    """Give every written file the mode a plain ``open(..., "w")`` gets (0644 under umask 022).
+
+    safetensors' writer creates ``model.safetensors`` with mode 0600 whatever the umask, so a
+    checkpoint built by one user could not be read by a server running as another.
+    """
+    mode = 0o666 & ~_umask()
+    for path in out.iterdir():
+        if path.is_file():
+            path.chmod(mode)
+
+
+def _umask() -> int:
+    # Reading the umask without setting it: /proc on Linux; elsewhere set it and put it back.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 if __name__ == "__main__":
-    print(f"wrote a tiny random Qwen3 checkpoint to {build_tiny_qwen3(sys.argv[1])} (scores are meaningless: for trying the gateway)")
+    print(
+        f"wrote a tiny random Qwen3 checkpoint to {build_tiny_qwen3(sys.argv[1])} (scores are meaningless: for trying the gateway)"
+    )

@@ -128,7 +128,7 @@ def _token_counter(model: Any, path: str, revision: str | None) -> Any:
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(path, revision=revision)
-        except Exception:  # no tokenizer files: fall back to words, documented in the README
+        except Exception:  # no tokenizer files: fall back to words, documented in docs/engines.md
             return None
 
     def count(text: str) -> int:
