@@ -67,7 +67,7 @@ def fix_for(config: EngineConfig, index: int, exc: BaseException) -> str:
             f"'{path}' does not exist on this machine: correct {field}; the gateway keeps retrying, "
             "so a directory mounted later is picked up"
         )
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+    if os.path.exists(path) and not os.path.isfile(os.path.join(path, "config.json")):
         return (
             f"'{path}' is not a checkpoint directory (no config.json): set {field} to the directory "
             "that holds config.json and the weights"

@@ -96,6 +96,11 @@ def _model(i: int, model: object, report: Preflight) -> None:
         report.findings.append(Finding(
             f"models[{i}].path ({env}): '{path}' does not exist on this machine (and it is not a Hugging "
             "Face hub id)", refuses=False))
+    elif isinstance(model, LocalModelConfig) and os.path.exists(model.path) and not os.path.isdir(model.path):
+        report.findings.append(Finding(
+            f"models[{i}].path ({env}): '{model.path}' is a file; engine '{type(model).__struct_config__.tag}' "
+            "needs the checkpoint's directory (the one holding config.json; a .gguf file goes to engine 'gguf')",
+            refuses=True))
     elif isinstance(model, LocalModelConfig) and os.path.isdir(model.path):
         try:
             report.families[i] = _local_family(i, model)

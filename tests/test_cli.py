@@ -106,3 +106,13 @@ def test_check_config_fails_for_a_local_path_that_does_not_exist(tmp_path, capsy
     config.write_text('[[models]]\nname = "m"\nengine = "transformers"\npath = "Qwen/Qwen3-Reranker-0.6B"\n')
     if cli.main(["check-config", "--config", str(config)]) == 0:  # 2 only where transformers is missing
         assert "config OK" in capsys.readouterr().out
+
+
+def test_check_config_and_serve_refuse_a_file_where_a_checkpoint_directory_belongs(tmp_path, capsys, no_server):
+    file = tmp_path / "model.gguf"
+    file.write_bytes(b"GGUF")
+    config = tmp_path / "g.toml"
+    config.write_text(f'[[models]]\nname = "m"\nengine = "transformers"\npath = "{file}"\n')
+    for command in ("check-config", "serve"):
+        assert cli.main([command, "--config", str(config)]) == 2
+        assert f"models[0].path (env RERANK_MODELS__0__PATH): '{file}' is a file" in capsys.readouterr().err

@@ -192,6 +192,11 @@ def test_a_directory_without_config_json_is_not_a_checkpoint(tmp_path):
     assert "no config.json (not a checkpoint directory)" in describe_exception(exc)
     fix = fix_for(TransformersEngineConfig(name="m", path=str(tmp_path)), 0, exc)
     assert "is not a checkpoint directory (no config.json)" in fix and "hub" not in fix
+    file = tmp_path / "model.gguf"  # a file where a directory belongs: not sent to the hub either
+    file.write_bytes(b"GGUF")
+    exc = _load_error(str(file))
+    assert describe_exception(exc) == f"NotADirectoryError: {file}: a file, not a checkpoint directory"
+    assert "is not a checkpoint directory" in fix_for(TransformersEngineConfig(name="m", path=str(file)), 0, exc)
 
 
 def test_an_unreachable_hub_is_said_to_be_the_network(monkeypatch):

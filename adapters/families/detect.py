@@ -82,6 +82,8 @@ def read_model_files(path: str, revision: str | None = None) -> ModelFiles:
 
     if missing_local_path(path):  # not a hub id either: asking the hub would only blur the cause
         raise FileNotFoundError(f"{path}: no such directory on this machine")
+    if Path(path).exists() and not Path(path).is_dir():
+        raise NotADirectoryError(f"{path}: a file, not a checkpoint directory")
 
     def load(name: str, *, required: bool) -> Any:
         local = Path(path) / name
