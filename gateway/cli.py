@@ -110,7 +110,12 @@ def _check_config(args: argparse.Namespace) -> int:
         if i in report.families:
             line += f" family={report.families[i]}"
         elif getattr(model, "family", None) is not None:
-            line += f" family={model.family} (decided at start: '{model.path}' is not a local directory)"
+            from adapters.families.checkpoint import is_hub_id
+
+            if is_hub_id(model.path):
+                line += f" family={model.family} (decided at start: '{model.path}' is not a local directory)"
+            else:
+                line += f" family={model.family} (undecided: no '{model.path}' on this machine)"
         print(line + (f" aliases={list(model.aliases)}" if model.aliases else ""))
     for warning in report.warnings:
         print(f"rerank-gateway: warning: {warning}", file=sys.stderr)
