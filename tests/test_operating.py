@@ -323,7 +323,7 @@ def test_expected_503_logs_one_warning_with_request_id_and_no_exception_text(ser
                       headers={"x-request-id": "refused-1"})
     assert resp.status_code == 503
     assert "OSError" not in resp.text and "Repo id" not in resp.text  # the cause is not for clients
-    assert "local directory" in resp.json()["message"]
+    assert "'/nonexistent/Qwen3-Reranker-0.6B' does not exist on this machine" in resp.json()["message"]
     lines = _wait(lambda: [line for line in _log_lines(server) if line.get("request_id") == "refused-1"], 10, "log")
     refused = [line for line in lines if line["event"] != "request"]
     assert len(refused) == 1
