@@ -64,8 +64,8 @@ def fix_for(config: EngineConfig, index: int, exc: BaseException) -> str:
     field = f"models[{index}].path (env RERANK_MODELS__{index}__PATH)"
     if missing_local_path(path):
         return (
-            f"'{path}' does not exist on this machine: correct {field}; the gateway keeps retrying, "
-            "so a directory mounted later is picked up"
+            f"'{path}' does not exist on this machine: set {field} to the checkpoint's local directory; "
+            "the gateway keeps retrying, so a directory mounted later is picked up"
         )
     if os.path.exists(path) and not os.path.isfile(os.path.join(path, "config.json")):
         return (
