@@ -158,9 +158,12 @@ def _walk(node: Any, tp: Any, path: Path, var: str | None) -> Any:
         return _walk(value, tp, path, node.var) if isinstance(value, dict | list) else value
     if isinstance(node, dict):
         resolved = _resolve(tp, node, path)
+        # An engine set from the environment makes the entry's other fields its doing too.
+        tag_field = resolved.__struct_config__.tag_field if _is_struct(resolved) else None
+        tag_var = getattr(node.get(tag_field), "var", None) if tag_field else None
         for key in list(node):
             child = node[key]
-            child_var = var or _env_var_in(child)
+            child_var = var or _env_var_in(child) or tag_var
             node[key] = _walk(child, _child(resolved, key, path, child_var), (*path, key), var)
     elif isinstance(node, list):
         resolved = _resolve(tp, node, path)

@@ -160,6 +160,8 @@ def test_errors_say_what_is_allowed_in_words(tmp_path, text, wanted):
         ({"RERANK_LOGGING__LEVEL": "VERBOSE"}, "allowed: 'DEBUG', 'ERROR', 'INFO', 'WARNING'"),
         ({"RERANK_MODELS__0__ENGINE": "transfomers"}, "unknown engine 'transfomers'"),
         ({"RERANK_SERVER": '{"port": "x"}'}, "server.port: expected an integer"),
+        # The default model has a path; the engine the variable picks has none.
+        ({"RERANK_MODELS__0__ENGINE": "static"}, "models[0] has no field 'path'"),
     ],
 )
 def test_an_environment_mistake_names_its_variable(env, wanted):
