@@ -1,5 +1,6 @@
 """``rerank-gateway`` command line: ``serve``, ``check-config`` (and subcommands added by
-other modules: ``keys``, ``bench``).
+other modules: ``keys``, ``bench``). What ``--help`` prints is written here for people; this
+docstring is for readers of the code.
 """
 
 from __future__ import annotations
@@ -30,16 +31,19 @@ def _override_server(settings: Settings, host: str | None, port: int | None) -> 
 
 def _serve(args: argparse.Namespace) -> int:
     settings = _override_server(load_settings(args.config), args.host, args.port)
-    from gateway.auth import check_exposure
+    from gateway.preflight import preflight
 
-    check_exposure(settings)  # no keys on a public address: refuse unless auth.open = true
-    model_families(settings)  # an undetectable family or a family the engine cannot run: one line, exit 2
+    # check-config runs this same function: a refusal here is a refusal there. Model findings
+    # (a missing local path, an engine's packages) do not stop serve: that model answers 503
+    # with the fix and is retried, as /ready shows.
+    report = preflight(settings)
+    report.refuse()
     from gateway.servers import run_granian, run_uvicorn
 
     workers = settings.server.workers
     with _multiprocess_metrics(workers):
-        if workers > 1:
-            _warn_per_worker_limits(settings)
+        for warning in report.warnings:
+            print(f"rerank-gateway: {warning}", file=sys.stderr)
         if settings.server.runner == "granian":
             run_granian(settings, args.config)
             return 0
@@ -75,36 +79,6 @@ def _exit_without_teardown(code: int) -> None:
     os._exit(code)
 
 
-def model_families(settings: Settings) -> dict[int, str]:
-    """For each local model whose checkpoint is a directory here: the family it would get, and why.
-
-    Raises ConfigError (one line, naming ``models[i].family``) for a family that cannot be
-    detected or cannot run on the model's engine. Hub ids are left to the engine's start.
-    """
-    from adapters.families.detect import FamilyNotDetectedError, resolve_family
-    from schemas.config import FAMILY_RUNTIMES, LocalModelConfig
-
-    found: dict[int, str] = {}
-    for i, model in enumerate(settings.models):
-        if not isinstance(model, LocalModelConfig) or not os.path.isdir(model.path):
-            continue
-        kind = str(type(model).__struct_config__.tag)
-        try:
-            detection, _ = resolve_family(model.family, model.path, model.revision)
-        except FamilyNotDetectedError as exc:
-            raise ConfigError(exc.for_field(f"models[{i}].family")) from None
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"models[{i}].path: cannot read '{model.path}' ({exc})") from None
-        if kind not in FAMILY_RUNTIMES.get(detection.family, frozenset()):
-            runtimes = ", ".join(sorted(FAMILY_RUNTIMES.get(detection.family, ())))
-            raise ConfigError(
-                f"models[{i}].engine: '{model.path}' is a {detection.family} model ({detection.reason}), "
-                f"which engine {kind!r} cannot run; use one of {runtimes}"
-            )
-        found[i] = f"{detection.family} ({detection.reason})"
-    return found
-
-
 @contextlib.contextmanager
 def _multiprocess_metrics(workers: int) -> Iterator[None]:
     """Several workers: prometheus-client's multiprocess mode, so any worker's /metrics sums all.
@@ -125,61 +99,84 @@ def _multiprocess_metrics(workers: int) -> Iterator[None]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _warn_per_worker_limits(settings: Settings) -> None:
-    limited = [k.id for k in settings.auth.keys if k.rpm or k.tpm or k.max_concurrent]
-    if limited and not settings.limits.redis_url:
-        print(
-            f"rerank-gateway: {settings.server.workers} workers without limits.redis_url: each worker "
-            f"enforces the per-key limits of {', '.join(limited)} on its own (up to "
-            f"{settings.server.workers}x the configured rate); set limits.redis_url to share them",
-            file=sys.stderr,
-        )
-
-
 def _check_config(args: argparse.Namespace) -> int:
-    settings = load_settings(args.config)
-    from adapters.families.checkpoint import CheckpointMismatchError, check_window, local_checkpoint_config
-    from adapters.registry import missing_packages, registered_kinds
-    from schemas.config import Qwen3LocalConfig, VllmGenerateEngineConfig
+    settings = _override_server(load_settings(args.config), args.host, args.port)
+    from gateway.preflight import preflight
 
-    families = model_families(settings)
+    report = preflight(settings)
     for i, model in enumerate(settings.models):
         kind = type(model).__struct_config__.tag
-        if kind not in registered_kinds():
-            raise ConfigError(f"model {model.name!r}: engine {kind!r} is not installed")
-        missing = missing_packages(model)
-        if missing is not None:
-            raise ConfigError(f"model {model.name!r}: {missing}")
-        if isinstance(model, Qwen3LocalConfig) and i in families and families[i].startswith("qwen3"):
-            # A local Qwen3 checkpoint is checked now (encoder families cap their window at the
-            # checkpoint's); a hub id is checked when the engine starts.
-            hf = local_checkpoint_config(model.path) or {}
-            positions = hf.get("max_position_embeddings")
-            try:
-                check_window(model.name, model.max_length, positions if isinstance(positions, int) else None,
-                             extra_tokens=1 if isinstance(model, VllmGenerateEngineConfig) else 0)
-            except CheckpointMismatchError as exc:
-                raise ConfigError(str(exc)) from None
         line = f"model {model.name}: engine={kind}"
-        if i in families:
-            line += f" family={families[i]}"
+        if i in report.families:
+            line += f" family={report.families[i]}"
         elif getattr(model, "family", None) is not None:
-            line += f" family={model.family} (decided at start: '{model.path}' is not a local directory)"
+            from adapters.families.checkpoint import is_hub_id
+
+            if is_hub_id(model.path):
+                line += f" family={model.family} (decided at start: '{model.path}' is not a local directory)"
+            else:
+                line += f" family={model.family} (undecided: no '{model.path}' on this machine)"
         print(line + (f" aliases={list(model.aliases)}" if model.aliases else ""))
+    for warning in report.warnings:
+        print(f"rerank-gateway: warning: {warning}", file=sys.stderr)
+    for finding in report.findings:
+        then = "serve refuses to start" if finding.refuses else "serve starts without this model"
+        print(f"rerank-gateway: {finding.message} [{then}]", file=sys.stderr)
+    if report.findings:
+        return 2
     print(f"config OK: {len(settings.models)} model(s); serving on {settings.server.host}:{settings.server.port}")
     return 0
 
 
+_DESCRIPTION = """\
+A Cohere-compatible rerank API in front of rerank models: run in this process (transformers,
+vLLM, llama.cpp) or served elsewhere (DashScope, vLLM/TEI/Infinity replicas).
+
+Start with `rerank-gateway check-config`, then `rerank-gateway serve`; each command has --help.
+"""
+
+_CONFIG_HELP = """\
+configuration:
+  The config is built-in defaults, then the TOML file (--config, else $RERANK_CONFIG), then
+  environment variables RERANK_<SECTION>__<FIELD> (double underscores; list items by index):
+    RERANK_SERVER__PORT=9000  RERANK_LOGGING__LEVEL=DEBUG  RERANK_MODELS__0__PATH=/models/qwen
+  RERANK_API_KEY (or RERANK_API_KEY_FILE, a file holding it; RERANK_API_KEY_ID names it) adds an
+  API key allowed every model. The file is strict about types (port = 8000, not "8000");
+  environment values are converted to the field's type. Without [[models]], the gateway
+  serves Qwen/Qwen3-Reranker-0.6B as qwen3-reranker-0.6b.
+"""
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML config file (default: $RERANK_CONFIG, else built-in defaults)")
+    parser.add_argument("--host", help="bind address, overrides server.host (default 127.0.0.1; any other "
+                                       "address needs API keys or auth.open = true)")
+    parser.add_argument("--port", type=int, help="port, overrides server.port (default 8000)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rerank-gateway", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", help="TOML config file (default: $RERANK_CONFIG, else built-in defaults)")
-    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8000)")
+    from gateway import __version__
+
+    parser = argparse.ArgumentParser(prog="rerank-gateway", description=_DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve", help="run the gateway", epilog=_CONFIG_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run the gateway. The checks of check-config run first: a config they refuse stops\n"
+                    "here with one line (exit 2). Models load in the background: GET /ready says how.")
+    _add_config_options(serve)
     serve.set_defaults(func=_serve)
-    check = sub.add_parser("check-config", help="validate the configuration and exit")
-    check.add_argument("--config")
+    check = sub.add_parser(
+        "check-config", help="check the configuration as serve would, without loading weights",
+        epilog=_CONFIG_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Check the configuration with the checks serve runs before it loads weights (API\n"
+                    "keys on a public address, local paths, engines' packages, families, windows) and print\n"
+                    "each model's engine and family. Exit 0 when serve would start loading every model, 2\n"
+                    "when not, with each problem on its own line.")
+    _add_config_options(check)
     check.set_defaults(func=_check_config)
     # bench's module imports only the standard library and msgspec; httpx/tqdm/matplotlib load when it runs.
     from gateway.bench.command import add_parser as add_bench_parser

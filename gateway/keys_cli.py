@@ -106,7 +106,10 @@ def _positive(text: str) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    keys = sub.add_parser("keys", help="create API keys and hash them for the config")
+    keys = sub.add_parser(
+        "keys", help="create API keys and hash them for the config",
+        description="Make API keys for the gateway. The config holds only their SHA-256 hashes "
+                    "([[auth.keys]]); the key itself is printed once, by `keys create`.")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="print a new random key once, and its [[auth.keys]] entry")
     create.add_argument("--name", "--id", required=True, help="key id shown in logs and metrics (not secret)")
@@ -118,7 +121,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     create.add_argument("--max-concurrent", type=_positive, help="requests in flight at once")
     expiry = create.add_mutually_exclusive_group()
     expiry.add_argument("--expires-at", help="ISO 8601 date/time (UTC if no offset)")
-    expiry.add_argument("--expires-in-days", type=_positive)
+    expiry.add_argument("--expires-in-days", type=_positive, metavar="DAYS",
+                        help="the key expires this many days from now (UTC)")
     create.set_defaults(func=_create)
     hash_cmd = keys_sub.add_parser("hash", help="read a key on stdin and print its sha256:<hex> config hash")
     hash_cmd.set_defaults(func=_hash)

@@ -21,9 +21,10 @@ from typing import Any
 import anyio.to_thread
 import structlog
 
-from adapters.base import EngineConfigError, EngineDeadError, EngineObserver, RerankEngine
-from adapters.registry import MissingExtraError, build_engine, imports_heavy_libraries
+from adapters.base import EngineDeadError, EngineObserver, RerankEngine
+from adapters.registry import build_engine, imports_heavy_libraries
 from gateway.errors import ModelUnavailableError, UnknownModelError
+from gateway.load_failures import fix_for
 from gateway.logging import adopt_library_loggers
 from schemas.config import EngineConfig, ServerConfig, Settings
 
@@ -51,7 +52,9 @@ def describe_exception(exc: BaseException) -> str:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         text = " ".join(str(current).split())
-        if text not in texts:  # libraries re-raise the same message wrapped: say it once
+        # Libraries re-raise the same message wrapped, or quote their cause's text in their own
+        # ("cannot read x (HFValidationError: <text>)"): the root cause is said once.
+        if text not in texts and not (text and parts and text in parts[-1]):
             texts.add(text)
             parts.append(f"{type(current).__name__}: {text}" if text else type(current).__name__)
         current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
@@ -108,6 +111,12 @@ class ModelRuntime:
         if self.state is ModelState.READY and self.engine is not None:
             return self.engine
         if self.state is ModelState.LOADING:
+            if self.hint:  # a retry: the last attempt's fix still applies until this one succeeds
+                raise ModelUnavailableError(
+                    f"model '{self.name}' is loading again (attempt {self.load_attempts}; the last one failed: "
+                    f"{self.hint}). The cause is in GET /ready and the log",
+                    retry_after=10,
+                )
             raise ModelUnavailableError(f"model '{self.name}' is still loading; retry shortly", retry_after=10)
         if self.restarting:
             raise ModelUnavailableError(f"model '{self.name}' is restarting its engine; retry shortly", retry_after=10)
@@ -137,7 +146,9 @@ class ModelRuntime:
             out["fix"] = self.hint
         if self.state is ModelState.FAILED:
             out["load_attempts"] = self.load_attempts
-            out["next_retry_s"] = self.next_retry_s()  # null while an attempt runs
+            out["next_retry_s"] = self.next_retry_s()  # failed: waiting for the next attempt
+        elif self.state is ModelState.LOADING and self.load_attempts > 1:
+            out["load_attempts"] = self.load_attempts  # a retry runs; error and fix are the last attempt's
         if self.config.aliases:
             out["aliases"] = list(self.config.aliases)
         out["in_flight"] = self.in_flight
@@ -225,7 +236,8 @@ class ModelRuntime:
         delay = self._server.load_retry_initial_s
         while True:
             self.load_attempts += 1
-            self.next_load_at = None
+            # /ready says "loading" while an attempt runs; error and fix stay the last attempt's.
+            self.state, self.next_load_at = ModelState.LOADING, None
             log.info("model_loading", model=self.name, engine=self.kind, attempt=self.load_attempts,
                      path=getattr(self.config, "path", None))
             started = time.perf_counter()
@@ -250,26 +262,7 @@ class ModelRuntime:
 
     def _hint(self, exc: Exception) -> str:
         """How to fix a failed load, in the gateway's words (safe for a response body)."""
-        from adapters.families.detect import FamilyNotDetectedError
-
-        if isinstance(exc, FamilyNotDetectedError):  # one line naming the field to set
-            return exc.for_field(f"models[{self.index}].family")
-        if isinstance(exc, MissingExtraError):
-            return exc.hint
-        if isinstance(exc, EngineConfigError):
-            return str(exc)  # written by the gateway: names the setting and how to fix it
-        path = getattr(self.config, "path", None)
-        text = describe_exception(exc).lower()
-        # Only a failure to find or fetch the checkpoint gets the local-directory hint; a config
-        # error (window too small, bad engine argument) is pointed at /ready's cause.
-        missing = isinstance(exc, OSError) or "huggingface" in text
-        if path is None or not missing:
-            return "check the model's config against the cause"
-        return (
-            f"could not load weights from '{path}'. If this machine cannot reach the Hugging Face hub, "
-            f"download the checkpoint elsewhere and set models[{self.index}].path "
-            f"(env RERANK_MODELS__{self.index}__PATH) to its local directory"
-        )
+        return fix_for(self.config, self.index, exc)
 
 
 class ModelRegistry:

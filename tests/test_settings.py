@@ -66,11 +66,11 @@ def test_defaults_serve_qwen3_reranker():
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ('[server]\nport = "x"', "$.server.port"),
+        ('[server]\nport = "x"', "server.port"),
         ("[server]\nprot = 1", "prot"),
         ('[[models]]\nname = "a"\nengine = "nope"', "nope"),
-        ('[[models]]\nname = "a"\nengine = "static"\nscore = 2', "$.models[0].score"),
-        ('[[models]]\nname = "a b"\nengine = "static"', "$.models[0].name"),
+        ('[[models]]\nname = "a"\nengine = "static"\nscore = 2', "models[0].score: must be at most 1"),
+        ('[[models]]\nname = "a b"\nengine = "static"', "models[0].name"),
         ('[[models]]\nname = "a"\nengine = "static"\n[[models]]\nname = "a"\nengine = "static"', "used twice"),
         ("[server\n", "not valid TOML"),
     ],
@@ -95,3 +95,79 @@ def test_shipped_example_config_is_valid():
 
     s = load_settings(ROOT / "deploy" / "gateway.example.toml", environ={})
     assert s.models[0].name == "qwen3-reranker-0.6b"
+
+
+# -- issue 22: typed like the request path, errors in words -----------------------------------
+STATIC = '[[models]]\nname = "a"\nengine = "static"\n'
+
+
+@pytest.mark.parametrize("line", ['port = "8001"', 'workers = "2"', 'shutdown_timeout_s = "5"'])
+def test_a_quoted_number_in_the_file_is_refused(tmp_path, line):
+    path = tmp_path / "c.toml"
+    path.write_text(f"[server]\n{line}\n{STATIC}")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path, environ={})
+    field, value = line.split(" = ")
+    assert f"server.{field}: expected " in str(err.value) and f"the string '{value.strip(chr(34))}'" in str(err.value)
+    assert "without quotes" in str(err.value)
+
+
+def test_environment_values_are_converted_to_the_field_type(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(STATIC)
+    s = load_settings(path, environ={"RERANK_SERVER__PORT": "8001", "RERANK_SERVER__WORKERS": "2",
+                                     "RERANK_SERVER__SHUTDOWN_TIMEOUT_S": "5", "RERANK_AUTH__OPEN": "true",
+                                     "RERANK_MODELS__0__SCORES": '{"doc": 0.5}'})
+    assert (s.server.port, s.server.workers, s.server.shutdown_timeout_s, s.auth.open) == (8001, 2, 5.0, True)
+    assert s.models[0].scores == {"doc": 0.5}
+    # A string field keeps its text, even text that looks like JSON.
+    path.write_text('[[models]]\nname = "a"\nengine = "transformers"\npath = "/m"\n')
+    s = load_settings(path, environ={"RERANK_MODELS__0__INSTRUCTION": "[INST] rank {these}"})
+    assert s.models[0].instruction == "[INST] rank {these}"
+
+
+@pytest.mark.parametrize(
+    ("text", "wanted"),
+    [
+        ('[[models]]\nname = "a"\nengine = "transfomers"\npath = "/m"\n',
+         ("models[0].engine: unknown engine 'transfomers'; the engines are 'dashscope', 'gguf', 'packed', 'pool', "
+          "'static', 'transformers', 'vllm-generate', 'vllm-score'")),
+        (f'[logging]\nlevel = "VERBOSE"\n{STATIC}',
+         "logging.level: invalid value 'VERBOSE'; allowed: 'DEBUG', 'ERROR', 'INFO', 'WARNING'"),
+        ('[[models]]\nname = "my model"\nengine = "static"\n',
+         "models[0].name: must be a name without spaces, tabs or line breaks"),
+        (f'[[auth.keys]]\nid = "a b"\nhash = "sha256:{"0" * 64}"\nmodels = ["*"]\n{STATIC}',
+         "auth.keys[0].id: must be 1-64 letters, digits"),
+        (f"[server]\nprot = 1\n{STATIC}", "server has no field 'prot' (did you mean 'port'?)"),
+    ],
+)
+def test_errors_say_what_is_allowed_in_words(tmp_path, text, wanted):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(path, environ={})
+    message = str(err.value)
+    assert wanted in message and "\n" not in message
+    assert "regex" not in message and "Invalid enum" not in message
+
+
+@pytest.mark.parametrize(
+    ("env", "wanted"),
+    [
+        ({"RERANK_MODELS__0__PAHT": "/models/q"}, "models[0] has no field 'paht' (did you mean 'path'?)"),
+        ({"RERANK_SERVER__PORT": "eighty"}, "server.port: expected an integer, got 'eighty'"),
+        ({"RERANK_SERVER__PORT": "70000"}, "server.port: must be at most 65535"),
+        ({"RERANK_LOGGING__LEVEL": "VERBOSE"}, "allowed: 'DEBUG', 'ERROR', 'INFO', 'WARNING'"),
+        ({"RERANK_MODELS__0__ENGINE": "transfomers"}, "unknown engine 'transfomers'"),
+        ({"RERANK_SERVER": '{"port": "x"}'}, "server.port: expected an integer"),
+        # The default model has a path; the engine the variable picks has none.
+        ({"RERANK_MODELS__0__ENGINE": "static"}, "models[0] has no field 'path'"),
+    ],
+)
+def test_an_environment_mistake_names_its_variable(env, wanted):
+    with pytest.raises(ConfigError) as err:
+        load_settings(environ=env)
+    (var,) = env
+    message = str(err.value)
+    assert message.startswith(f"invalid config ({var}): ") and wanted in message, message
+    assert "defaults" not in message

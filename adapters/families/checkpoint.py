@@ -8,12 +8,18 @@ directory without importing torch, transformers or vLLM; the engines run them ag
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
 from adapters.base import EngineConfigError
 
-__all__ = ("CheckpointMismatchError", "check_window", "local_checkpoint_config")
+__all__ = ("CheckpointMismatchError", "check_window", "is_hub_id", "local_checkpoint_config", "missing_local_path")
+
+# A Hugging Face repo id: "name" or "namespace/name", letters, digits, '-', '_', '.', at most 96
+# characters a part (huggingface_hub's validate_repo_id, minus its rarer rules).
+_HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
 
 
 class CheckpointMismatchError(EngineConfigError):
@@ -28,6 +34,20 @@ def local_checkpoint_config(path: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def is_hub_id(path: str) -> bool:
+    """``path`` names no file or directory here and reads as a hub repo id (downloaded at start)."""
+    return not os.path.exists(path) and _HUB_ID.fullmatch(path) is not None and ".." not in path and "--" not in path
+
+
+def missing_local_path(path: str) -> bool:
+    """``path`` is meant as a local path (it cannot be a hub repo id) and does not exist here.
+
+    ``/models/qwen``, ``./qwen``, ``~/qwen`` or ``a/b/c`` can only be local; ``org/name``
+    could be either and counts as a hub id until it exists as a directory.
+    """
+    return not os.path.exists(path) and not is_hub_id(path)
 
 
 def check_window(model: str, max_length: int, max_positions: int | None, *, extra_tokens: int = 0) -> None:

@@ -78,6 +78,12 @@ def read_model_files(path: str, revision: str | None = None) -> ModelFiles:
 
     Raises OSError when config.json cannot be found (not a directory, not in the cache, no hub).
     """
+    from adapters.families.checkpoint import missing_local_path
+
+    if missing_local_path(path):  # not a hub id either: asking the hub would only blur the cause
+        raise FileNotFoundError(f"{path}: no such directory on this machine")
+    if Path(path).exists() and not Path(path).is_dir():
+        raise NotADirectoryError(f"{path}: a file, not a checkpoint directory")
 
     def load(name: str, *, required: bool) -> Any:
         local = Path(path) / name
@@ -85,7 +91,7 @@ def read_model_files(path: str, revision: str | None = None) -> ModelFiles:
             if local.is_file():
                 return json.loads(local.read_text())
             if required:
-                raise FileNotFoundError(f"{path}: no {name}")
+                raise FileNotFoundError(f"{path}: no {name} (not a checkpoint directory)")
             return None
         return _hub_json(path, name, revision, required=required)
 
@@ -107,16 +113,16 @@ def _hub_json(repo: str, name: str, revision: str | None, *, required: bool) -> 
 
     try:
         file = hf_hub_download(repo, name, revision=revision)
+    except LocalEntryNotFoundError as exc:  # a subclass of EntryNotFoundError: caught first
+        # Offline or unreachable: the weights cannot load either; gateway.load_failures says so.
+        raise FileNotFoundError(f"{repo}: {name} is not in the Hugging Face cache and the hub is unreachable") from exc
     except EntryNotFoundError:
         if required:
-            raise FileNotFoundError(f"{repo}: no {name}") from None
+            raise FileNotFoundError(f"{repo}: no {name} in the hub repo (not a transformers checkpoint)") from None
         return None
-    except LocalEntryNotFoundError as exc:
-        # Offline or unreachable: the weights cannot load either; models.py adds the local-dir hint.
-        raise FileNotFoundError(f"{repo}: {name} is not in the Hugging Face cache and the hub is unreachable") from exc
     except Exception as exc:
-        if required:
-            raise OSError(f"{repo}: cannot read {name} ({type(exc).__name__}: {exc})") from exc
+        if required:  # the cause (its type and text) follows in the chain: not repeated here
+            raise OSError(f"{repo}: cannot read {name} from the Hugging Face hub") from exc
         return None
     return json.loads(Path(file).read_text())
 

@@ -1,11 +1,6 @@
 """The ``rerank-gateway bench`` subcommand: parse, build the workload, drive, report.
 
-Examples::
-
-    rerank-gateway bench http://127.0.0.1:8000 --model qwen3-reranker-0.6b \\
-        --requests 200 --concurrency 1,4,16 --documents 100 --doc-tokens 50-150
-    rerank-gateway bench http://127.0.0.1:8000/v2/rerank --rate 20 --requests 400
-    rerank-gateway bench http://127.0.0.1:8000 --compare http://127.0.0.1:4000/rerank
+``--help`` prints :data:`_DESCRIPTION` and :data:`_EXAMPLES` (written for people, not this docstring).
 """
 
 from __future__ import annotations
@@ -42,11 +37,28 @@ def _numbers(text: str, kind: type) -> list[Any]:
     return values
 
 
+_DESCRIPTION = """\
+Measure a Cohere/Jina-compatible rerank endpoint (this gateway, LiteLLM, vllm serve, ...):
+latency percentiles, throughput and errors per load level, written as a JSON + Markdown report
+(and PNG plots) into --out. With --compare, two endpoints take turns round by round and the
+report gives their ratios.
+"""
+
+_EXAMPLES = """\
+examples:
+  rerank-gateway bench http://127.0.0.1:8000 --model qwen3-reranker-0.6b \\
+      --requests 200 --concurrency 1,4,16 --documents 100 --doc-tokens 50-150
+  rerank-gateway bench http://127.0.0.1:8000/v2/rerank --rate 20 --requests 400
+  rerank-gateway bench http://127.0.0.1:8000 --compare http://127.0.0.1:4000/rerank
+"""
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
         help="benchmark a Cohere/Jina-compatible rerank endpoint (ours, LiteLLM, vllm serve, ...)",
-        description=__doc__,
+        description=_DESCRIPTION,
+        epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("url", help="endpoint URL; a bare http://host:port gets /v2/rerank")
@@ -71,15 +83,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     wl.add_argument("--top-n", type=int, help="top_n sent in every request")
     wl.add_argument("--instruction", help="instruction sent in every request (default: the server's)")
     wl.add_argument("--tokenizer", help="model dir or tokenizer.json: exact token lengths (else 1 word = 1 token)")
-    wl.add_argument("--seed", type=int, default=0)
+    wl.add_argument("--seed", type=int, default=0,
+                    help="random seed of the texts (and of --poisson arrivals): the same seed, the same run (default 0)")
     auth = p.add_argument_group("endpoints")
     auth.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
     auth.add_argument("--header", action="append", default=[], help="extra header 'Name: value' (repeatable)")
     auth.add_argument("--label", help="name of the endpoint in reports (default: host:port)")
     auth.add_argument("--compare", metavar="URL", help="alternate with this endpoint, round by round, and report ratios")
     auth.add_argument("--compare-model", help="model name for the --compare endpoint (default: --model)")
-    auth.add_argument("--compare-api-key")
-    auth.add_argument("--compare-label")
+    auth.add_argument("--compare-api-key", help="API key for the --compare endpoint (default: none)")
+    auth.add_argument("--compare-label", help="name of the --compare endpoint in reports (default: host:port)")
     auth.add_argument("--round-size", type=int, help="--compare: requests per round (default: the concurrency)")
     out = p.add_argument_group("output")
     out.add_argument("--out", help="output folder (default bench-out/<UTC time>)")
