@@ -34,8 +34,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from benchmarks import engine_bench as eb
 from benchmarks.gpu_suite import REAL_CONFIG
 
@@ -95,6 +93,16 @@ def gpu_mem_mib() -> int:
     return int(out[0]) if out else -1
 
 
+def _toml(tables: dict[str, dict[str, Any]], models: list[dict[str, Any]]) -> str:
+    """Flat tables and [[models]] (scalar values: JSON's spelling is TOML's; no tomli_w on the device)."""
+    lines = []
+    for name, table in tables.items():
+        lines += [f"[{name}]", *(f"{k} = {json.dumps(v)}" for k, v in table.items())]
+    for m in models:
+        lines += ["[[models]]", *(f"{k} = {json.dumps(v)}" for k, v in m.items())]
+    return "\n".join(lines) + "\n"
+
+
 class Gateway:
     """``python -m gateway serve`` on a free port with ``models``; ``env`` adds variables."""
 
@@ -104,8 +112,7 @@ class Gateway:
             self.port = s.getsockname()[1]
         self.name, self.url = name, f"http://127.0.0.1:{self.port}"
         cfg = work / f"{name.replace(' ', '_')}.toml"
-        cfg.write_bytes(msgspec.toml.encode({"server": {"host": "127.0.0.1", "port": self.port},
-                                             "logging": {"level": "WARNING"}, "models": models}))
+        cfg.write_text(_toml({"server": {"host": "127.0.0.1", "port": self.port}, "logging": {"level": "WARNING"}}, models))
         self.base_mib = gpu_mem_mib()
         self.t0 = time.time()
         self.log = (work / f"{name.replace(' ', '_')}.log").open("w")
