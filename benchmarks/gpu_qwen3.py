@@ -254,7 +254,8 @@ def main() -> None:
         (out / "qwen3_results.json").write_text(json.dumps(results, indent=1, default=str))
         (out / "qwen3_summary.md").write_text(summary(results))
 
-    for size in args.phases.split(","):
+    for phase in args.phases.split(","):
+        size = phase.removesuffix("-packed")  # "0.6b-packed": the packed gateway of phase 0.6b only
         t = time.time()
         model_dir = build(size, work / f"qwen3-{size}")
         log(f"checkpoint {size} in {time.time() - t:.0f}s")
@@ -266,7 +267,7 @@ def main() -> None:
                      ("0.6b vllm-score beside packed", {"packed bf16": RUNTIMES["packed bf16"], "vllm-score": RUNTIMES["vllm-score"]},
                       ["vllm-score"], None, 150),
                      ("0.6b vllm-score alone, spawned", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"],
-                      {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, 150)]
+                      {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, 150)][:1 if phase.endswith("-packed") else None]
         else:
             steps = [(f"{size} {r}", {r: RUNTIMES[r]}, [r], None, 60 if r.startswith("packed") else 110)
                      for r in args.runtimes.split(",")]
