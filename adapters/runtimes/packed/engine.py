@@ -9,6 +9,7 @@ fed by ``scheduler.PackedScheduler`` (steps filled from all waiting requests).
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import anyio.to_thread
@@ -28,6 +29,11 @@ from adapters.runtimes.packed.scheduler import PackedScheduler
 from schemas.config import DEFAULT_INSTRUCTION, PackedEngineConfig
 
 __all__ = ("PackedQwen3Engine", "resolve_devices")
+
+# transformers 5 loads weights under process-wide init contexts (meta device): two packed models
+# loading in parallel threads failed with "Cannot copy out of meta tensor" on the H200 (issue
+# 24's run). One load at a time; serving is unaffected.
+_LOAD_LOCK = threading.Lock()
 
 
 def resolve_devices(names: tuple[str, ...]) -> list[torch.device]:
@@ -129,7 +135,8 @@ class PackedQwen3Engine:
             dtype = torch.float32
         prompt = Qwen3PromptTokenizer(load_hf_tokenizer(cfg.path, cfg.revision), max_length=cfg.max_length,
                                       max_query_tokens=cfg.max_query_tokens)
-        backbone, head = load_backbone(cfg.path, cfg.revision, dtype, (prompt.no_id, prompt.yes_id))
+        with _LOAD_LOCK:
+            backbone, head = load_backbone(cfg.path, cfg.revision, dtype, (prompt.no_id, prompt.yes_id))
         # Compiling fuses the elementwise work between the GEMMs (~2x on an H200); on CPU it only
         # costs start time (the CPU benchmark, docs/benchmarks.md), so "auto" compiles on CUDA only.
         compile_ = cfg.compile == "on" or (cfg.compile == "auto" and on_gpu)
