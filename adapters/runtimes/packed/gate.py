@@ -28,7 +28,7 @@ whale yogurt zinc anchor basket canyon dolphin eclipse falcon garlic hammer isla
 lemon magnet needle oyster parrot quartz rabbit salmon tomato umbrella velvet walnut lizard
 algebra ballot climate diesel enzyme fossil genome harvest insulin justice kernel lattice mortgage
 neuron ozone pension quantum reactor satellite tariff uranium vaccine warranty yeast zoning
-printer router compiler database firewall laptop monitor network password server keyboard""".split()
+printer router compiler database firewall laptop monitor network password server keyboard""".split()  # noqa: SIM905  # prose reads better
 
 
 def golden_set(n_queries: int | None = None, n_docs: int | None = None, seed: int = 24) -> list[tuple[str, list[str]]]:
