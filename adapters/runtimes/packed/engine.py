@@ -188,6 +188,8 @@ def _to_fp8(replicas: list[PackedQwen3Replica], prompt: Qwen3PromptTokenizer, cf
         r.to_fp8()
         _warm_up(r, prompt)
     result = gate.judge("fp8", base, _golden_scores(replicas[0], prompt, cfg.batch_tokens))
+    if torch.cuda.is_available():  # the gate's 65k-token steps: do not keep their activations cached
+        torch.cuda.empty_cache()
     if not result.passed and cfg.precision_gate == "refuse":
         raise EngineConfigError(f"model '{cfg.name}': {result.line()}: refused; serve it in bf16 (drop precision) "
                                 f"or set precision_gate = 'warn' after checking the ranking on your own data")
