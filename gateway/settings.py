@@ -29,7 +29,7 @@ from gateway.config_schema import EnvValue, dotted, humanize, type_env_values
 from gateway.config_schema import Path as FieldPath
 from schemas.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH, Settings
 
-__all__ = ("ConfigError", "default_engine_kind", "load_settings")
+__all__ = ("ConfigError", "cuda_present", "default_engine_kind", "load_settings")
 
 ENV_PREFIX = "RERANK_"
 CONFIG_ENV = "RERANK_CONFIG"
@@ -49,13 +49,37 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message is one line naming the field."""
 
 
-def default_engine_kind() -> str:
-    """The best engine installed for the default model (checked without importing it)."""
+def default_engine_kind(cuda: bool | None = None) -> str:
+    """The best engine installed for the default model (checked without importing it).
+
+    With a GPU: ``packed`` (torch + transformers), fastest on every figure measured on an H200
+    (docs/benchmarks/gpu-h200-2026-12-01-c); without one: ``vllm-score`` when vLLM is
+    installed, else ``transformers``. ``cuda`` None: :func:`cuda_present`.
+    """
+    cuda = cuda_present() if cuda is None else cuda
     # vLLM's engines register under these kinds when they are available (see adapters.registry).
-    for kind, module in (("vllm-score", "vllm"), ("transformers", "transformers")):
+    choices = (("packed", "transformers"),) if cuda else ()
+    for kind, module in (*choices, ("vllm-score", "vllm"), ("transformers", "transformers")):
         if importlib.util.find_spec(module) is not None and _engine_registered(kind):
             return kind
     return "transformers"
+
+
+def cuda_present(environ: Mapping[str, str] | None = None, dev: str = "/dev") -> bool:
+    """Whether an NVIDIA GPU is visible, without importing torch or touching CUDA.
+
+    ``torch.cuda.is_available()`` would initialise the CUDA driver in the gateway process,
+    which vLLM's engine core must not inherit (it then has to be spawned; issue 24): the
+    device nodes and ``CUDA_VISIBLE_DEVICES`` say the same without it.
+    """
+    environ = os.environ if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    try:
+        return any(n.startswith("nvidia") and n[6:].isdigit() for n in os.listdir(dev))
+    except OSError:
+        return False
 
 
 def _engine_registered(kind: str) -> bool:

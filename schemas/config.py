@@ -261,6 +261,13 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     # "auto": varlen flash attention on CUDA (vLLM's FA3 when vLLM is installed, else flash-attn or
     # PyTorch's varlen_attn), exact per-prompt SDPA on CPU.
     attention: Literal["auto", "varlen", "sdpa"] = "auto"
+    # "fp8": the GEMMs in e4m3 (weights quantized at load, one scale per output channel; activations
+    # per token), attention and norms in bf16. Kept only if bf16's top-10 order survives on >= 99 %
+    # of a golden set's queries, checked at load (adapters/runtimes/packed/gate.py). "auto": `dtype`.
+    precision: Literal["auto", "fp8"] = "auto"
+    # A failed gate: "refuse" the model (one line saying by how much), or "warn": serve it anyway
+    # (for an operator who has checked the ranking on their own data); /ready shows the gate's figures.
+    precision_gate: Literal["refuse", "warn"] = "refuse"
 
 
 class VllmEngineConfig(LocalModelConfig):

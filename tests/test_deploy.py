@@ -86,7 +86,7 @@ def test_dockerfile_agrees_with_the_app(path: Path, tmp_path: Path) -> None:
     assert cmd == '["rerank-gateway", "serve"]'
     if path.name.endswith(".gpu"):
         assert instructions(parser, "ENTRYPOINT") == ["[]"]  # vLLM's image would run `vllm serve`
-        assert type(settings.models[0]).__struct_config__.tag == "vllm-score"
+        assert type(settings.models[0]).__struct_config__.tag == "packed"
     else:
         assert type(settings.models[0]).__struct_config__.tag == "transformers"
         assert "download.pytorch.org/whl/cpu" in parser.args["TORCH_INDEX"]
@@ -295,7 +295,7 @@ def test_k8s_manifests_define_what_they_reference(tmp_path: Path) -> None:
         if deployment["metadata"]["name"].endswith("-gpu"):
             # One worker per pod, one GPU per pod.
             assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
-            assert type(settings.models[0]).__struct_config__.tag == "vllm-score"
+            assert type(settings.models[0]).__struct_config__.tag == "packed"
     # Every Service selects some Deployment's pods.
     pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in objects if d["kind"] == "Deployment"]
     for service in (d for d in objects if d["kind"] == "Service"):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.settings import ConfigError, load_settings
+from gateway import settings as settings_module
+from gateway.settings import ConfigError, cuda_present, default_engine_kind, load_settings
 from schemas.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH, StaticEngineConfig, TransformersEngineConfig
 
 TOML = """
@@ -61,6 +62,35 @@ def test_defaults_serve_qwen3_reranker():
     assert model.name == DEFAULT_MODEL_NAME and model.path == DEFAULT_MODEL_PATH
     s = load_settings(environ={"RERANK_MODELS__0__PATH": "/local/qwen"})
     assert s.models[0].path == "/local/qwen"
+
+
+def test_default_engine_is_packed_on_cuda(monkeypatch):
+    # Issue 24: packed beat vllm-score on every figure measured on an H200, so a GPU defaults to it;
+    # without one the order stays vllm-score (when installed), then transformers.
+    monkeypatch.setattr(settings_module, "_engine_registered", lambda kind: True)
+    present = {"transformers", "vllm"}
+    monkeypatch.setattr(settings_module.importlib.util, "find_spec", lambda name: object() if name in present else None)
+    assert default_engine_kind(cuda=True) == "packed"
+    assert default_engine_kind(cuda=False) == "vllm-score"
+    present.discard("vllm")
+    assert default_engine_kind(cuda=False) == "transformers"
+    present.clear()  # nothing installed on a GPU machine: transformers' missing-extra hint, not packed
+    assert default_engine_kind(cuda=True) == "transformers"
+    monkeypatch.setattr(settings_module, "cuda_present", lambda: True)
+    present.update({"transformers", "vllm"})
+    assert load_settings(environ={}).models[0].__struct_config__.tag == "packed"
+
+
+def test_cuda_present_reads_device_nodes_not_torch(tmp_path):
+    assert not cuda_present({}, str(tmp_path))
+    (tmp_path / "nvidiactl").touch()  # the control node alone is no GPU
+    assert not cuda_present({}, str(tmp_path))
+    (tmp_path / "nvidia0").touch()
+    assert cuda_present({}, str(tmp_path))
+    assert cuda_present({"CUDA_VISIBLE_DEVICES": "0"}, str(tmp_path))
+    assert not cuda_present({"CUDA_VISIBLE_DEVICES": ""}, str(tmp_path))
+    assert not cuda_present({"CUDA_VISIBLE_DEVICES": "-1"}, str(tmp_path))
+    assert not cuda_present({}, str(tmp_path / "missing"))
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,10 @@ import collections
 import contextlib
 import dataclasses
 import itertools
+import logging
 import os
 import secrets
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,7 +57,7 @@ from adapters.families.checkpoint import check_window
 from adapters.families.qwen3 import max_position_embeddings
 from schemas.config import VllmEngineConfig
 
-__all__ = ("BatchStats", "VllmEngine", "VllmQwen3Engine", "build_engine_args", "engine_prompt")
+__all__ = ("BatchStats", "VllmEngine", "VllmQwen3Engine", "build_engine_args", "engine_prompt", "spawn_if_cuda_initialized")
 
 try:  # vLLM with rendered engine inputs (0.3x): raw prompt dicts are deprecated there
     from vllm.inputs import tokens_input as _tokens_input
@@ -73,6 +75,23 @@ def engine_prompt(prompt_ids: list[int]) -> Any:
     if _tokens_input is not None:
         return _tokens_input(prompt_ids)
     return {"prompt_token_ids": prompt_ids}
+
+def spawn_if_cuda_initialized(environ: Any = None) -> bool:
+    """Spawn vLLM's engine core when this process has already initialised CUDA; True if so.
+
+    A forked child cannot use a CUDA context its parent created; vLLM then switches to spawn
+    with a warning. The gateway starts vLLM models before any other (gateway.models, issue 24),
+    so this happens only when a vLLM engine restarts beside a CUDA engine: say so in one line
+    and choose spawn explicitly. torch is not imported here just to ask.
+    """
+    environ = os.environ if environ is None else environ
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized() or environ.get("VLLM_WORKER_MULTIPROC_METHOD"):
+        return False
+    environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    logging.getLogger(__name__).info("CUDA is already initialised in the gateway process: vLLM's engine core is spawned")
+    return True
+
 
 # Seconds the engine-core processes get to exit by themselves on stop; then vLLM kills their
 # process tree (engine core and its executor's worker). They hold nothing to save (weights and
@@ -311,6 +330,7 @@ class VllmEngine(abc.ABC):
         positions = await anyio.to_thread.run_sync(max_position_embeddings, cfg.path, cfg.revision)
         check_window(cfg.name, family.window(), positions, extra_tokens=args["max_model_len"] - family.window())
         factory = _stat_logger_factory(self._stats)
+        spawn_if_cuda_initialized()
         # Starting blocks for tens of seconds (engine-core processes, weights, KV cache): keep
         # it off the event loop so /health and other models keep answering.
         self._engine = await anyio.to_thread.run_sync(

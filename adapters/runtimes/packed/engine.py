@@ -9,18 +9,31 @@ fed by ``scheduler.PackedScheduler`` (steps filled from all waiting requests).
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import anyio.to_thread
+import msgspec
 import torch
 
-from adapters.base import EngineError, EngineUnavailableError, ScoreJob, ScoreResult
+# Resolved now, while the gateway builds engines one import at a time (gateway.models): two packed
+# models loading in parallel threads otherwise race in transformers' lazy module and one fails
+# with "cannot import name 'AutoTokenizer'" (seen on the H200, issue 24's run).
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+from adapters.base import EngineConfigError, EngineError, EngineUnavailableError, ScoreJob, ScoreResult
 from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
+from adapters.runtimes.packed import gate
 from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
 from adapters.runtimes.packed.scheduler import PackedScheduler
-from schemas.config import PackedEngineConfig
+from schemas.config import DEFAULT_INSTRUCTION, PackedEngineConfig
 
 __all__ = ("PackedQwen3Engine", "resolve_devices")
+
+# transformers 5 loads weights under process-wide init contexts (meta device): two packed models
+# loading in parallel threads failed with "Cannot copy out of meta tensor" on the H200 (issue
+# 24's run). One load at a time; serving is unaffected.
+_LOAD_LOCK = threading.Lock()
 
 
 def resolve_devices(names: tuple[str, ...]) -> list[torch.device]:
@@ -45,6 +58,7 @@ class PackedQwen3Engine:
         self._prompt: Qwen3PromptTokenizer | None = None
         self._scheduler: PackedScheduler | None = None
         self._replicas: list[PackedQwen3Replica] = []
+        self._gate: gate.GateResult | None = None
 
     @property
     def tokenizer(self) -> Qwen3PromptTokenizer | None:
@@ -78,6 +92,10 @@ class PackedQwen3Engine:
             "qk_norm_rope": ({"kernel": self._replicas[0].qk_kernel, "timing_ms": self._replicas[0].qk_timing_ms}
                              if self._replicas else None),
         }
+        if self._replicas and self._replicas[0].mm_kernel:
+            base["precision"] = {"mode": self._replicas[0].precision, "gemm": self._replicas[0].mm_kernel,
+                                 "gemm_timing": self._replicas[0].mm_timing,
+                                 "gate": msgspec.structs.asdict(self._gate) if self._gate else None}
         errors = [r.compile_error for r in self._replicas if r.compile_error]
         if errors:
             base["compile_error"] = errors[0]
@@ -104,7 +122,12 @@ class PackedQwen3Engine:
         cfg = self._config
         devices = resolve_devices(cfg.devices)
         on_gpu = devices[0].type == "cuda"
-        if cfg.dtype != "auto":
+        if cfg.precision == "fp8":  # the unquantized parts and the gate's reference run in bf16
+            if cfg.dtype not in ("auto", "bfloat16"):
+                raise EngineConfigError(f"model '{cfg.name}': precision = 'fp8' runs the rest of the model in bfloat16; "
+                                        f"drop dtype = '{cfg.dtype}' or precision")
+            dtype = torch.bfloat16
+        elif cfg.dtype != "auto":
             dtype = getattr(torch, cfg.dtype)
         elif on_gpu:
             dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -112,13 +135,16 @@ class PackedQwen3Engine:
             dtype = torch.float32
         prompt = Qwen3PromptTokenizer(load_hf_tokenizer(cfg.path, cfg.revision), max_length=cfg.max_length,
                                       max_query_tokens=cfg.max_query_tokens)
-        backbone, head = load_backbone(cfg.path, cfg.revision, dtype, (prompt.no_id, prompt.yes_id))
+        with _LOAD_LOCK:
+            backbone, head = load_backbone(cfg.path, cfg.revision, dtype, (prompt.no_id, prompt.yes_id))
         # Compiling fuses the elementwise work between the GEMMs (~2x on an H200); on CPU it only
         # costs start time (the CPU benchmark, docs/benchmarks.md), so "auto" compiles on CUDA only.
         compile_ = cfg.compile == "on" or (cfg.compile == "auto" and on_gpu)
         replicas = PackedQwen3Replica.replicas(backbone, head, devices, attention=cfg.attention, compile=compile_)
         for r in replicas:  # compile and warm every replica before traffic (one at a time)
             _warm_up(r, prompt)
+        if cfg.precision == "fp8":
+            self._gate = _to_fp8(replicas, prompt, cfg)
         self._replicas = replicas
         self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
                                           policy=cfg.policy, error_type=EngineError)
@@ -131,3 +157,40 @@ def _warm_up(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer) -> None:
     docs = prompt.encode_documents(["a short document", "a somewhat longer document " * 4, "x"])
     prompts = [prompt.assemble(shared, d) for d in docs]
     replica.warm_up([prompts[:1], prompts, prompts[1:], prompts[:1]])
+
+
+def _golden_scores(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, batch_tokens: int) -> list[list[float]]:
+    """The golden set's scores, queries packed together into steps of at most ``batch_tokens``."""
+    per_query = []
+    for query, docs in gate.golden_set():
+        shared = prompt.encode_shared(query, DEFAULT_INSTRUCTION)
+        per_query.append([prompt.assemble(shared, d) for d in prompt.encode_documents(docs)])
+    flat = [p for ps in per_query for p in ps]
+    scores: list[float] = []
+    step: list[list[int]] = []
+    for p in flat:
+        if step and sum(map(len, step)) + len(p) > batch_tokens:
+            scores += replica.score(step)
+            step = []
+        step.append(p)
+    scores += replica.score(step)
+    out, i = [], 0
+    for ps in per_query:
+        out.append(scores[i:i + len(ps)])
+        i += len(ps)
+    return out
+
+
+def _to_fp8(replicas: list[PackedQwen3Replica], prompt: Qwen3PromptTokenizer, cfg: PackedEngineConfig) -> gate.GateResult:
+    """Quantize every replica; the first one's golden-set ranking against its bf16 self decides."""
+    base = _golden_scores(replicas[0], prompt, cfg.batch_tokens)
+    for r in replicas:
+        r.to_fp8()
+        _warm_up(r, prompt)
+    result = gate.judge("fp8", base, _golden_scores(replicas[0], prompt, cfg.batch_tokens))
+    if torch.cuda.is_available():  # the gate's 65k-token steps: do not keep their activations cached
+        torch.cuda.empty_cache()
+    if not result.passed and cfg.precision_gate == "refuse":
+        raise EngineConfigError(f"model '{cfg.name}': {result.line()}: refused; serve it in bf16 (drop precision) "
+                                f"or set precision_gate = 'warn' after checking the ranking on your own data")
+    return result

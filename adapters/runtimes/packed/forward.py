@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from adapters.runtimes.packed import kernels
+from adapters.runtimes.packed import fp8, kernels
 
 __all__ = ("PackedQwen3Replica", "load_backbone")
 
@@ -52,7 +52,7 @@ def load_backbone(path: str, revision: str | None, dtype: torch.dtype, rows: Seq
 class _FusedLayer:
     """One decoder layer's weights with q/k/v and gate/up each concatenated into one GEMM (as vLLM does)."""
 
-    __slots__ = ("down", "gate_up", "heads", "k_norm", "kv_heads", "ln1", "ln2", "o", "q_norm", "qkv")
+    __slots__ = ("down", "f8", "gate_up", "heads", "k_norm", "kv_heads", "ln1", "ln2", "o", "q_norm", "qkv")
 
     def __init__(self, layer: Any) -> None:
         a, m = layer.self_attn, layer.mlp
@@ -74,6 +74,15 @@ class _FusedLayer:
         # Biases would need adding to the fused GEMMs; Qwen3 has none (attention_bias=False).
         if any(p.bias is not None for p in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)):
             raise ValueError("fused projections: this checkpoint's projections have biases")
+        self.f8: tuple[fp8.Fp8Weight, ...] = ()  # (qkv, o, gate_up, down) once quantized
+
+    def quantize(self, layer: Any, quantize: Callable[[torch.Tensor], fp8.Fp8Weight]) -> None:
+        """FP8 copies of the four GEMMs' weights; the bf16 ones are freed (shapes kept for the kernel checks)."""
+        self.f8 = tuple(quantize(t) for t in (self.qkv, self.o, self.gate_up, self.down))
+        a, m = layer.self_attn, layer.mlp
+        for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
+            lin.weight = torch.nn.Parameter(lin.weight.new_empty(lin.weight.shape[0], 0), requires_grad=False)
+        self.qkv, self.o, self.gate_up, self.down = (t.new_empty(t.shape[0], 0) for t in (self.qkv, self.o, self.gate_up, self.down))
 
 
 class PackedQwen3Replica:
@@ -116,8 +125,34 @@ class PackedQwen3Replica:
         self._positions = torch.arange(0)
         self._regions = (kernels.rms, kernels.add_rms, kernels.qkv_rope, kernels.silu_mul)
         self._run: Callable[..., torch.Tensor] = self._forward if mode == "modules" else self._forward_fused
+        self.precision = "model dtype"
+        self.mm_kernel: str | None = None
+        self.mm_timing: dict[str, Any] = {}
+        self._mm: fp8.Mm = fp8.mm_emulated
+        self._fp8_regions = (fp8.rms_q, fp8.add_rms_q, fp8.silu_mul_q, fp8.quant)
         if compile:
             self._compile()
+
+    def to_fp8(self, quantize: Callable[[torch.Tensor], fp8.Fp8Weight] | None = None) -> None:
+        """Quantize the four GEMMs of every layer to e4m3 (per-channel scales) and run them in FP8 from now on.
+
+        Attention, norms, RoPE, the residual stream and the head stay in the model dtype. The GEMM
+        kernel is picked now (timed on a d100 step's gate/up shape). ``warm_up`` again afterwards.
+        """
+        if self.mode != "fused":
+            raise ValueError("precision = 'fp8' needs the fused mode")
+        for w, layer in zip(self._layers, self.backbone.layers, strict=True):
+            w.quantize(layer, quantize or fp8.quantize_weight)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        k, n = self._layers[0].f8[2].qt.shape
+        with torch.inference_mode():
+            self.mm_kernel, self._mm, self.mm_timing = fp8.pick_mm(self.device, (16384, k, n), self.backbone.embed_tokens.weight.dtype)
+        self.precision = "fp8 e4m3 GEMMs (per-channel weight, per-token activation scales)"
+        self.silu_kernel = "silu·mul + fp8 quantization" + (" (compiled)" if self.compiled else "")
+        self._run = self._forward_fp8
+        if self.compiled:
+            self._fp8_regions = tuple(torch.compile(f, dynamic=True) for f in (fp8.rms_q, fp8.add_rms_q, fp8.silu_mul_q, fp8.quant))
 
     def _compile(self) -> None:
         import torch._dynamo
@@ -132,7 +167,9 @@ class PackedQwen3Replica:
     def _uncompile(self) -> None:
         self.compiled = False
         self._regions = (kernels.rms, kernels.add_rms, kernels.qkv_rope, kernels.silu_mul)
-        self._run = self._forward if self.mode == "modules" else self._forward_fused
+        self._fp8_regions = (fp8.rms_q, fp8.add_rms_q, fp8.silu_mul_q, fp8.quant)
+        if self._run != self._forward_fp8:
+            self._run = self._forward if self.mode == "modules" else self._forward_fused
 
     @classmethod
     def replicas(cls, backbone: Any, head: torch.Tensor, devices: Sequence[torch.device], **kw: Any) -> list[PackedQwen3Replica]:
@@ -176,9 +213,11 @@ class PackedQwen3Replica:
         """
         if not self.vllm_ops or self.mode != "fused" or self.device.type != "cuda":
             return
+        silu_op, qk_op = kernels.vllm_silu_mul(), kernels.vllm_qk_norm_rope()
+        if self._run == self._forward_fp8:
+            silu_op = None  # fp8: silu·mul is fused with the quantization of its output
         w = self._layers[0]
         dim = self.backbone.layers[0].self_attn.head_dim
-        silu_op, qk_op = kernels.vllm_silu_mul(), kernels.vllm_qk_norm_rope()
         with torch.cuda.device(self.device):
             x = torch.randn(16384, w.gate_up.shape[0], dtype=w.gate_up.dtype, device=self.device)
             if silu_op is not None:
@@ -316,6 +355,45 @@ class PackedQwen3Replica:
             nxt = layers[i + 1].ln1 if i + 1 < len(layers) else bb.norm.weight
             h, x = add_rms(h, m, nxt, eps)
         logits = x.float() @ self.head.T  # (prompts, 2): [no, yes]
+        return torch.softmax(logits, dim=-1)[:, 1]
+
+    def _forward_fp8(self, ids: torch.Tensor, positions: torch.Tensor, cu: torch.Tensor, max_len: int,
+                     lens: list[int] | None) -> torch.Tensor:
+        """``_forward_fused`` with the four GEMMs of each layer in FP8; their inputs are quantized
+        by the region that produces them (the attention output by a small one of its own)."""
+        rms_q, add_rms_q, silu_mul_q, quant = self._fp8_regions
+        qkv_rope, add_rms = self._regions[2], self._regions[1]
+        bb, eps, mm = self.backbone, self._eps, self._mm
+        n_tokens = ids.shape[0]
+        h = bb.embed_tokens(ids)
+        dt = h.dtype
+        qk_vllm = self._qk_vllm
+        if qk_vllm is None:
+            cos, sin = bb.rotary_emb(h, positions[None])
+            cos, sin = cos[0, :, None, :], sin[0, :, None, :]
+        else:
+            cos_sin = self._cos_sin_cache(max_len)
+        last = cu[1:].long() - 1
+        layers = self._layers
+        x, xs = rms_q(h, layers[0].ln1, eps)
+        dim = bb.layers[0].self_attn.head_dim
+        for i, w in enumerate(layers):
+            f_qkv, f_o, f_gate_up, f_down = w.f8
+            if qk_vllm is None:
+                q, k, v = qkv_rope(mm(x, xs, f_qkv, dt), w.q_norm, w.k_norm, eps, cos, sin, w.heads, w.kv_heads, dim)
+            else:
+                q, k, v = qk_vllm(mm(x, xs, f_qkv, dt), w.q_norm, w.k_norm, eps, positions, cos_sin, w.heads, w.kv_heads, dim)
+            o = self._attend(q, k, v, cu, max_len, lens).reshape(n_tokens, -1)
+            if i == len(layers) - 1:
+                h, o = h[last], o[last]  # nothing after this attention mixes positions
+            delta = mm(*quant(o), f_o, dt)
+            h, x, xs = add_rms_q(h, delta, w.ln2, eps)
+            m = mm(*silu_mul_q(mm(x, xs, f_gate_up, dt)), f_down, dt)
+            if i + 1 < len(layers):
+                h, x, xs = add_rms_q(h, m, layers[i + 1].ln1, eps)
+            else:  # the final norm feeds the two head rows in fp32, not a GEMM: no quantization
+                h, x = add_rms(h, m, bb.norm.weight, eps)
+        logits = x.float() @ self.head.T
         return torch.softmax(logits, dim=-1)[:, 1]
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cu: torch.Tensor, max_len: int,

@@ -1,0 +1,287 @@
+"""Issue 24's GPU run: every Qwen3 runtime behind the real CLI, over HTTP, one H200.
+
+    RR_SKIP_CHECK=1 RR_BUDGET=570 RR_CMD="python3 -m benchmarks.gpu_qwen3 --phases 0.6b" bash .gpu/device_run.sh
+
+Each gateway is its own ``python -m gateway serve --config ...`` process (as deployed: this
+process never touches CUDA, so a vLLM engine forks or spawns exactly as it would in production)
+and ``rerank-gateway bench`` is the load client, another process. Checkpoints have the real
+configs of Qwen3-Reranker-0.6B / -4B / -8B with random bf16 weights (built in a child process)
+and the offline BPE tokenizer of ``tests.tiny_qwen3`` (documents cut at exact token counts).
+
+Phases:
+- ``0.6b``: packed bf16 and packed fp8 (one gateway, the gate's figure from ``/ready``): d100 at
+  1 client, d100 and d300 at 16; vllm-score alone; vllm-score in a gateway beside a packed model
+  (vLLM started first, issue 24 item 4), the same levels; then, if time is left, vllm-score alone
+  with its engine core spawned (to tell spawn from sharing the process).
+- ``4b``, ``8b``: each runtime (packed bf16, packed fp8, vllm-score, vllm-generate, transformers)
+  in its own gateway: GPU memory in use once ready and at peak, d100 at 1 and 16 clients.
+
+A step that would pass the deadline (``RR_DEADLINE``, set by device_run.sh) is skipped and listed.
+Writes ``$OUT/qwen3_results.json`` and ``$OUT/qwen3_summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from benchmarks import engine_bench as eb
+from benchmarks.gpu_suite import REAL_CONFIG
+
+SIZES: dict[str, dict[str, Any]] = {
+    "0.6b": REAL_CONFIG,
+    # Qwen3-Reranker-4B / -8B config.json (the Qwen3-4B / -8B bases).
+    "4b": {**REAL_CONFIG, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": True},
+    "8b": {**REAL_CONFIG, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False},
+}
+COMMON = {"max_length": 2048, "max_query_tokens": 256}
+PACKED = {**COMMON, "engine": "packed", "batch_tokens": 65536}
+VLLM = {**COMMON, "max_num_batched_tokens": 65536, "max_num_seqs": 512}
+RUNTIMES: dict[str, dict[str, Any]] = {
+    "packed bf16": PACKED,
+    # Random weights carry no ranking: the gate is reported, not enforced, so speed can be measured.
+    "packed fp8": {**PACKED, "precision": "fp8", "precision_gate": "warn"},
+    "vllm-score": {**VLLM, "engine": "vllm-score"},
+    "vllm-generate": {**VLLM, "engine": "vllm-generate"},
+    "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
+}
+# (workload, clients) -> requests, per model size
+LEVELS = {"0.6b": {("d100", 1): 100, ("d100", 16): 160, ("d300", 16): 96},
+          "4b": {("d100", 1): 30, ("d100", 16): 64},
+          "8b": {("d100", 1): 24, ("d100", 16): 48}}
+DEADLINE = float(os.environ.get("RR_DEADLINE") or 0) or time.time() + 3600
+
+
+def log(*a: Any) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] [qwen3]", *a, flush=True)
+
+
+def build(size: str, out: Path) -> Path:
+    """The checkpoint, written by a child process (this one never initialises CUDA)."""
+    code = f"""
+import json, torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+from tests.tiny_qwen3 import build_tiny_qwen3
+out = {str(out)!r}
+build_tiny_qwen3(out, vocab_size=2048)
+small = json.load(open(out + "/config.json"))
+cfg = Qwen3Config(**{SIZES[size]!r}, eos_token_id=small.get("eos_token_id"), pad_token_id=small.get("pad_token_id"))
+torch.manual_seed(0)
+torch.set_default_dtype(torch.bfloat16)
+with torch.device("cuda"):
+    model = Qwen3ForCausalLM(cfg)
+model.save_pretrained(out)
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return out
+
+
+def gpu_mem_mib() -> int:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=False).stdout.split()
+    return int(out[0]) if out else -1
+
+
+def _toml(tables: dict[str, dict[str, Any]], models: list[dict[str, Any]]) -> str:
+    """Flat tables and [[models]] (scalar values: JSON's spelling is TOML's; no tomli_w on the device)."""
+    lines = []
+    for name, table in tables.items():
+        lines += [f"[{name}]", *(f"{k} = {json.dumps(v)}" for k, v in table.items())]
+    for m in models:
+        lines += ["[[models]]", *(f"{k} = {json.dumps(v)}" for k, v in m.items())]
+    return "\n".join(lines) + "\n"
+
+
+class Gateway:
+    """``python -m gateway serve`` on a free port with ``models``; ``env`` adds variables."""
+
+    def __init__(self, name: str, models: list[dict[str, Any]], work: Path, env: dict[str, str] | None = None) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.name, self.url = name, f"http://127.0.0.1:{self.port}"
+        cfg = work / f"{name.replace(' ', '_')}.toml"
+        cfg.write_text(_toml({"server": {"host": "127.0.0.1", "port": self.port}, "logging": {"level": "WARNING"}}, models))
+        self.base_mib = gpu_mem_mib()
+        self.t0 = time.time()
+        self.log = (work / f"{name.replace(' ', '_')}.log").open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(cfg)],
+                                     stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "TOKENIZERS_PARALLELISM": "true", **(env or {})})
+
+    def ready(self, timeout: float) -> dict[str, Any]:
+        while time.time() - self.t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name}: gateway exited {self.proc.returncode}")
+            body = self.status()
+            if body and body.get("status") == "ready":
+                return body
+            if body and any(m.get("state") == "failed" for m in body.get("models", [])):
+                raise RuntimeError(f"{self.name}: {json.dumps(body['models'])[:1500]}")
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name}: not ready after {timeout:.0f}s")
+
+    def status(self) -> dict[str, Any] | None:
+        try:
+            with urllib.request.urlopen(self.url + "/ready", timeout=5) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return json.loads(e.read())
+        except OSError:
+            return None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def bench(gw: Gateway, model: str, model_dir: Path, wl: str, clients: int, requests: int, out: Path) -> dict[str, Any]:
+    docs, doc_tokens, _, _ = eb.WORKLOADS[wl]
+    peak = [gpu_mem_mib()]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.25):
+            peak[0] = max(peak[0], gpu_mem_mib())
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    args = [sys.executable, "-m", "gateway", "bench", gw.url, "--model", model, "--tokenizer", str(model_dir),
+            "--documents", str(docs), "--doc-tokens", doc_tokens, "--query-tokens", "10", "--concurrency", str(clients),
+            "--requests", str(requests), "--warmup", "4", "--seed", str({"d100": 11, "d300": 13}[wl] + clients),
+            "--title", f"{model} {wl} {clients} clients", "--no-progress", "--out", str(out)]
+    try:
+        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+    finally:
+        stop.set()
+        t.join()
+    (s,) = json.loads((out / "bench.json").read_text())["summaries"]
+    row = {"workload": wl, "clients": clients, "requests": requests, "docs_per_s": s["docs_per_s"],
+           "p50_ms": s["latency_ms"]["p50"], "p99_ms": s["latency_ms"]["p99"], "errors": s["errors"],
+           "server_timing_ms": s.get("server_timing_ms"), "gpu_peak_mib": peak[0] - gw.base_mib}
+    log(f"{gw.name} / {model} {wl} x{clients}: {row['docs_per_s']:.0f} docs/s, p50 {row['p50_ms']:.1f}, p99 {row['p99_ms']:.1f} ms, "
+        f"errors {row['errors']}, peak {row['gpu_peak_mib']} MiB")
+    return row
+
+
+def serve_and_bench(name: str, models: dict[str, dict[str, Any]], measure: list[str], size: str, model_dir: Path,
+                    work: Path, results: dict[str, Any], env: dict[str, str] | None = None, need_s: float = 120) -> None:
+    """One gateway serving ``models`` (label -> config); each label of ``measure`` through every level."""
+    if DEADLINE - time.time() < need_s:
+        results["skipped"].append(f"{name}: {DEADLINE - time.time():.0f}s left, needs ~{need_s:.0f}s")
+        log("SKIP", results["skipped"][-1])
+        return
+    cfgs = [{"name": label.replace(" ", "-"), "path": str(model_dir), **cfg} for label, cfg in models.items()]
+    if size != "0.6b":
+        for c in cfgs:
+            if c["engine"].startswith("vllm"):
+                c["gpu_memory_utilization"] = 0.45  # 16 GB of 8B weights + 64k-token steps' KV
+    gw = Gateway(name, cfgs, work, env)
+    entry: dict[str, Any] = {"models": cfgs, "env": env or {}}
+    results["runs"][name] = entry
+    try:
+        body = gw.ready(timeout=max(30.0, min(300.0, DEADLINE - time.time() - 30)))
+        entry["start_s"] = time.time() - gw.t0
+        entry["gpu_ready_mib"] = gpu_mem_mib() - gw.base_mib
+        entry["engine_stats"] = {m["name"]: m.get("engine_stats") for m in body["models"]}
+        log(f"{name}: ready in {entry['start_s']:.0f}s, {entry['gpu_ready_mib']} MiB; "
+            f"{json.dumps({k: (v or {}).get('precision') for k, v in entry['engine_stats'].items()})}")
+        entry["rows"] = {}
+        for label in measure:
+            rows = []
+            for (wl, c), n in LEVELS[size].items():
+                if DEADLINE - time.time() < 25:
+                    results["skipped"].append(f"{name} / {label} {wl} x{c}: deadline")
+                    continue
+                rows.append(bench(gw, label.replace(" ", "-"), model_dir, wl, c, n, work / f"{name}-{label}-{wl}-{c}".replace(" ", "_")))
+            entry["rows"][label] = rows
+    except Exception as exc:  # noqa: BLE001  # one runtime failing must not lose the others' figures
+        entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        log(f"ERROR {name}: {entry['error']}")
+    finally:
+        gw.stop()
+        entry["log_tail"] = (work / f"{name.replace(' ', '_')}.log").read_text()[-3000:]
+
+
+def summary(results: dict[str, Any]) -> str:
+    lines = [f"# Qwen3 runtimes on {results.get('device', '?')} ({results['date_utc']})", "",
+             "| run | model | runtime | start s | GPU MiB ready | workload | clients | docs/s | p50 ms | p99 ms | peak MiB | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, e in results["runs"].items():
+        for label, rows in (e.get("rows") or {}).items():
+            for r in rows:
+                lines.append(f"| {name} | {e.get('size', '')} | {label} | {e.get('start_s', 0):.0f} | {e.get('gpu_ready_mib', '')} | "
+                             f"{r['workload']} | {r['clients']} | {r['docs_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                             f"{r['gpu_peak_mib']} | {r['errors']} |")
+        if e.get("error"):
+            lines.append(f"| {name} | | error: {e['error'][:300]} | | | | | | | | | |")
+    lines += ["", "skipped: " + json.dumps(results["skipped"])]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--phases", default="0.6b", help="comma list of 0.6b, 4b, 8b")
+    ap.add_argument("--runtimes", default=",".join(RUNTIMES), help="for 4b/8b: which runtimes, in order")
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench-out/qwen3"))
+    ap.add_argument("--work", default="/tmp/rr-qwen3")
+    args = ap.parse_args()
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": {}, "skipped": []}
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,power.limit,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=False).stdout.strip()
+    results["device"] = smi
+
+    def save() -> None:
+        (out / "qwen3_results.json").write_text(json.dumps(results, indent=1, default=str))
+        (out / "qwen3_summary.md").write_text(summary(results))
+
+    for phase in args.phases.split(","):
+        size = phase.removesuffix("-packed")  # "0.6b-packed": the packed gateway of phase 0.6b only
+        t = time.time()
+        model_dir = build(size, work / f"qwen3-{size}")
+        log(f"checkpoint {size} in {time.time() - t:.0f}s")
+        if size == "0.6b":
+            steps = [("0.6b packed", {"packed bf16": RUNTIMES["packed bf16"], "packed fp8": RUNTIMES["packed fp8"]},
+                      ["packed bf16", "packed fp8"], None, 90),
+                     ("0.6b vllm-score alone", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"], None, 150),
+                     # packed listed first: the gateway still starts vLLM first (gateway.models)
+                     ("0.6b vllm-score beside packed", {"packed bf16": RUNTIMES["packed bf16"], "vllm-score": RUNTIMES["vllm-score"]},
+                      ["vllm-score"], None, 150),
+                     ("0.6b vllm-score alone, spawned", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"],
+                      {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, 150)][:1 if phase.endswith("-packed") else None]
+        else:
+            steps = [(f"{size} {r}", {r: RUNTIMES[r]}, [r], None, 60 if r.startswith("packed") else 110)
+                     for r in args.runtimes.split(",")]
+        for name, models, measure, env, need in steps:
+            serve_and_bench(name, models, measure, size, model_dir, work, results, env, need)
+            results["runs"].get(name, {})["size"] = size
+            save()
+        if size != "0.6b":
+            import shutil
+
+            shutil.rmtree(model_dir, ignore_errors=True)  # 8-16 GB of disk
+    save()
+    log("done")
+
+
+if __name__ == "__main__":
+    main()
