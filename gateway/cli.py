@@ -82,7 +82,7 @@ def model_families(settings: Settings) -> dict[int, str]:
     detected or cannot run on the model's engine. Hub ids are left to the engine's start.
     """
     from adapters.families.detect import FamilyNotDetectedError, resolve_family
-    from schemas.config import FAMILY_RUNTIMES, LocalModelConfig
+    from schemas.config import FAMILY_RUNTIMES, RUNTIME_REFUSALS, LocalModelConfig
 
     found: dict[int, str] = {}
     for i, model in enumerate(settings.models):
@@ -97,9 +97,10 @@ def model_families(settings: Settings) -> dict[int, str]:
             raise ConfigError(f"models[{i}].path: cannot read '{model.path}' ({exc})") from None
         if kind not in FAMILY_RUNTIMES.get(detection.family, frozenset()):
             runtimes = ", ".join(sorted(FAMILY_RUNTIMES.get(detection.family, ())))
+            why = RUNTIME_REFUSALS.get((detection.family, kind))
             raise ConfigError(
                 f"models[{i}].engine: '{model.path}' is a {detection.family} model ({detection.reason}), "
-                f"which engine {kind!r} cannot run; use one of {runtimes}"
+                f"which engine {kind!r} cannot run{f' ({why})' if why else ''}; use one of {runtimes}"
             )
         found[i] = f"{detection.family} ({detection.reason})"
     return found

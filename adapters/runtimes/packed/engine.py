@@ -15,6 +15,8 @@ import anyio.to_thread
 import torch
 
 from adapters.base import EngineError, EngineUnavailableError, ScoreJob, ScoreResult
+from adapters.families import resolve_for_runtime
+from adapters.families.base import WEIGHTS_LOCK
 from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
 from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
 from adapters.runtimes.packed.scheduler import PackedScheduler
@@ -110,9 +112,13 @@ class PackedQwen3Engine:
             dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         else:
             dtype = torch.float32
+        # The packed kernels run Qwen3 only: a detected Gemma or Qwen2 reranker (family = "auto")
+        # would fail deep in the fused layers, or worse, be scored with Qwen3's prompt.
+        resolve_for_runtime(cfg, "packed")
         prompt = Qwen3PromptTokenizer(load_hf_tokenizer(cfg.path, cfg.revision), max_length=cfg.max_length,
                                       max_query_tokens=cfg.max_query_tokens)
-        backbone, head = load_backbone(cfg.path, cfg.revision, dtype, (prompt.no_id, prompt.yes_id))
+        with WEIGHTS_LOCK:
+            backbone, head = load_backbone(cfg.path, cfg.revision, dtype, (prompt.no_id, prompt.yes_id))
         # Compiling fuses the elementwise work between the GEMMs (~2x on an H200); on CPU it only
         # costs start time (the CPU benchmark, docs/benchmarks.md), so "auto" compiles on CUDA only.
         compile_ = cfg.compile == "on" or (cfg.compile == "auto" and on_gpu)
