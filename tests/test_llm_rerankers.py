@@ -180,3 +180,13 @@ def test_ready_reports_the_families(client):
     models = {m["name"]: m for m in client.get("/ready").json()["models"]}
     assert models["gemma"]["family"] == "bge-reranker-v2-gemma"
     assert models["mxbai"]["family"] == "mxbai-rerank-v2"
+
+
+def test_a_label_the_tokenizer_merges_into_the_document_is_glued_to_it(tiny_gemma_dir):
+    """With the cut after "B: " (the space on the label's side), Gemma-style tokenizers merge "▁"
+    into the document's first word: tokenized apart, the ids would differ from the card's."""
+    spec = msgspec.structs.replace(LLM_RERANKERS["bge-reranker-v2-gemma"], middle=("\n", "B: "), document="{document}")
+    prompt = LlmPromptTokenizer(load_hf_tokenizer(str(tiny_gemma_dir)), spec, max_length=512, max_query_tokens=64)
+    shared = prompt.encode_shared(Q, prompt.default_instruction)
+    for doc, ids in zip(DOCS, prompt.encode_documents(DOCS), strict=True):
+        assert prompt.assemble(shared, ids, prompt.default_instruction) == card.gemma_ids(tiny_gemma_dir, Q, doc), doc

@@ -11,7 +11,9 @@ one request shares comes first and is tokenized once:
   against the window with the rest of what a request shares; ``assemble`` puts it back after
   the document.
 - document: ``document`` with the text (one piece per chunk; labels such as ``B:`` sit in
-  ``middle``, so every chunk of a long document keeps its label).
+  ``middle``, so every chunk of a long document keeps its label -- unless the tokenizer merges
+  across that cut, checked at load on a few probes: then the label is glued to each document,
+  as the card tokenizes it).
 - suffix: the tail, when it does not depend on the instruction.
 
 On transformers only what the score needs is computed: the backbone's hidden state at the last
@@ -44,6 +46,8 @@ __all__ = (
 )
 
 _INSTRUCTION = "{instruction}"
+# Document starts that stress a label/document cut: words, punctuation, spaces, newlines, digits.
+_SPLIT_PROBES = ("x", "The capital is Paris.", "(see above)", "  two spaces", "\nnew line", "1990", "'Yes'")
 
 
 class LlmPromptTokenizer:
@@ -77,7 +81,13 @@ class LlmPromptTokenizer:
             if tokenizer.bos_token_id is None:
                 raise EngineConfigError("the prompt starts with BOS but the tokenizer names no bos_token")
             self._bos = [int(tokenizer.bos_token_id)]
-        self._middle = [i for piece in spec.middle for i in self._encode(piece)]
+        middle = list(spec.middle)
+        if middle and not self._splits_exactly(middle[-1]):
+            # The card tokenizes label and document as one piece ("B: {passage}") and this
+            # tokenizer merges across the cut: glue the label to each document instead (exact
+            # for whole documents; chunks after a document's first then carry no label).
+            self._doc_before = middle.pop() + self._doc_before
+        self._middle = [i for piece in middle for i in self._encode(piece)]
         # A tail that names the instruction travels in the shared part (see the module docstring).
         self._tail_in_shared = any(_INSTRUCTION in piece for piece in spec.tail)
         self._suffix_ids: list[int] = [] if self._tail_in_shared else self._encode_tail("")
@@ -159,6 +169,14 @@ class LlmPromptTokenizer:
 
     def _encode(self, text: str) -> list[int]:
         return self._rust.encode(text, add_special_tokens=False).ids if text else []
+
+    def _splits_exactly(self, label: str) -> bool:
+        """Whether ``label`` and a document tokenized apart give the ids of them tokenized together."""
+        for probe in _SPLIT_PROBES:
+            text = f"{self._doc_before}{probe}{self._doc_after}"
+            if self._encode(label) + self._encode(text) != self._encode(label + text):
+                return False
+        return True
 
     def _single_token_id(self, word: str) -> int:
         ids = self._encode(word)
