@@ -190,3 +190,25 @@ def test_a_label_the_tokenizer_merges_into_the_document_is_glued_to_it(tiny_gemm
     shared = prompt.encode_shared(Q, prompt.default_instruction)
     for doc, ids in zip(DOCS, prompt.encode_documents(DOCS), strict=True):
         assert prompt.assemble(shared, ids, prompt.default_instruction) == card.gemma_ids(tiny_gemma_dir, Q, doc), doc
+
+
+def test_check_config_names_the_family_and_refuses_packed_for_a_detected_gemma(
+    tiny_gemma_dir, tiny_qwen2_dir, tmp_path, capsys
+):
+    from gateway.cli import main
+
+    good = tmp_path / "good.toml"
+    good.write_text(
+        f'[[models]]\nname = "g"\nengine = "vllm-score"\npath = "{tiny_gemma_dir}"\n'
+        f'[[models]]\nname = "m"\nengine = "transformers"\npath = "{tiny_qwen2_dir}"\n'
+    )
+    assert main(["check-config", "--config", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "model g: engine=vllm-score family=bge-reranker-v2-gemma (config.json architectures has GemmaForCausalLM" in out
+    assert "model m: engine=transformers family=mxbai-rerank-v2 (config.json architectures has Qwen2ForCausalLM" in out
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[[models]]\nname = "g"\nengine = "packed"\npath = "{tiny_gemma_dir}"\n')
+    assert main(["check-config", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "models[0].engine: " in err and "packed runs Qwen3's layer layout only" in err, err
