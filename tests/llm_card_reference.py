@@ -76,23 +76,37 @@ def _last_logits(model_dir: str | Path, ids: Sequence[int]) -> Any:
         return model(torch.tensor([list(ids)])).logits[0, -1]
 
 
-def gemma_scores(model_dir: str | Path, query: str, passages: Sequence[str], prompt: str = GEMMA_PROMPT) -> list[float]:
+def gemma_logits(model_dir: str | Path, query: str, passages: Sequence[str], prompt: str = GEMMA_PROMPT) -> list[float]:
+    """The card's compute_score(normalize=False): logit("Yes") at the last position."""
     tok, _ = _load(str(model_dir))
     yes = _ids(tok, "Yes")[0]
+    return [float(_last_logits(model_dir, gemma_ids(model_dir, query, p, prompt))[yes]) for p in passages]
+
+
+def gemma_scores(model_dir: str | Path, query: str, passages: Sequence[str], prompt: str = GEMMA_PROMPT) -> list[float]:
+    """The card's compute_score(normalize=True)."""
+    return [_sigmoid(x) for x in gemma_logits(model_dir, query, passages, prompt)]
+
+
+def mxbai_logits(
+    model_dir: str | Path, query: str, documents: Sequence[str], instruction: str | None = None
+) -> list[float]:
+    """MxbaiRerankV2.predict: logit("1") - logit("0") at the last position."""
+    tok, _ = _load(str(model_dir))
+    yes, no = _ids(tok, "1")[0], _ids(tok, "0")[0]
     out = []
-    for passage in passages:
-        logit = float(_last_logits(model_dir, gemma_ids(model_dir, query, passage, prompt))[yes])
-        out.append(1.0 / (1.0 + math.exp(-logit)))
+    for document in documents:
+        logits = _last_logits(model_dir, mxbai_ids(model_dir, query, document, instruction))
+        out.append(float(logits[yes] - logits[no]))
     return out
 
 
 def mxbai_scores(
     model_dir: str | Path, query: str, documents: Sequence[str], instruction: str | None = None
 ) -> list[float]:
-    tok, _ = _load(str(model_dir))
-    yes, no = _ids(tok, "1")[0], _ids(tok, "0")[0]
-    out = []
-    for document in documents:
-        logits = _last_logits(model_dir, mxbai_ids(model_dir, query, document, instruction))
-        out.append(1.0 / (1.0 + math.exp(-float(logits[yes] - logits[no]))))
-    return out
+    """sigmoid of the logits (the card's relevance threshold is sigmoid > 0.5)."""
+    return [_sigmoid(x) for x in mxbai_logits(model_dir, query, documents, instruction)]
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))

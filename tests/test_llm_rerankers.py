@@ -176,6 +176,15 @@ def test_mxbai_scores_equal_the_card_through_the_gateway(client, tiny_qwen2_dir)
     assert _scores(client, "mxbai-instr", DOCS[:4]) == pytest.approx(with_instr, abs=TOL)
 
 
+@pytest.mark.parametrize("name", ["gemma", "mxbai"])
+def test_raw_scores_are_the_cards_logits(client, tiny_gemma_dir, tiny_qwen2_dir, name):
+    # vLLM's spelling of a raw request (use_activation: false); the cards' normalize=False output.
+    resp = client.post("/score", json={"model": name, "text_1": Q, "text_2": DOCS, "use_activation": False})
+    assert resp.status_code == 200, resp.text
+    ref = card.gemma_logits(tiny_gemma_dir, Q, DOCS) if name == "gemma" else card.mxbai_logits(tiny_qwen2_dir, Q, DOCS)
+    assert [d["score"] for d in resp.json()["data"]] == pytest.approx(ref, abs=1e-4)
+
+
 def test_ready_reports_the_families(client):
     models = {m["name"]: m for m in client.get("/ready").json()["models"]}
     assert models["gemma"]["family"] == "bge-reranker-v2-gemma"

@@ -109,6 +109,15 @@ def test_vllm_equals_transformers_on_chunks_and_truncation(server, name):
     )
 
 
+@pytest.mark.parametrize("name", ["gemma", "mxbai"])
+def test_vllm_raw_scores_are_the_cards_logits(server, dirs, name):
+    body = {"model": f"vs-{name}", "text_1": QUERY, "text_2": DOCS, "use_activation": False}
+    resp = httpx.post(f"{server.url}/score", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    ref = (card.gemma_logits if name == "gemma" else card.mxbai_logits)(dirs[name], QUERY, DOCS)
+    assert [d["score"] for d in resp.json()["data"]] == pytest.approx(ref, abs=1e-3)
+
+
 def test_ready_reports_family_and_runtime(server):
     models = {m["name"]: m for m in httpx.get(f"{server.url}/ready", timeout=30).json()["models"]}
     assert (models["vs-gemma"]["family"], models["vs-gemma"]["runtime"]) == ("bge-reranker-v2-gemma", "vllm-score")

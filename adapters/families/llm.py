@@ -230,6 +230,8 @@ class LlmRerankerFamily(Family):
         import torch
 
         logits = torch.as_tensor(outputs, dtype=torch.float32)  # (rows, 2): [no, yes], or (rows, 1): [yes]
+        if job.raw_scores:  # the cards' unnormalized output: logit(yes), or logit(yes) - logit(no)
+            return (logits[:, 0] if logits.shape[-1] == 1 else logits[:, 1] - logits[:, 0]).tolist()
         if logits.shape[-1] == 1:
             return torch.sigmoid(logits[:, 0]).tolist()
         return torch.softmax(logits, dim=-1)[:, 1].tolist()
@@ -285,7 +287,7 @@ class LlmRerankerFamily(Family):
         logits = torch.as_tensor(outputs, dtype=torch.float32).reshape(len(outputs), -1)
         if logits.shape[1] != 1:
             raise ValueError(f"vLLM classifier returned {logits.shape[1]} values, expected 1 (yes - no, or yes)")
-        return torch.sigmoid(logits[:, 0]).tolist()
+        return (logits[:, 0] if job.raw_scores else torch.sigmoid(logits[:, 0])).tolist()
 
 
 class BgeGemmaFamily(LlmRerankerFamily):
@@ -293,6 +295,7 @@ class BgeGemmaFamily(LlmRerankerFamily):
 
     name = "bge-reranker-v2-gemma"
     spec = LLM_RERANKERS[name]
+    supports_raw_scores = True  # logit("Yes"): the card's compute_score(normalize=False)
 
 
 class MxbaiV2Family(LlmRerankerFamily):
@@ -300,6 +303,7 @@ class MxbaiV2Family(LlmRerankerFamily):
 
     name = "mxbai-rerank-v2"
     spec = LLM_RERANKERS[name]
+    supports_raw_scores = True  # logit("1") - logit("0"): MxbaiRerankV2.predict's output
 
 
 def attention_override(device: Any, dtype: Any) -> dict[str, str]:
