@@ -5,7 +5,9 @@ cross-encoder's pair with one logit and an activation; a bi-encoder's two embedd
 cosine; Jina v3's listwise call). It knows nothing about where the model runs: that is a
 runtime's job (``adapters.runtimes``). A new model kind goes here: a module with one
 :class:`adapters.families.base.Family` subclass, a line in ``FAMILIES`` below, a detection rule
-in ``detect.py`` and its runtimes in ``schemas.config.FAMILY_RUNTIMES``.
+in ``detect.py`` and its runtimes in ``schemas.config.FAMILY_RUNTIMES``. A causal-LM reranker
+(a prompt and one or two score tokens) is a preset instead: an ``LlmRerankerSpec`` in
+``schemas.config.LLM_RERANKERS`` and a three-line subclass in ``llm.py``.
 """
 
 from __future__ import annotations
