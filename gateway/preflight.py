@@ -119,7 +119,7 @@ def _local_family(i: int, model: LocalModelConfig) -> str:
     """The family a local checkpoint directory gets and why; ConfigError when it cannot serve."""
     from adapters.families.checkpoint import CheckpointMismatchError, check_window, local_checkpoint_config
     from adapters.families.detect import FamilyNotDetectedError, resolve_family
-    from schemas.config import FAMILY_RUNTIMES
+    from schemas.config import FAMILY_RUNTIMES, RUNTIME_REFUSALS
 
     kind = str(type(model).__struct_config__.tag)
     try:
@@ -130,9 +130,10 @@ def _local_family(i: int, model: LocalModelConfig) -> str:
         raise ConfigError(f"models[{i}].path: cannot read '{model.path}' ({exc})") from None
     if kind not in FAMILY_RUNTIMES.get(detection.family, frozenset()):
         runtimes = ", ".join(sorted(FAMILY_RUNTIMES.get(detection.family, ())))
+        why = RUNTIME_REFUSALS.get((detection.family, kind))
         raise ConfigError(
             f"models[{i}].engine: '{model.path}' is a {detection.family} model ({detection.reason}), "
-            f"which engine {kind!r} cannot run; use one of {runtimes}"
+            f"which engine {kind!r} cannot run{f' ({why})' if why else ''}; use one of {runtimes}"
         )
     if detection.family == "qwen3":
         # Encoder families cap their window at the checkpoint's; a Qwen3 window over the

@@ -137,7 +137,10 @@ class RerankService:
                 f"too many documents: {len(documents)} > {self._limits.max_documents} (limits.max_documents)"
             )
         texts = rank_texts(documents, request.rank_fields)
-        instruction = request.instruction or request.instruct or getattr(runtime.config, "instruction", "")
+        # None: the model's default, which only its engine knows (an LLM reranker's family).
+        instruction: str | None = (
+            request.instruction or request.instruct or getattr(runtime.config, "instruction", None)
+        )
         max_tokens = request.max_tokens_per_doc
         if max_tokens is None and api_version == "2":
             max_tokens = V2_DEFAULT_MAX_TOKENS_PER_DOC
@@ -150,6 +153,8 @@ class RerankService:
                 return _answer_from_cache(hit, runtime.name, request_id)
 
         engine = runtime.usable_engine()
+        if instruction is None:
+            instruction = getattr(engine.tokenizer, "default_instruction", "")
         if raw_scores and not getattr(engine, "supports_raw_scores", False):
             raise RawScoresUnsupportedError(
                 f"raw scores are not available for model '{runtime.name}': its engine ({runtime.kind}) "
@@ -262,7 +267,7 @@ class RerankService:
         request: RerankRequest,
         runtime: ModelRuntime,
         api_version: str,
-        instruction: str,
+        instruction: str | None,
         max_tokens: int | None,
         long_texts: LongTexts,
         raw_scores: bool,

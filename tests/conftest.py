@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.tiny_llm_rerankers import build_tiny_gemma, build_tiny_qwen2
 from tests.tiny_qwen3 import build_tiny_qwen3
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +31,18 @@ def anyio_backend() -> str:
 def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3 checkpoint + tokenizer, built once per test run."""
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random GemmaForCausalLM (bge-reranker-v2-gemma's architecture), built once per run."""
+    return build_tiny_gemma(tmp_path_factory.mktemp("tiny-gemma"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2ForCausalLM (mxbai-rerank-v2's architecture), built once per run."""
+    return build_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
 
 
 def free_port() -> int:

@@ -20,6 +20,7 @@ lazily (``adapters.families.load_family_class``).
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
@@ -30,7 +31,13 @@ from schemas.config import LocalModelConfig
 if TYPE_CHECKING:
     import torch
 
-__all__ = ("Family", "Row")
+__all__ = ("Family", "Row", "WEIGHTS_LOCK")
+
+# Held while a model's weights load (``Family.load_torch``, the packed runtime's backbone):
+# transformers' from_pretrained is not thread-safe for checkpoints with tied embeddings
+# (transformers 5.19: of three tied Qwen2 models loaded in parallel threads, some failed with
+# "Cannot copy out of meta tensor; no data!"). The gateway loads its models in parallel.
+WEIGHTS_LOCK = threading.Lock()
 
 
 class Row(NamedTuple):

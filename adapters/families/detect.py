@@ -27,7 +27,7 @@ __all__ = (
     "resolve_family",
 )
 
-FAMILY_CHOICES = ("qwen3", "cross-encoder", "bi-encoder", "jina-v3")
+FAMILY_CHOICES = ("qwen3", "cross-encoder", "bi-encoder", "jina-v3", "bge-reranker-v2-gemma", "mxbai-rerank-v2")
 _POOLING_MODULE = "sentence_transformers.models.Pooling"
 
 
@@ -140,6 +140,22 @@ def _qwen3(files: ModelFiles) -> Detection | None:
     return None
 
 
+# Causal-LM rerankers ship the plain causal-LM architecture: the reranker is the prompt and the
+# score tokens. These are the ones whose architecture only a reranker of this gateway's kind uses.
+_LLM_RERANKERS = {
+    "GemmaForCausalLM": ("bge-reranker-v2-gemma", "bge-reranker-v2-gemma's A/B prompt, the \"Yes\" logit"),
+    "Qwen2ForCausalLM": ("mxbai-rerank-v2", "mxbai-rerank-v2's prompt, logit(\"1\") - logit(\"0\")"),
+}
+
+
+def _llm_reranker(files: ModelFiles) -> Detection | None:
+    for arch in files.architectures:
+        if arch in _LLM_RERANKERS:
+            family, how = _LLM_RERANKERS[arch]
+            return Detection(family, f"config.json architectures has {arch} ({how})")
+    return None
+
+
 def _cross_encoder(files: ModelFiles) -> Detection | None:
     for arch in files.architectures:
         if arch.endswith("ForSequenceClassification"):
@@ -154,7 +170,9 @@ def _bi_encoder(files: ModelFiles) -> Detection | None:
     return None
 
 
-RULES: tuple[Callable[[ModelFiles], Detection | None], ...] = (_jina_v3, _qwen3, _cross_encoder, _bi_encoder)
+RULES: tuple[Callable[[ModelFiles], Detection | None], ...] = (
+    _jina_v3, _qwen3, _llm_reranker, _cross_encoder, _bi_encoder
+)
 
 
 def detect_family(files: ModelFiles) -> Detection:

@@ -21,7 +21,7 @@ import torch
 
 from adapters.base import EngineObserver, EngineUnavailableError, PromptTokenizer, ScoreJob, ScoreResult
 from adapters.families import create_family
-from adapters.families.base import Family, Row
+from adapters.families.base import WEIGHTS_LOCK, Family, Row
 from adapters.families.checkpoint import check_window
 from adapters.families.qwen3 import max_position_embeddings
 from schemas.config import TransformersEngineConfig
@@ -184,7 +184,8 @@ class TransformersEngine:
             # A window over the checkpoint's positions would score positions the model never saw;
             # encoder families cap theirs at the checkpoint's, so this bites Qwen3 configs.
             check_window(cfg.name, family.window(), max_position_embeddings(cfg.path, cfg.revision))
-        family.load_torch(device, dtype)
+        with WEIGHTS_LOCK:
+            family.load_torch(device, dtype)
         self._device, self._dtype, self._loaded = device, dtype, True
 
     def _leave_queue(self, waiting: list[bool]) -> None:

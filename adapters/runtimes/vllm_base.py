@@ -409,8 +409,12 @@ class VllmEngine(abc.ABC):
         """Score one tiny job so the model turns ready only when it really serves."""
         assert self._engine is not None
         tok = family.tokenizer
-        shared = tok.encode_shared("warm-up", self._config.instruction)
-        job = ScoreJob(query="warm-up", instruction=self._config.instruction, shared_ids=shared,
+        # The request path's instruction: the configured one, else the family's default.
+        instruction = self._config.instruction
+        if instruction is None:
+            instruction = getattr(tok, "default_instruction", "")
+        shared = tok.encode_shared("warm-up", instruction)
+        job = ScoreJob(query="warm-up", instruction=instruction, shared_ids=shared,
                        item_ids=tok.encode_documents(["warm-up"]))
         (score,) = self.finish(family, job, await self._run_all(self._engine, family.rows(job)))
         if not 0.0 <= score <= 1.0:

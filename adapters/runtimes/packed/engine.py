@@ -9,7 +9,6 @@ fed by ``scheduler.PackedScheduler`` (steps filled from all waiting requests).
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 import anyio.to_thread
@@ -22,6 +21,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
 from adapters.base import EngineConfigError, EngineError, EngineUnavailableError, ScoreJob, ScoreResult
+from adapters.families import resolve_for_runtime
+from adapters.families.base import WEIGHTS_LOCK
 from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
 from adapters.runtimes.packed import gate
 from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
@@ -29,11 +30,6 @@ from adapters.runtimes.packed.scheduler import PackedScheduler
 from schemas.config import DEFAULT_INSTRUCTION, PackedEngineConfig
 
 __all__ = ("PackedQwen3Engine", "resolve_devices")
-
-# transformers 5 loads weights under process-wide init contexts (meta device): two packed models
-# loading in parallel threads failed with "Cannot copy out of meta tensor" on the H200 (issue
-# 24's run). One load at a time; serving is unaffected.
-_LOAD_LOCK = threading.Lock()
 
 
 def resolve_devices(names: tuple[str, ...]) -> list[torch.device]:
@@ -133,9 +129,14 @@ class PackedQwen3Engine:
             dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         else:
             dtype = torch.float32
+        # The packed kernels run Qwen3 only: a detected Gemma or Qwen2 reranker (family = "auto")
+        # would fail deep in the fused layers, or worse, be scored with Qwen3's prompt.
+        resolve_for_runtime(cfg, "packed")
         prompt = Qwen3PromptTokenizer(load_hf_tokenizer(cfg.path, cfg.revision), max_length=cfg.max_length,
                                       max_query_tokens=cfg.max_query_tokens)
-        with _LOAD_LOCK:
+        # transformers 5 loads weights under process-wide init contexts (meta device): two packed
+        # models loading in parallel failed with "Cannot copy out of meta tensor" on the H200.
+        with WEIGHTS_LOCK:
             backbone, head = load_backbone(cfg.path, cfg.revision, dtype, (prompt.no_id, prompt.yes_id))
         # Compiling fuses the elementwise work between the GEMMs (~2x on an H200); on CPU it only
         # costs start time (the CPU benchmark, docs/benchmarks.md), so "auto" compiles on CUDA only.
