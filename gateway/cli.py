@@ -81,7 +81,8 @@ def model_families(settings: Settings) -> dict[int, str]:
     Raises ConfigError (one line, naming ``models[i].family``) for a family that cannot be
     detected or cannot run on the model's engine. Hub ids are left to the engine's start.
     """
-    from adapters.families.detect import FamilyNotDetectedError, resolve_family
+    from adapters.base import EngineConfigError
+    from adapters.families.detect import FamilyNotDetectedError, resolve_family, st_pipeline
     from schemas.config import FAMILY_RUNTIMES, LocalModelConfig
 
     found: dict[int, str] = {}
@@ -90,9 +91,13 @@ def model_families(settings: Settings) -> dict[int, str]:
             continue
         kind = str(type(model).__struct_config__.tag)
         try:
-            detection, _ = resolve_family(model.family, model.path, model.revision)
+            detection, files = resolve_family(model.family, model.path, model.revision)
+            if detection.family == "bi-encoder":  # a pipeline served differently is refused (st_files)
+                st_pipeline(files, model.pooling)
         except FamilyNotDetectedError as exc:
             raise ConfigError(exc.for_field(f"models[{i}].family")) from None
+        except EngineConfigError as exc:
+            raise ConfigError(f"models[{i}] ('{model.path}'): {exc}") from None
         except (OSError, ValueError) as exc:
             raise ConfigError(f"models[{i}].path: cannot read '{model.path}' ({exc})") from None
         if kind not in FAMILY_RUNTIMES.get(detection.family, frozenset()):

@@ -2,10 +2,12 @@
 
 The query and each document are embedded apart (the query once per request, as its own row in
 the same length-sorted batches as the documents), pooled as the checkpoint's
-``1_Pooling/config.json`` says (mean, CLS or last token; ``pooling`` overrides), and scored by
-cosine similarity (so a trailing Normalize module changes nothing). Scores: ``(1 + cos) / 2`` in
-[0, 1] (monotone, so the order is the cosine's);
-``raw_scores``: the cosine itself, in [-1, 1].
+``1_Pooling/config.json`` says (every mode sentence-transformers has: cls, mean, max, lasttoken,
+weightedmean, mean_sqrt_len_tokens, or several concatenated; ``pooling`` overrides; both file
+layouts are read by ``adapters.families.st_files``, which refuses a pipeline the gateway would
+compute differently), and scored by cosine similarity (a trailing Normalize module scales each
+embedding to length 1, which leaves the cosine as it is). Scores: ``(1 + cos) / 2`` in [0, 1]
+(monotone, so the order is the cosine's); ``raw_scores``: the cosine itself, in [-1, 1].
 
 The service still truncates and chunks in token space: a document's room is the window minus
 the special tokens, whatever the query (``item_room``), and a long document scores as its best
@@ -21,7 +23,7 @@ import torch
 
 from adapters.base import ScoreJob
 from adapters.families.base import Row
-from adapters.families.detect import pooling_mode
+from adapters.families.detect import st_pipeline
 from adapters.families.encoder import EncoderFamily, EncoderTokenizer
 
 __all__ = ("BiEncoderFamily", "SingleTokenizer")
@@ -58,7 +60,9 @@ class BiEncoderFamily(EncoderFamily):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.pooling = pooling_mode(self.files, self.config.pooling)
+        # Raises (naming the module or mode) for a pipeline the gateway would compute differently.
+        self.pipeline = st_pipeline(self.files, self.config.pooling)
+        self.pooling = self.pipeline.pooling
         self._single: SingleTokenizer | None = None
 
     @property
@@ -68,6 +72,8 @@ class BiEncoderFamily(EncoderFamily):
 
     def load_tokenizer(self) -> SingleTokenizer:
         tok = self._load_fast_tokenizer()
+        if self.pipeline.lowercase:
+            lowercase_first(tok.backend_tokenizer)
         self._single = SingleTokenizer(tok, window=self._window, max_query_tokens=self.config.max_query_tokens)
         return self._single
 
@@ -87,10 +93,41 @@ class BiEncoderFamily(EncoderFamily):
         inputs = self.padded_inputs(rows)
         mask = inputs["attention_mask"]
         hidden = self._model(**inputs).last_hidden_state.float()
-        if self.pooling == "cls":
-            return hidden[:, 0]
-        if self.pooling == "lasttoken":
-            last = mask.sum(dim=1) - 1  # right padding: the last real token of each row
-            return hidden[torch.arange(len(rows), device=hidden.device), last]
-        weights = mask.unsqueeze(-1).float()
+        return torch.cat([pool(hidden, mask, mode) for mode in self.pooling], dim=-1)
+
+
+def lowercase_first(rust: Any) -> None:
+    """sentence_bert_config.json's ``do_lower_case``, as sentence-transformers applies it: a
+    Lowercase normalizer put first in the Rust tokenizer (unless one is there already)."""
+    from tokenizers.normalizers import Lowercase, Sequence as NormalizerSequence
+
+    current = rust.normalizer
+    if isinstance(current, Lowercase) or (
+        isinstance(current, NormalizerSequence) and any(isinstance(n, Lowercase) for n in current)
+    ):
+        return
+    chain = [Lowercase(), *(list(current) if isinstance(current, NormalizerSequence) else [current] if current else [])]
+    rust.normalizer = NormalizerSequence(chain)
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """sentence-transformers' pooling ``mode`` of right-padded token embeddings (rows, tokens, dim)."""
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "lasttoken":
+        return hidden[rows, mask.sum(dim=1) - 1]  # right padding: the last real token of each row
+    weights = mask.unsqueeze(-1).float()
+    if mode == "max":
+        return hidden.masked_fill(weights == 0, float("-inf")).max(dim=1).values
+    if mode == "weightedmean":
+        # Token i (from 1) weighs i: later tokens count more (SGPT's position-weighted mean).
+        positions = torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=weights.dtype)
+        weights = weights * positions.view(1, -1, 1)
         return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+    total, count = (hidden * weights).sum(dim=1), weights.sum(dim=1).clamp(min=1e-9)
+    if mode == "mean":
+        return total / count
+    if mode == "mean_sqrt_len_tokens":
+        return total / count.sqrt()
+    raise ValueError(f"unknown pooling mode {mode!r}")  # st_files refused it at start

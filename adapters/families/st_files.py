@@ -1,0 +1,199 @@
+"""sentence-transformers' own files: which modules a saved embedding model runs, and how it pools.
+
+Two layouts exist and both are read as sentence-transformers itself reads them:
+
+- older releases name modules ``sentence_transformers.models.Pooling`` (``.Transformer``,
+  ``.Normalize``...) in ``modules.json`` and write ``1_Pooling/config.json`` as one boolean per
+  mode (``pooling_mode_cls_token``, ``pooling_mode_mean_tokens``...);
+- 6.x names the module's real path (``sentence_transformers.sentence_transformer.modules.pooling.Pooling``,
+  ``sentence_transformers.base.modules.transformer.Transformer``...) and writes
+  ``{"pooling_mode": "cls"}`` (a string, or a list of modes to concatenate).
+
+A module is known by its class name (the last part of ``type``), so both spellings and any later
+move of the class inside the package are read alike. Every pooling mode the library allows is
+served; a module the gateway does not apply (Dense, LayerNorm, a Router...) or a similarity the
+cosine cannot stand for is refused at start with a message naming it: a model that scores
+differently from sentence-transformers must never be served silently.
+
+Standard library only (and ``adapters.base``): ``check-config`` reads these without torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from adapters.base import EngineConfigError
+
+__all__ = (
+    "POOLING_MODES",
+    "BiEncoderPipeline",
+    "SentenceTransformersLayoutError",
+    "bi_encoder_pipeline",
+    "module_class",
+    "pooling_module",
+    "pooling_modes",
+)
+
+# sentence-transformers' modes, in the order it concatenates several (Pooling.POOLING_MODES).
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+# The older boolean keys, in that same order (sentence-transformers' _LEGACY_POOLING_MODE_KWARGS).
+_LEGACY_FLAGS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+# Modules after the pooling that leave the cosine unchanged: Normalize scales each embedding to
+# length 1; Dropout does nothing at inference.
+_NEUTRAL_AFTER_POOLING = frozenset({"Normalize", "Dropout"})
+# Transformer tasks whose output is the token embeddings the pooling reads.
+_EMBEDDING_TASKS = frozenset({"feature-extraction"})
+
+
+class SentenceTransformersLayoutError(EngineConfigError):
+    """The checkpoint's sentence-transformers pipeline does something the gateway would not."""
+
+
+def module_class(module: dict[str, Any]) -> str | None:
+    """The class name of a ``modules.json`` entry of sentence-transformers itself, else None.
+
+    ``sentence_transformers.models.Pooling`` and
+    ``sentence_transformers.sentence_transformer.modules.pooling.Pooling`` both give ``Pooling``;
+    a remote-code module (``custom_st.MyModule``) gives None.
+    """
+    kind = module.get("type")
+    if not isinstance(kind, str) or not kind.startswith("sentence_transformers."):
+        return None
+    return kind.rsplit(".", 1)[-1]
+
+
+def pooling_module(modules: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first Pooling entry of ``modules.json`` (either layout), or None."""
+    return next((m for m in modules if module_class(m) == "Pooling"), None)
+
+
+def pooling_modes(config: dict[str, Any]) -> tuple[str, ...]:
+    """The modes ``1_Pooling/config.json`` asks for, in concatenation order.
+
+    ``pooling_mode`` (6.x: a string or a list) wins over the older booleans, as in
+    sentence-transformers; no boolean set means mean, its default. An unknown mode raises.
+    """
+    if "pooling_mode" in config:
+        raw = config["pooling_mode"]
+        modes = (raw,) if isinstance(raw, str) else tuple(raw) if isinstance(raw, list | tuple) else ()
+        if not modes:
+            raise SentenceTransformersLayoutError(
+                f"1_Pooling/config.json: pooling_mode {raw!r} is not a mode or a list of modes"
+            )
+    else:
+        modes = tuple(mode for key, mode in _LEGACY_FLAGS.items() if config.get(key)) or ("mean",)
+    unknown = [m for m in modes if m not in POOLING_MODES]
+    if unknown:
+        raise SentenceTransformersLayoutError(
+            f"1_Pooling/config.json: pooling mode {unknown[0]!r} is not one the gateway knows "
+            f"({', '.join(POOLING_MODES)}); set the model's pooling to one of them"
+        )
+    return modes
+
+
+@dataclass(frozen=True)
+class BiEncoderPipeline:
+    """What the gateway runs for a bi-encoder: pooling, normalisation, input casing."""
+
+    pooling: tuple[str, ...]  # concatenated in this order
+    normalize: bool  # a Normalize module follows the pooling
+    lowercase: bool  # sentence_bert_config.json's do_lower_case: texts are lowercased first
+    similarity: str  # config_sentence_transformers.json's similarity_fn_name (cosine when absent)
+
+    @property
+    def description(self) -> str:
+        parts = ["+".join(self.pooling) + " pooling"]
+        if self.normalize:
+            parts.append("Normalize")
+        if self.lowercase:
+            parts.append("lowercased input")
+        if self.similarity != "cosine":
+            parts.append(f"{self.similarity} similarity")
+        return ", ".join(parts)
+
+
+def bi_encoder_pipeline(
+    modules: Sequence[dict[str, Any]],
+    pooling_config: dict[str, Any],
+    sentence_config: dict[str, Any],
+    model_config: dict[str, Any],
+    *,
+    configured_pooling: str = "auto",
+) -> BiEncoderPipeline:
+    """Read (and check) the pipeline of a sentence-transformers embedding model.
+
+    Without ``modules.json`` (a bare encoder named bi-encoder in the config) the pipeline is the
+    configured pooling (mean for ``auto``) and a cosine. Raises
+    :class:`SentenceTransformersLayoutError` for anything the gateway would compute differently.
+    """
+    if configured_pooling != "auto":
+        configured: tuple[str, ...] | None = (configured_pooling,)
+    else:
+        configured = None
+    similarity = model_config.get("similarity_fn_name") or "cosine"
+    lowercase = bool(sentence_config.get("do_lower_case"))
+    if not modules:
+        return BiEncoderPipeline(configured or ("mean",), False, lowercase, similarity)
+
+    names = [module_class(m) or str(m.get("type")) for m in modules]
+    where = [f"{m.get('path') or '(root)'} ({m.get('type')})" for m in modules]
+    if names[0] != "Transformer":
+        raise SentenceTransformersLayoutError(
+            f"modules.json starts with {where[0]}, not a Transformer module; only "
+            "Transformer -> Pooling [-> Normalize] pipelines are served"
+        )
+    if modules[0].get("path") not in ("", None):
+        raise SentenceTransformersLayoutError(
+            f"modules.json: the Transformer module lives in {modules[0]['path']!r}, not the checkpoint's root; "
+            "point the model's path at that folder"
+        )
+    task = sentence_config.get("transformer_task")
+    if task is not None and task not in _EMBEDDING_TASKS:
+        raise SentenceTransformersLayoutError(
+            f"sentence_bert_config.json: transformer_task {task!r} is not an embedding model's (feature-extraction)"
+        )
+    if "Pooling" not in names:
+        raise SentenceTransformersLayoutError(f"modules.json has no Pooling module ({', '.join(where)})")
+    at = names.index("Pooling")
+    if at != 1:
+        raise SentenceTransformersLayoutError(
+            f"modules.json: {where[1]} runs between the Transformer and the Pooling; the gateway does not apply it"
+        )
+    for name, text in zip(names[2:], where[2:], strict=True):
+        if name not in _NEUTRAL_AFTER_POOLING:
+            raise SentenceTransformersLayoutError(
+                f"modules.json: {text} runs after the pooling and the gateway does not apply it "
+                "(served: Normalize, Dropout); this model would score differently from sentence-transformers"
+            )
+    pooling = configured or pooling_modes(pooling_config)
+    normalize = "Normalize" in names[2:]
+    if similarity not in ("cosine", "dot", "euclidean", "manhattan"):
+        raise SentenceTransformersLayoutError(
+            f"config_sentence_transformers.json: unknown similarity_fn_name {similarity!r}"
+        )
+    # The gateway ranks by cosine. Dot product and euclidean distance of unit-length embeddings
+    # order documents exactly as the cosine does; otherwise (or manhattan) they do not.
+    if similarity == "manhattan" or (similarity != "cosine" and not normalize):
+        raise SentenceTransformersLayoutError(
+            f"config_sentence_transformers.json: similarity_fn_name {similarity!r}"
+            + ("" if similarity == "manhattan" else " without a Normalize module")
+            + " ranks differently from the cosine the gateway scores with"
+        )
+    # encode() puts the default prompt before every text; the gateway embeds texts as given, which
+    # is what encode() does without one (the "query"/"document" prompts only apply when asked for).
+    default_prompt = model_config.get("default_prompt_name")
+    if default_prompt and (model_config.get("prompts") or {}).get(default_prompt):
+        raise SentenceTransformersLayoutError(
+            f"config_sentence_transformers.json: default_prompt_name {default_prompt!r} puts a prompt before "
+            "every text, which the gateway does not add; this model would score differently from sentence-transformers"
+        )
+    return BiEncoderPipeline(pooling, normalize, lowercase, similarity)
