@@ -145,6 +145,38 @@ async def test_6x_cross_encoder_scores_equal_predict(tmp_path):
             await engine.stop()
 
 
+async def test_6x_cross_encoder_declared_activation_is_honoured(tmp_path):
+    # 6.x writes activation_fn to config_sentence_transformers.json, not config.json: a 3-label
+    # head declared Sigmoid must not get the 3-label default (softmax).
+    import torch
+
+    labels = {0: "irrelevant", 1: "relevant", 2: "neutral"}
+    model = save_st_cross_encoder(tmp_path / "ce3", id2label=labels, activation=torch.nn.Sigmoid())
+    declared = json.loads((tmp_path / "ce3" / "config_sentence_transformers.json").read_text())["activation_fn"]
+    assert declared == "torch.nn.modules.activation.Sigmoid"
+    expected = [float(row[1]) for row in model.predict([(Q, d) for d in DOCS])]
+    engine = await _engine(tmp_path / "ce3")
+    try:
+        assert engine._family.activation == "sigmoid"  # type: ignore[union-attr]
+        tok = engine.tokenizer
+        assert tok is not None
+        job = ScoreJob(query=Q, instruction="", shared_ids=tok.encode_shared(Q, ""),
+                       item_ids=tok.encode_documents(DOCS))
+        assert list((await engine.score(job)).scores) == pytest.approx(expected, abs=TOL)
+    finally:
+        await engine.stop()
+
+
+def test_6x_cross_encoder_with_a_head_after_the_classifier_is_refused(tmp_path):
+    save_st_cross_encoder(tmp_path / "ce")
+    modules_file = tmp_path / "ce" / "modules.json"
+    modules = json.loads(modules_file.read_text())
+    modules.append({"idx": 1, "name": "1", "path": "1_Dense", "type": "sentence_transformers.base.modules.dense.Dense"})
+    modules_file.write_text(json.dumps(modules))
+    with pytest.raises(EngineConfigError, match=r"1_Dense .* runs after the classifier"):
+        TransformersEngine(TransformersEngineConfig(name="m", path=str(tmp_path / "ce"), device="cpu"))._load()
+
+
 # -- refusals: never a silently different model ---------------------------------------------------
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -50,11 +50,14 @@ def save_st_bi_encoder(
     return model
 
 
-def save_st_cross_encoder(out_dir: str | Path, *, seed: int = 0) -> Any:
-    """A random BERT sequence classifier loaded and ``save()``-d by ``CrossEncoder``; returns it."""
+def save_st_cross_encoder(
+    out_dir: str | Path, *, seed: int = 0, id2label: dict[int, str] | None = None, activation: Any = None
+) -> Any:
+    """A random BERT sequence classifier loaded and ``save()``-d by ``CrossEncoder`` (with
+    ``activation``, a torch module, declared); returns the library's model read back from the files."""
     from sentence_transformers import CrossEncoder
 
-    src = build_tiny_cross_encoder(Path(str(out_dir) + "-src"), seed=seed)
-    model = CrossEncoder(str(src), device="cpu")
+    src = build_tiny_cross_encoder(Path(str(out_dir) + "-src"), seed=seed, id2label=id2label)
+    model = CrossEncoder(str(src), device="cpu", activation_fn=activation)
     model.save(str(out_dir))
     return CrossEncoder(str(out_dir), device="cpu")

@@ -31,6 +31,7 @@ __all__ = (
     "BiEncoderPipeline",
     "SentenceTransformersLayoutError",
     "bi_encoder_pipeline",
+    "cross_encoder_pipeline",
     "module_class",
     "pooling_module",
     "pooling_modes",
@@ -197,3 +198,30 @@ def bi_encoder_pipeline(
             "every text, which the gateway does not add; this model would score differently from sentence-transformers"
         )
     return BiEncoderPipeline(pooling, normalize, lowercase, similarity)
+
+
+def cross_encoder_pipeline(modules: Sequence[dict[str, Any]], sentence_config: dict[str, Any]) -> None:
+    """Check a cross-encoder's ``modules.json`` (6.x's ``CrossEncoder.save`` writes one).
+
+    Served: the classifier alone (one Transformer at the root, ``transformer_task``
+    ``sequence-classification``), whose logits the family reads. Anything after it (a Dense
+    scores head, a LogitScore over a causal LM's vocabulary) is refused, naming the module.
+    """
+    if not modules:
+        return  # older layouts: config.json alone
+    names = [module_class(m) or str(m.get("type")) for m in modules]
+    where = [f"{m.get('path') or '(root)'} ({m.get('type')})" for m in modules]
+    if names[0] != "Transformer" or modules[0].get("path") not in ("", None):
+        raise SentenceTransformersLayoutError(
+            f"modules.json starts with {where[0]}, not a Transformer at the checkpoint's root"
+        )
+    task = sentence_config.get("transformer_task")
+    if task is not None and task != "sequence-classification":
+        raise SentenceTransformersLayoutError(
+            f"sentence_bert_config.json: transformer_task {task!r} is not a cross-encoder's (sequence-classification)"
+        )
+    if len(modules) > 1:
+        raise SentenceTransformersLayoutError(
+            f"modules.json: {where[1]} runs after the classifier and the gateway does not apply it; "
+            "this model would score differently from sentence-transformers"
+        )
