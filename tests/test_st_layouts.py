@@ -217,6 +217,16 @@ def test_an_unknown_pooling_mode_is_refused_naming_it(saved, tmp_path):
     _refused(path, "pooling mode 'median' is not one the gateway knows")
 
 
+def test_pooling_another_model_output_is_refused(saved, tmp_path):
+    path = tmp_path / "pooler"
+    shutil.copytree(saved["mean"][0], path)
+    config_file = path / "sentence_bert_config.json"
+    config = json.loads(config_file.read_text())
+    config["modality_config"]["text"]["method_output_name"] = "pooler_output"
+    config_file.write_text(json.dumps(config))
+    _refused(path, r"come from forward\(\)\.pooler_output")
+
+
 def test_dot_product_without_normalize_is_refused(bert, tmp_path):
     save_st_bi_encoder(bert, tmp_path / "dot", pooling="mean", normalize=False, similarity="dot")
     _refused(tmp_path / "dot", "similarity_fn_name 'dot' without a Normalize module ranks differently")

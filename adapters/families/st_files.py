@@ -162,6 +162,14 @@ def bi_encoder_pipeline(
         raise SentenceTransformersLayoutError(
             f"sentence_bert_config.json: transformer_task {task!r} is not an embedding model's (feature-extraction)"
         )
+    # 6.x: which output of the model the pooling reads; the gateway pools the last hidden state.
+    text = (sentence_config.get("modality_config") or {}).get("text") or {}
+    read = (text.get("method", "forward"), text.get("method_output_name", "last_hidden_state"))
+    if read != ("forward", "last_hidden_state"):
+        raise SentenceTransformersLayoutError(
+            f"sentence_bert_config.json: the text embeddings come from {read[0]}().{read[1]}, "
+            "not forward().last_hidden_state, which the gateway pools"
+        )
     if "Pooling" not in names:
         raise SentenceTransformersLayoutError(f"modules.json has no Pooling module ({', '.join(where)})")
     at = names.index("Pooling")
