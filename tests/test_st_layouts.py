@@ -260,12 +260,67 @@ async def test_do_lower_case_is_honoured(tmp_path):
         await engine.stop()
 
 
-def test_a_default_prompt_is_refused(saved, tmp_path):
-    # encode() would put "query: " before every text; the gateway does not.
-    path = tmp_path / "prompted"
-    shutil.copytree(saved["mean"][0], path)
-    config_file = path / "config_sentence_transformers.json"
-    config = json.loads(config_file.read_text())
-    config.update(prompts={"query": "query: ", "document": ""}, default_prompt_name="query")
-    config_file.write_text(json.dumps(config))
-    _refused(path, "default_prompt_name 'query' puts a prompt before every text")
+def _with_prompts(src: Path, dst: Path, **settings: Any) -> Path:
+    shutil.copytree(src, dst)
+    config_file = dst / "config_sentence_transformers.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **settings}))
+    return dst
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"prompts": {"query": "query: ", "document": "passage: "}},
+        {"prompts": {"query": "Represent this question for retrieval: ", "passage": ""}},  # mxbai-style
+        # The library's own defaults ({"query": "", "document": ""}) shadow "passage" and the
+        # default_prompt_name (which only encode() applies): none of these prompts is used.
+        {"prompts": {"query": "query: ", "passage": "passage: "}},
+        {"prompts": {"instruct": "Represent: "}, "default_prompt_name": "instruct"},
+    ],
+    ids=["query+document", "query-only", "passage", "default"],
+)
+async def test_prompts_are_put_as_encode_query_and_encode_document_put_them(saved, tmp_path, settings):
+    path = _with_prompts(saved["mean"][0], tmp_path / "prompted", **settings)
+    reference = st.SentenceTransformer(str(path), device="cpu")
+    q = reference.encode_query([Q], convert_to_tensor=True)
+    d = reference.encode_document(DOCS, convert_to_tensor=True)
+    expected = [float(x) for x in reference.similarity(q, d)[0]]
+    engine = await _engine(path)
+    try:
+        expect_prompt = bool(reference.prompts.get("query") or reference.prompts.get("document"))
+        assert ("prompts: query" in engine._family.detection.reason) is expect_prompt  # type: ignore[union-attr]
+        assert await _raw_scores(engine, Q, DOCS) == pytest.approx(expected, abs=TOL)
+    finally:
+        await engine.stop()
+
+
+async def test_every_chunk_of_a_long_document_carries_the_document_prompt(saved, tmp_path):
+    path = _with_prompts(saved["mean"][0], tmp_path / "chunked", prompts={"query": "query: ", "document": "passage: "})
+    reference = st.SentenceTransformer(str(path), device="cpu")
+    engine = await _engine(path, max_length=16)
+    try:
+        tok = engine.tokenizer
+        assert tok is not None
+        prompt_ids = reference.tokenizer("passage: ", add_special_tokens=False)["input_ids"]
+        room = tok.item_room(tok.encode_shared(Q, ""))
+        assert room == 16 - 2 - len(prompt_ids)
+        doc_ids = tok.encode_documents([DOCS[5]])[0]
+        chunks = [doc_ids[i : i + room] for i in range(0, len(doc_ids), room)]
+        assert len(chunks) > 2
+        # Each chunk scored alone equals the library embedding "passage: " + that chunk's text.
+        job = ScoreJob(query=Q, instruction="", shared_ids=tok.encode_shared(Q, ""), item_ids=chunks, raw_scores=True)
+        got = list((await engine.score(job)).scores)
+        texts = [reference.tokenizer.decode(c) for c in chunks]
+        q = reference.encode_query([Q], convert_to_tensor=True)
+        d = reference.encode_document(texts, convert_to_tensor=True)
+        expected = [float(x) for x in reference.similarity(q, d)[0]]
+        assert got == pytest.approx(expected, abs=TOL)
+    finally:
+        await engine.stop()
+
+
+def test_a_prompt_left_out_of_the_pooling_is_refused(saved, tmp_path):
+    path = _with_prompts(saved["mean"][0], tmp_path / "excluded", prompts={"query": "query: ", "document": ""})
+    pooling_file = path / "1_Pooling" / "config.json"
+    pooling_file.write_text(json.dumps({**json.loads(pooling_file.read_text()), "include_prompt": False}))
+    _refused(path, "include_prompt is false")

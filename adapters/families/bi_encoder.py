@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from adapters.base import ScoreJob
+from adapters.base import EngineConfigError, ScoreJob
 from adapters.families.base import Row
 from adapters.families.detect import st_pipeline
 from adapters.families.encoder import EncoderFamily, EncoderTokenizer
@@ -29,28 +29,55 @@ from adapters.families.encoder import EncoderFamily, EncoderTokenizer
 __all__ = ("BiEncoderFamily", "SingleTokenizer")
 
 
+# Texts the document prompt is tried before, at load: its ids must be the same alone and joined.
+_PROMPT_PROBES = ("Capital", "the capital of France", "0123 !?")
+
+
 class SingleTokenizer(EncoderTokenizer):
     """:class:`adapters.base.PromptTokenizer` for texts embedded one at a time.
 
-    The shared part is the query's whole sequence (``[CLS] q [SEP]``); an item is a document's
-    ids, wrapped in the same special tokens when it runs.
+    The shared part is the query's whole sequence (``[CLS] prompt+q [SEP]``); an item is a
+    document's ids (or a chunk's), run as ``[CLS] document-prompt item [SEP]``.
+
+    Prompts are put before the text as sentence-transformers' ``encode_query`` /
+    ``encode_document`` do: the query's joined to the text before tokenizing (exact); the
+    document's as its own ids before every chunk, which is the same only when the prompt
+    tokenizes alike alone and joined (checked here on sample texts; refused otherwise).
     """
 
-    def __init__(self, tokenizer: Any, *, window: int, max_query_tokens: int) -> None:
+    def __init__(
+        self, tokenizer: Any, *, window: int, max_query_tokens: int, query_prompt: str = "", document_prompt: str = ""
+    ) -> None:
         super().__init__(tokenizer, window=window, pair=False)
-        self._room = window - self.layout.specials
+        self._query_prompt = query_prompt
+        self._document_prompt_ids = self._prompt_ids(document_prompt)
+        self._room = window - self.layout.specials - len(self._document_prompt_ids)
         if self._room < 1:
-            raise ValueError(f"max_length={window} leaves no room for text beside the special tokens")
-        self._max_query_tokens = min(max_query_tokens, self._room)
+            raise ValueError(f"max_length={window} leaves no room for text beside the special tokens and prompt")
+        self._max_query_tokens = min(max_query_tokens, window - self.layout.specials)
+
+    def _prompt_ids(self, prompt: str) -> list[int]:
+        if not prompt:
+            return []
+        ids = self._rust.encode(prompt, add_special_tokens=False).ids
+        for text in _PROMPT_PROBES:
+            joined = self._rust.encode(prompt + text, add_special_tokens=False).ids
+            if joined != ids + self._rust.encode(text, add_special_tokens=False).ids:
+                raise EngineConfigError(
+                    f"config_sentence_transformers.json: the document prompt {prompt!r} tokenizes differently "
+                    "alone and before a text, so chunks cannot carry it exactly; the gateway does not serve it"
+                )
+        return list(ids)
 
     def encode_shared(self, query: str, instruction: str) -> list[int]:
-        return self.wrap(self._query_ids(query, self._max_query_tokens))
+        return [*self.layout.prefix, *self._query_ids(self._query_prompt + query, self._max_query_tokens),
+                *self.layout.tail]
 
     def item_room(self, shared_ids: Sequence[int]) -> int:
         return self._room
 
     def wrap(self, ids: Sequence[int]) -> list[int]:
-        return [*self.layout.prefix, *ids, *self.layout.tail]
+        return [*self.layout.prefix, *self._document_prompt_ids, *ids, *self.layout.tail]
 
 
 class BiEncoderFamily(EncoderFamily):
@@ -74,7 +101,13 @@ class BiEncoderFamily(EncoderFamily):
         tok = self._load_fast_tokenizer()
         if self.pipeline.lowercase:
             lowercase_first(tok.backend_tokenizer)
-        self._single = SingleTokenizer(tok, window=self._window, max_query_tokens=self.config.max_query_tokens)
+        self._single = SingleTokenizer(
+            tok,
+            window=self._window,
+            max_query_tokens=self.config.max_query_tokens,
+            query_prompt=self.pipeline.query_prompt,
+            document_prompt=self.pipeline.document_prompt,
+        )
         return self._single
 
     def rows(self, job: ScoreJob) -> list[Row]:

@@ -13,7 +13,8 @@ A module is known by its class name (the last part of ``type``), so both spellin
 move of the class inside the package are read alike. Every pooling mode the library allows is
 served; a module the gateway does not apply (Dense, LayerNorm, a Router...) or a similarity the
 cosine cannot stand for is refused at start with a message naming it: a model that scores
-differently from sentence-transformers must never be served silently.
+differently from sentence-transformers must never be served silently. The query and document
+prompts are the ones ``encode_query`` / ``encode_document`` use (``_prompts``).
 
 Standard library only (and ``adapters.base``): ``check-config`` reads these without torch.
 """
@@ -109,6 +110,9 @@ class BiEncoderPipeline:
     normalize: bool  # a Normalize module follows the pooling
     lowercase: bool  # sentence_bert_config.json's do_lower_case: texts are lowercased first
     similarity: str  # config_sentence_transformers.json's similarity_fn_name (cosine when absent)
+    # The text put before the query / each document, as encode_query / encode_document put it.
+    query_prompt: str = ""
+    document_prompt: str = ""
 
     @property
     def description(self) -> str:
@@ -119,6 +123,8 @@ class BiEncoderPipeline:
             parts.append("lowercased input")
         if self.similarity != "cosine":
             parts.append(f"{self.similarity} similarity")
+        if self.query_prompt or self.document_prompt:
+            parts.append(f"prompts: query {self.query_prompt!r}, document {self.document_prompt!r}")
         return ", ".join(parts)
 
 
@@ -197,15 +203,32 @@ def bi_encoder_pipeline(
             + ("" if similarity == "manhattan" else " without a Normalize module")
             + " ranks differently from the cosine the gateway scores with"
         )
-    # encode() puts the default prompt before every text; the gateway embeds texts as given, which
-    # is what encode() does without one (the "query"/"document" prompts only apply when asked for).
-    default_prompt = model_config.get("default_prompt_name")
-    if default_prompt and (model_config.get("prompts") or {}).get(default_prompt):
+    query_prompt, document_prompt = _prompts(model_config)
+    if (query_prompt or document_prompt) and pooling_config.get("include_prompt", True) is False:
         raise SentenceTransformersLayoutError(
-            f"config_sentence_transformers.json: default_prompt_name {default_prompt!r} puts a prompt before "
-            "every text, which the gateway does not add; this model would score differently from sentence-transformers"
+            "1_Pooling/config.json: include_prompt is false (the prompt's tokens left out of the pooling), "
+            "which the gateway does not do; this model would score differently from sentence-transformers"
         )
-    return BiEncoderPipeline(pooling, normalize, lowercase, similarity)
+    return BiEncoderPipeline(pooling, normalize, lowercase, similarity, query_prompt, document_prompt)
+
+
+def _prompts(model_config: dict[str, Any]) -> tuple[str, str]:
+    """(query prompt, document prompt) as the installed sentence-transformers' (6.2)
+    ``encode_query`` / ``encode_document`` pick them.
+
+    ``SentenceTransformer`` starts from ``{"query": "", "document": ""}`` and fills in the saved
+    ``prompts``: the query gets ``prompts["query"]``, a document ``prompts["document"]``. Its
+    fallbacks (``passage``, ``corpus``, then ``default_prompt_name``, which ``encode`` uses) are
+    never reached, since both keys always exist.
+    """
+    prompts = {"query": "", "document": ""}
+    prompts.update({str(k): v or "" for k, v in (model_config.get("prompts") or {}).items()})
+    default_name = model_config.get("default_prompt_name")
+    if default_name is not None and default_name not in prompts:
+        raise SentenceTransformersLayoutError(
+            f"config_sentence_transformers.json: default_prompt_name {default_name!r} is not in prompts"
+        )
+    return prompts["query"], prompts["document"]
 
 
 def cross_encoder_pipeline(modules: Sequence[dict[str, Any]], sentence_config: dict[str, Any]) -> None:
