@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import os
 import shutil
+import threading
 from typing import Final
 
 from adapters.base import RerankEngine
@@ -56,6 +57,23 @@ _EXTRA_MODULES: Final[dict[str, tuple[str, ...]]] = {
     "transformers": ("torch", "transformers", "tokenizers"),
     "vllm": ("vllm", "transformers"),
 }
+
+
+# extra -> (module, names) resolved once, under the import lock, before any engine of that extra
+# starts. transformers' top-level names are lazy (a module __getattr__ importing the submodule on
+# first use) and threads making that first use at once fail with "cannot import name
+# 'AutoTokenizer' from 'transformers'" (tests/test_parallel_loads.py): after this, every engine's
+# worker thread finds them imported. The names are the ones adapters/ uses.
+_PRELOAD: Final[dict[str, tuple[tuple[str, tuple[str, ...]], ...]]] = {
+    "transformers": (
+        ("transformers", ("AutoConfig", "AutoTokenizer", "AutoModel", "AutoModelForSequenceClassification",
+                          "AutoModelForCausalLM", "PreTrainedTokenizerFast")),
+    ),
+}
+_PRELOAD["vllm"] = _PRELOAD["transformers"]  # vLLM's engines load tokenizers through transformers in-process
+# One build (import) at a time: the engine modules import torch, transformers and vLLM.
+_import_lock = threading.Lock()
+_preloaded: set[str] = set()
 
 
 def _has_nvidia_gpu() -> bool:
@@ -108,14 +126,23 @@ def registered_kinds() -> frozenset[str]:
 
 
 def build_engine(config: EngineConfig) -> RerankEngine:
+    """The engine for ``config`` (not started). Thread-safe: imports run one at a time, and the
+    heavy libraries' lazy names are resolved here once, before any engine's start can race on them."""
     target, extra = _IMPLEMENTATIONS[type(config)]
     module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        if extra is None:
-            raise
-        raise _missing(config, extra, str(exc)) from exc
+    with _import_lock:
+        try:
+            module = importlib.import_module(module_name)
+            if extra is not None and extra not in _preloaded:
+                for lib, names in _PRELOAD.get(extra, ()):
+                    imported = importlib.import_module(lib)
+                    for name in names:
+                        getattr(imported, name)
+                _preloaded.add(extra)
+        except ImportError as exc:
+            if extra is None:
+                raise
+            raise _missing(config, extra, str(exc)) from exc
     engine: RerankEngine = getattr(module, class_name)(config)
     return engine
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
-import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -380,14 +379,10 @@ class ModelRegistry:
         return [rt.status() for rt in self._runtimes]
 
 
-_import_lock = threading.Lock()
-
-
 def _build_engine(config: EngineConfig) -> RerankEngine:
-    # One import at a time: transformers' lazy module can fail a name lookup while another
-    # thread is importing it ("cannot import name 'AutoModelForCausalLM'").
-    with _import_lock:
-        return build_engine(config)
+    # build_engine imports one engine module at a time and resolves the heavy libraries' lazy
+    # names (transformers' AutoTokenizer...) before any engine starts loading in its own thread.
+    return build_engine(config)
 
 
 async def _quietly(awaitable: Any) -> None:

@@ -118,14 +118,19 @@ def _model(i: int, model: object, report: Preflight) -> None:
 def _local_family(i: int, model: LocalModelConfig) -> str:
     """The family a local checkpoint directory gets and why; ConfigError when it cannot serve."""
     from adapters.families.checkpoint import CheckpointMismatchError, check_window, local_checkpoint_config
-    from adapters.families.detect import FamilyNotDetectedError, resolve_family
+    from adapters.base import EngineConfigError
+    from adapters.families.detect import FamilyNotDetectedError, resolve_family, st_pipeline
     from schemas.config import FAMILY_RUNTIMES, RUNTIME_REFUSALS
 
     kind = str(type(model).__struct_config__.tag)
     try:
-        detection, _ = resolve_family(model.family, model.path, model.revision)
+        detection, files = resolve_family(model.family, model.path, model.revision)
+        if detection.family == "bi-encoder":  # a pipeline served differently is refused (st_files)
+            st_pipeline(files, model.pooling)
     except FamilyNotDetectedError as exc:
         raise ConfigError(exc.for_field(f"models[{i}].family")) from None
+    except EngineConfigError as exc:
+        raise ConfigError(f"models[{i}] ('{model.path}'): {exc}") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"models[{i}].path: cannot read '{model.path}' ({exc})") from None
     if kind not in FAMILY_RUNTIMES.get(detection.family, frozenset()):

@@ -341,8 +341,9 @@ class LocalModelConfig(ModelConfig):
     # Cross-encoders with several labels: the index of the "relevant" label (None: read from
     # id2label, else the last label).
     positive_label: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    # Bi-encoders: pooling of token embeddings ("auto": from 1_Pooling/config.json, else mean).
-    pooling: Literal["auto", "mean", "cls", "lasttoken"] = "auto"
+    # Bi-encoders: pooling of token embeddings ("auto": from 1_Pooling/config.json, either
+    # sentence-transformers layout; mean without one). sentence-transformers' own mode names.
+    pooling: Literal["auto", "mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len_tokens"] = "auto"
     # Families shipped as remote code (jina-v3) need it; never on by default.
     trust_remote_code: bool = False
 

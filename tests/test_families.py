@@ -197,7 +197,7 @@ async def test_cross_encoder_window_is_the_checkpoints(tiny_dirs):
 async def test_bi_encoder_scores_equal_reference(tiny_dirs, name, pooling):
     engine = await _engine(tiny_dirs[name], batch_tokens=64)
     family = engine._family
-    assert family is not None and family.pooling == pooling
+    assert family is not None and family.pooling == (pooling,)
     result = await engine.score(_job(engine, Q, DOCS))
     assert result.scores == pytest.approx(ref.bi_scores(tiny_dirs[name], Q, DOCS, pooling=pooling), abs=TOL)
     raw = await engine.score(_job(engine, Q, DOCS, raw=True))

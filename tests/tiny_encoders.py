@@ -170,11 +170,14 @@ def build_tiny_bi_encoder(out_dir: str | Path, *, pooling: str = "mean", seed: i
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
     (out / "modules.json").write_text(json.dumps(modules, indent=2))
     (out / "1_Pooling").mkdir(exist_ok=True)
+    # The older sentence-transformers layout: one boolean per mode.
     (out / "1_Pooling" / "config.json").write_text(json.dumps({
         "word_embedding_dimension": 128,
         "pooling_mode_cls_token": pooling == "cls",
         "pooling_mode_mean_tokens": pooling == "mean",
-        "pooling_mode_max_tokens": False,
+        "pooling_mode_max_tokens": pooling == "max",
+        "pooling_mode_mean_sqrt_len_tokens": pooling == "mean_sqrt_len_tokens",
+        "pooling_mode_weightedmean_tokens": pooling == "weightedmean",
         "pooling_mode_lasttoken": pooling == "lasttoken",
     }))
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))

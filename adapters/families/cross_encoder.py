@@ -21,6 +21,7 @@ import torch
 from adapters.base import ScoreJob
 from adapters.families.base import Row
 from adapters.families.encoder import EncoderFamily, EncoderTokenizer
+from adapters.families.st_files import cross_encoder_pipeline
 
 __all__ = ("CrossEncoderFamily", "PairTokenizer", "resolve_activation", "resolve_positive_label")
 
@@ -55,12 +56,21 @@ class PairTokenizer(EncoderTokenizer):
         return Row(ids, len(shared_ids) if self._typed else None)
 
 
-def resolve_activation(configured: str, config: dict[str, Any], num_labels: int) -> tuple[str, str]:
-    """(activation, why): the configured one, else the checkpoint's declared one, else by labels."""
+def resolve_activation(
+    configured: str, config: dict[str, Any], num_labels: int, st_config: dict[str, Any] | None = None
+) -> tuple[str, str]:
+    """(activation, why): the configured one, else the checkpoint's declared one, else by labels.
+
+    Declared, in sentence-transformers' own order: ``config_sentence_transformers.json``'s
+    ``activation_fn`` (6.x writes it there), ``config.json``'s ``sentence_transformers.activation_fn``
+    (4.x-5.x), ``sbert_ce_default_activation_function`` (before 4).
+    """
     if configured != "auto":
         return configured, f"activation = {configured!r} in the config"
-    declared = (config.get("sentence_transformers") or {}).get("activation_fn") or config.get(
-        "sbert_ce_default_activation_function"
+    declared = (
+        (st_config or {}).get("activation_fn")
+        or (config.get("sentence_transformers") or {}).get("activation_fn")
+        or config.get("sbert_ce_default_activation_function")
     )
     if isinstance(declared, str):
         name = declared.rsplit(".", 1)[-1]
@@ -102,7 +112,12 @@ class CrossEncoderFamily(EncoderFamily):
         super().__init__(*args, **kwargs)
         cfg, hf = self.config, self.files.config
         self.num_labels = self.files.num_labels
-        self.activation, self.activation_reason = resolve_activation(cfg.activation, hf, self.num_labels)
+        # A sentence-transformers 6.x pipeline with more than the classifier (a Dense or LogitScore
+        # head) would score differently: refused, naming the module.
+        cross_encoder_pipeline(self.files.modules, self.files.sentence_config)
+        self.activation, self.activation_reason = resolve_activation(
+            cfg.activation, hf, self.num_labels, self.files.st_config
+        )
         self.positive_label = resolve_positive_label(cfg.positive_label, hf, self.num_labels)
         self._pair: PairTokenizer | None = None
 

@@ -1,7 +1,8 @@
 """``family = "auto"``: tell a checkpoint's family from its files, before any weight is read.
 
-Reads ``config.json`` (architectures, id2label) and sentence-transformers' ``modules.json`` and
-``1_Pooling/config.json``: small JSON files, so ``check-config`` and ``serve`` can decide in
+Reads ``config.json`` (architectures, id2label) and sentence-transformers' ``modules.json``,
+``1_Pooling/config.json``, ``sentence_bert_config.json`` and ``config_sentence_transformers.json``
+(both of its layouts: ``adapters.families.st_files``): small JSON files, so ``check-config`` and ``serve`` can decide in
 milliseconds and without torch. A local directory is read directly; a hub id is read from the
 Hugging Face cache (or fetched, unless ``HF_HUB_OFFLINE``) through ``huggingface_hub``.
 
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adapters.families.st_files import BiEncoderPipeline, bi_encoder_pipeline, pooling_module
+
 __all__ = (
     "FAMILY_CHOICES",
     "Detection",
@@ -25,10 +28,10 @@ __all__ = (
     "detect_family",
     "read_model_files",
     "resolve_family",
+    "st_pipeline",
 )
 
 FAMILY_CHOICES = ("qwen3", "cross-encoder", "bi-encoder", "jina-v3", "bge-reranker-v2-gemma", "mxbai-rerank-v2")
-_POOLING_MODULE = "sentence_transformers.models.Pooling"
 
 
 class FamilyNotDetectedError(ValueError):
@@ -54,6 +57,8 @@ class ModelFiles:
     pooling: dict[str, Any] = field(default_factory=dict)
     # sentence_bert_config.json (max_seq_length: the window the embedding model was trained for).
     sentence_config: dict[str, Any] = field(default_factory=dict)
+    # config_sentence_transformers.json (similarity_fn_name, prompts).
+    st_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def architectures(self) -> list[str]:
@@ -98,12 +103,18 @@ def read_model_files(path: str, revision: str | None = None) -> ModelFiles:
     config = load("config.json", required=True)
     modules = load("modules.json", required=False) or []
     pooling: dict[str, Any] = {}
-    for module in modules:
-        if module.get("type") == _POOLING_MODULE:
-            pooling = load(f"{module.get('path') or '1_Pooling'}/config.json", required=False) or {}
+    module = pooling_module(modules)
+    if module is not None:
+        pooling = load(f"{module.get('path') or '1_Pooling'}/config.json", required=False) or {}
     sentence_config = (load("sentence_bert_config.json", required=False) or {}) if modules else {}
+    st_config = (load("config_sentence_transformers.json", required=False) or {}) if modules else {}
     return ModelFiles(
-        path=path, config=config, modules=list(modules), pooling=pooling, sentence_config=sentence_config
+        path=path,
+        config=config,
+        modules=list(modules),
+        pooling=pooling,
+        sentence_config=sentence_config,
+        st_config=st_config,
     )
 
 
@@ -164,9 +175,11 @@ def _cross_encoder(files: ModelFiles) -> Detection | None:
 
 
 def _bi_encoder(files: ModelFiles) -> Detection | None:
-    if any(m.get("type") == _POOLING_MODULE for m in files.modules):
-        mode = _pooling_mode(files.pooling) or "mean"
-        return Detection("bi-encoder", f"sentence-transformers modules.json has a Pooling module ({mode} pooling)")
+    if pooling_module(files.modules) is not None:
+        # Read the whole pipeline now: one the gateway cannot serve is refused here, naming why.
+        pipeline = st_pipeline(files)
+        reason = f"sentence-transformers modules.json has a Pooling module ({pipeline.description})"
+        return Detection("bi-encoder", reason)
     return None
 
 
@@ -195,19 +208,8 @@ def resolve_family(family: str, path: str, revision: str | None) -> tuple[Detect
     return detect_family(files), files
 
 
-def _pooling_mode(pooling: dict[str, Any]) -> str | None:
-    for key, mode in (
-        ("pooling_mode_cls_token", "cls"),
-        ("pooling_mode_mean_tokens", "mean"),
-        ("pooling_mode_lasttoken", "lasttoken"),
-    ):
-        if pooling.get(key):
-            return mode
-    return None
-
-
-def pooling_mode(files: ModelFiles, configured: str) -> str:
-    """A bi-encoder's pooling: the configured one, else the checkpoint's, else mean."""
-    if configured != "auto":
-        return configured
-    return _pooling_mode(files.pooling) or "mean"
+def st_pipeline(files: ModelFiles, configured_pooling: str = "auto") -> BiEncoderPipeline:
+    """A bi-encoder's pipeline (pooling, Normalize, casing) from its sentence-transformers files."""
+    return bi_encoder_pipeline(
+        files.modules, files.pooling, files.sentence_config, files.st_config, configured_pooling=configured_pooling
+    )
