@@ -6,6 +6,10 @@ Writes ``<out>/<UTC date>/reliability.json`` and ``reliability.md``. Sections (`
 
 - ``hostile``: every request of :mod:`benchmarks.hostile` against a gateway with the default
   limits (10,000 documents, 20 MiB), before and after the soak: no 5xx, every 4xx a JSON body.
+- ``fuzz``: schemathesis' cases for every operation (every check) and the hostile requests, the
+  same list twice after a warm-up, keys and Redis limits on: check failures, RSS after each pass
+  (the second must add < 5 %) and, in a tracemalloc'd twin, where the heap grew
+  (:mod:`benchmarks.fuzz_memory`).
 - ``soak``: N clients x T seconds of valid rerank requests (1-100 documents) against a real
   gateway process (``static`` engine: the gateway's own code is what runs), RSS every second.
 - ``upstream``: a pool over two stub replicas under load; one is killed (SIGKILL), then
@@ -96,13 +100,15 @@ class Proc:
 
 
 class Gateway(Proc):
-    def __init__(self, config: str, workdir: Path, name: str) -> None:
+    def __init__(self, config: str, workdir: Path, name: str, traced: Path | None = None) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         path = workdir / f"{name}.toml"
         path.write_text(config)
+        # traced: the same gateway under tracemalloc, a snapshot into this folder per SIGUSR2.
+        entry = ["benchmarks.fuzz_memory", "traced-serve", str(traced)] if traced else ["gateway"]
         super().__init__(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(self.port)],
+            [sys.executable, "-m", *entry, "serve", "--config", str(path), "--port", str(self.port)],
             workdir / f"{name}.log",
             env={"HF_HUB_OFFLINE": "1"},
         )
@@ -514,6 +520,23 @@ def _md(report: dict[str, Any]) -> str:
     def row(section: str, figure: str, value: Any) -> None:
         lines.append(f"| {section} | {figure} | {value} |")
 
+    if (f := report.get("fuzz")) and "passes" in f:
+        p1, p2 = f["passes"]
+        row("fuzz", "schemathesis cases per pass (out of scope) / check failures pass 1, 2",
+            f"{p1['schemathesis_cases']} ({p1['out_of_scope']}) / {p1['check_failures']}, {p2['check_failures']}")
+        row("fuzz", "hostile requests per pass / 5xx pass 1, 2", f"{p1['hostile_requests']} / {p1['hostile_5xx']}, {p2['hostile_5xx']}")
+        r = f["rss_mb"]
+        row("fuzz", "RSS MB after warm-up / pass 1 / pass 2",
+            f"{r['after_warmup']} / {r['after_pass_1']} (+{f['pass_1_growth_pct']} %) / {r['after_pass_2']} (+{f['pass_2_growth_pct']} %)")
+        row("fuzz", f"second pass adds < {f['bound_second_pass']:.0%}", f["second_pass_within_bound"])
+        if h := f.get("heap"):
+            row("fuzz", "traced Python heap MB (warm / pass 1 / pass 2)", " / ".join(str(v) for v in h["traced_mb"].values()))
+            for phase in ("warm->pass1", "pass1->pass2"):
+                top = ", ".join(f"{d['where']} {d['kb']:+} kB" for d in h.get(phase, [])[:4])
+                row("fuzz", f"heap growth {phase}, largest lines", top)
+        row("fuzz", "5xx counted by the server, tracebacks logged", f"{f['server_5xx_counted']}, {f['tracebacks_logged']}")
+    elif f:
+        row("fuzz", "skipped", f.get("skipped"))
     if s := report.get("soak"):
         row("soak", "clients x minutes", f"{s['clients']} x {s['seconds'] / 60:.1f} = {s['client_minutes']}")
         row("soak", "requests tried / 5xx / errors / lost", f"{s['requests']} / {s['five_xx']} / {s['errors']} / {s['lost']}")
@@ -573,7 +596,22 @@ def stub_main(argv: list[str]) -> None:
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 
-SECTIONS = ("soak", "upstream", "redis", "sigterm", "engine")
+SECTIONS = ("fuzz", "soak", "upstream", "redis", "sigterm", "engine")
+
+
+def fuzz(workdir: Path, per_operation: int) -> dict[str, Any]:
+    from benchmarks.fuzz_memory import fuzz_memory
+
+    redis = None
+    if shutil.which("redis-server"):
+        port = _free_port()
+        redis = _redis(port, workdir)
+        redis.port = port  # type: ignore[attr-defined]
+    try:
+        return fuzz_memory(workdir, Gateway, redis, per_operation)
+    finally:
+        if redis is not None:
+            redis.stop(signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -588,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "docs" / "reliability"))
     parser.add_argument("--engine-window-s", type=float, default=420.0,
                         help="engine section: longest wait for the first 200 after the kill")
+    parser.add_argument("--fuzz-examples", type=int, default=100,
+                        help="fuzz section: schemathesis examples per operation and mode (positive, negative)")
     parser.add_argument("--keep-logs", default=None, help="copy the engine section's gateway log into this folder")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
@@ -601,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="reliability-") as tmp:
         workdir = Path(tmp)
         steps = {
+            "fuzz": lambda: fuzz(workdir, args.fuzz_examples),
             "soak": lambda: soak(workdir, args.clients, args.soak_s),
             "upstream": lambda: upstream(workdir, max(2, args.clients // 2)),
             "redis": lambda: redis_faults(workdir, max(2, args.clients // 2)),

@@ -12,12 +12,20 @@ recursion, and every failure becomes one of our errors:
 - valid JSON of the wrong shape or type -> 422 :class:`~gateway.errors.InvalidRequestError`
   whose message carries msgspec's JSON path (``... - at `$.top_n```).
 
+One exception to "no coercion": a number with no fractional part (``148.0``, ``2e1``) is accepted
+where an integer is expected. The OpenAPI says ``integer``, and JSON Schema's ``integer`` is "a
+number with a zero fractional part", so schema-driven clients (and Python code computing
+``len(docs) / 2``) send such values; ``2.5`` is still a 422. Only integer-typed places change:
+a float inside a document's free-form metadata is echoed as sent.
+
 :class:`StrictBody` plugs :func:`decode_json` into Litestar as a DTO, so a handler keeps its
 typed ``data`` argument and its OpenAPI request schema, generated from the same struct.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 from collections.abc import Generator
 from typing import Any, Final, TypeVar
@@ -113,14 +121,81 @@ def decode_json(body: bytes, type_: type[T]) -> T:
         raise MalformedRequestError("the request body is empty; send a JSON object")
     check_depth(body)
     try:
-        return msgspec.json.decode(body, type=type_, strict=True)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequestError(f"invalid request: {exc}") from None
+        try:
+            return msgspec.json.decode(body, type=type_, strict=True)
+        except msgspec.ValidationError as exc:
+            if "got `float`" not in str(exc):
+                raise InvalidRequestError(f"invalid request: {exc}") from None
+        # Slow path, taken only by bodies with a float where msgspec wanted something else:
+        # decode untyped, turn integral floats at integer-typed places into ints, validate again.
+        # Any other error (2.5, or a later field) is then reported as the typed decode would.
+        return _convert(_integral(msgspec.json.decode(body), _type_info(type_)), type_)
     except msgspec.DecodeError as exc:
         text = str(exc)
         raise MalformedRequestError(text if text.startswith("JSON is malformed") else f"JSON is malformed: {text}") from None
     except RecursionError:  # unreachable after check_depth; kept so no input can become a 500
         raise MalformedRequestError(f"JSON is nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
+
+
+def _convert(value: Any, type_: type[T]) -> T:
+    try:
+        return msgspec.convert(value, type_, strict=True)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequestError(f"invalid request: {exc}") from None
+
+
+@functools.cache
+def _type_info(type_: Any) -> msgspec.inspect.Type:
+    return msgspec.inspect.type_info(type_)
+
+
+def _integral(value: Any, info: msgspec.inspect.Type) -> Any:
+    """``value`` (untyped JSON) with each integral float that ``info`` expects an integer for as an int.
+
+    Walks the value and its type together, so a float is changed only where the type has an
+    integer and no float (``int | None`` yes, ``int | float`` and ``Any`` no).
+    """
+    info = _bare(info)
+    if isinstance(value, float):
+        options = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+        wants_int = any(isinstance(t, msgspec.inspect.IntType) for t in map(_bare, options))
+        wants_float = any(isinstance(t, msgspec.inspect.FloatType) for t in map(_bare, options))
+        if wants_int and not wants_float and math.isfinite(value) and value.is_integer():
+            return int(value)
+        return value
+    if isinstance(info, msgspec.inspect.UnionType):
+        # A JSON object or array matches at most one member of a union msgspec accepts.
+        container = dict if isinstance(value, dict) else list if isinstance(value, list) else None
+        for member in map(_bare, info.types):
+            if container is dict and isinstance(member, msgspec.inspect.StructType | msgspec.inspect.DictType):
+                return _integral(value, member)
+            if container is list and isinstance(member, _SEQUENCES):
+                return _integral(value, member)
+        return value
+    if isinstance(info, msgspec.inspect.StructType) and isinstance(value, dict):
+        fields = {f.encode_name: f.type for f in info.fields}
+        return {k: _integral(v, fields[k]) if k in fields else v for k, v in value.items()}
+    if isinstance(info, msgspec.inspect.DictType) and isinstance(value, dict):
+        return {k: _integral(v, info.value_type) for k, v in value.items()}
+    if isinstance(info, _SEQUENCES) and isinstance(value, list):
+        return [_integral(v, info.item_type) for v in value]
+    if isinstance(info, msgspec.inspect.TupleType) and isinstance(value, list):
+        return [_integral(v, t) for v, t in zip(value, info.item_types, strict=False)] + value[len(info.item_types):]
+    return value
+
+
+def _bare(info: msgspec.inspect.Type) -> msgspec.inspect.Type:
+    while isinstance(info, msgspec.inspect.Metadata):
+        info = info.type
+    return info
+
+
+_SEQUENCES: Final = (
+    msgspec.inspect.ListType,
+    msgspec.inspect.VarTupleType,
+    msgspec.inspect.SetType,
+    msgspec.inspect.FrozenSetType,
+)
 
 
 class StrictBody(AbstractDTO[T]):
@@ -135,10 +210,7 @@ class StrictBody(AbstractDTO[T]):
         return decode_json(value, self.model_type)
 
     def decode_builtins(self, value: dict[str, Any]) -> Any:
-        try:
-            return msgspec.convert(value, self.model_type, strict=True)
-        except msgspec.ValidationError as exc:
-            raise InvalidRequestError(f"invalid request: {exc}") from None
+        return _convert(_integral(value, _type_info(self.model_type)), self.model_type)
 
     @classmethod
     def create_for_field_definition(

@@ -8,8 +8,10 @@ catch the common ``base_url=".../v1"`` misconfiguration of the cohere SDK.
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from typing import Any
 
+import msgspec
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
@@ -22,6 +24,7 @@ from gateway.middleware import log_fields, request_id
 from gateway.models import ModelRegistry
 from gateway.service import RerankOutcome, RerankService
 from schemas.dialects import TeiRank
+from schemas.config import Settings
 from schemas.rerank import ModelCard, ModelList, RerankRequest, RerankResponse
 
 __all__ = ("ROUTES",)
@@ -64,7 +67,13 @@ async def rerank_v1(
 ) -> Response[RerankResponse | list[TeiRank]]:
     if data.dialect == "tei":
         return await tei_rerank(request, data.body)
-    return await _rerank(request, data.body, "1")
+    body: RerankRequest = data.body
+    if body.return_documents is None:
+        # Jina's default (true) for the model names its clients send, Cohere's (false) for the rest.
+        settings: Settings = request.app.state.settings
+        if any(fnmatchcase(body.model or "", pattern) for pattern in settings.dialects.jina_models):
+            body = msgspec.structs.replace(body, return_documents=True)
+    return await _rerank(request, body, "1")
 
 
 @post(

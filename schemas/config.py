@@ -560,6 +560,14 @@ class DialectsConfig(_Strict):
     # The model that serves TEI-shaped requests and GET /info (TEI bodies name no model);
     # None: the first configured model.
     tei_model: ModelName | None = None
+    # Cohere's `return_documents` defaults to false, Jina's (and vLLM's /rerank) to true, and both
+    # APIs post the same body to the same path: only the model name a client sends tells them
+    # apart. A /v1/rerank or /rerank body whose `model` (as sent, before aliases) matches one of
+    # these glob patterns and leaves `return_documents` out (or null) gets Jina's default, true;
+    # every other body Cohere's, false. ["*"]: true for every such body, an absent model included
+    # (a deployment for Jina or vLLM clients); []: Cohere's default everywhere. /v2/rerank is
+    # Cohere v2 only and keeps false.
+    jina_models: tuple[ModelName, ...] = ("jina-*",)
 
 
 class Settings(_Strict):

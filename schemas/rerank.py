@@ -85,7 +85,12 @@ class RerankRequest(msgspec.Struct, kw_only=True, frozen=True):
     ] = None
     return_documents: Annotated[
         bool | None,
-        msgspec.Meta(description="Echo each document in its result (default false)."),
+        msgspec.Meta(
+            description=(
+                "Echo each document in its result. Default false (Cohere's); on /v1/rerank and /rerank "
+                "true (Jina's) when `model` matches the gateway's [dialects] jina_models (default `jina-*`)."
+            )
+        ),
     ] = None
     max_chunks_per_doc: Annotated[
         PositiveInt | None,

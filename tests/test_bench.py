@@ -170,3 +170,61 @@ def test_without_matplotlib_results_are_written_and_plots_skipped_in_one_line(st
     assert (out / "report.md").is_file() and not list(out.glob("*.png"))
     skipped = [line for line in proc.stderr.splitlines() if "plots skipped" in line]
     assert len(skipped) == 1 and "matplotlib" in skipped[0] and "Traceback" not in proc.stderr
+
+
+# Reports get shared: no secret given to bench may reach stdout, stderr or any file it writes.
+_KEY = "rk-BenchKeyMustNotLeak0123456789abcdefghij"
+_SECRETS = {
+    "key": _KEY,
+    "compare key": "cmp-key-must-not-leak-42",
+    "header": "hdr-token-must-not-leak-7",
+    "url password": "url-pass-must-not-leak",
+    "url query": "qs-token-must-not-leak",
+}
+
+
+def _assert_no_secret(texts: dict[str, bytes]) -> None:
+    for where, data in texts.items():
+        for what, secret in _SECRETS.items():
+            assert secret.encode() not in data, f"{what} written to {where}"
+
+
+@pytest.mark.slow
+def test_no_output_carries_a_key(gateway_server, stub_url: str, tmp_path: Path) -> None:
+    server = gateway_server(STATIC, env={"RERANK_API_KEY": _KEY})
+    out = tmp_path / "keyed"
+    port = stub_url.rsplit(":", 1)[1]
+    compare = f"http://bench:{_SECRETS['url password']}@127.0.0.1:{port}/v2/rerank?api_key={_SECRETS['url query']}"
+    proc = bench(server.url, "--model", "static", "--api-key", _KEY, "--compare", compare,
+                 f"--compare-api-key={_SECRETS['compare key']}", "--head", f"X-Upstream-Token: {_SECRETS['header']}",
+                 "--requests", "4", "--concurrency", "2", "--documents", "3", "--warmup", "0", "--out", str(out))
+    # Every request answered: the gateway only does with the key, so it was sent.
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "bench.json").read_text())
+    assert [s["ok"] for s in doc["summaries"]] == [4, 4]
+    files = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert {"bench.json", "report.md", "latency_cdf.png"} <= set(files)
+    _assert_no_secret({"stdout": proc.stdout.encode(), "stderr": proc.stderr.encode(), **files})
+    assert doc["summaries"][1]["endpoint"] == f"127.0.0.1:{port}"  # no user info in the label
+    assert "--api-key '<redacted>'" in doc["command"] and "X-Upstream-Token: <redacted>" in doc["command"]
+
+
+def test_key_in_an_error_message_is_redacted(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text(_KEY + "\n")
+    proc = bench(f"ftp://u:{_SECRETS['url password']}@host/{_KEY}", "--api-key-file", str(key_file),
+                 "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "not an http(s) URL" in proc.stderr and "<redacted>" in proc.stderr
+    _assert_no_secret({"stdout": proc.stdout.encode(), "stderr": proc.stderr.encode()})
+
+
+def test_command_line_redaction_covers_every_spelling() -> None:
+    from gateway.bench.redact import Redactor
+
+    r = Redactor(keys=("ab", "rk-long-key-1234"), headers=["Authorization: Bearer tok-5678"],
+                 urls=["https://user:pw-9999@h/x?access_token=qs-0000&n=3"])
+    argv = ["https://user:pw-9999@h/x?access_token=qs-0000&n=3", "--api-k", "ab", "--compare-api-key=rk-long-key-1234",
+            "--header", "Authorization: Bearer tok-5678", "--requests", "3"]
+    assert r.argv(argv) == ["https://h/x?access_token=<redacted>&n=3", "--api-k", "<redacted>",
+                            "--compare-api-key=<redacted>", "--header", "Authorization: <redacted>", "--requests", "3"]
+    assert r.scrub("sent Bearer tok-5678 to rk-long-key-1234") == "sent <redacted> to <redacted>"

@@ -27,10 +27,11 @@ import kubernetes_validate
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
+from litestar.testing import TestClient
 
 from gateway.app import create_app
 from gateway.settings import load_settings
-from schemas.config import PoolEngineConfig, Settings
+from schemas.config import PoolEngineConfig, Settings, StaticEngineConfig
 from tests.conftest import ROOT, free_port, stop_process, wait_http_ok
 
 DEPLOY = ROOT / "deploy"
@@ -300,6 +301,33 @@ def test_k8s_manifests_define_what_they_reference(tmp_path: Path) -> None:
     pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in objects if d["kind"] == "Deployment"]
     for service in (d for d in objects if d["kind"] == "Service"):
         assert any(service["spec"]["selector"].items() <= labels.items() for labels in pod_labels), service["metadata"]
+
+
+def test_autoscaler_scales_the_gateway_on_metrics_it_exports() -> None:
+    """The HPA targets the CPU Deployment, on per-pod gauges the app exports, through
+    prometheus-adapter rules that serve exactly those names; its bounds agree with the PDB."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    objects = k8s_objects()
+    (hpa,) = [d for d in objects if d["kind"] == "HorizontalPodAutoscaler"]
+    target = hpa["spec"]["scaleTargetRef"]
+    assert ("Deployment", target["name"]) in {(d["kind"], d["metadata"]["name"]) for d in gateway_deployments()}
+    with TestClient(create_app(Settings(models=(StaticEngineConfig(name="static"),)), configure_logs=False)) as c:
+        exported = {f.name: f.type for f in text_string_to_metric_families(c.get("/metrics").text)}
+    adapter = next(d for d in objects if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("prometheus-adapter"))
+    rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    served = {rule["name"]["as"]: rule for rule in rules}
+    metrics = {m["pods"]["metric"]["name"]: m["pods"]["target"] for m in hpa["spec"]["metrics"]}
+    assert set(metrics) == {"rerank_in_flight_requests", "rerank_queued_requests"} == set(served)
+    for name, target_value in metrics.items():
+        assert exported.get(name) == "gauge", (name, exported.get(name))
+        assert served[name]["seriesQuery"].startswith(name + "{") and re.fullmatch(served[name]["name"]["matches"], name)
+        assert set(served[name]["resources"]["overrides"]) == {"namespace", "pod"}
+        assert target_value["type"] == "AverageValue" and float(target_value["averageValue"]) > 0
+    # The documented thresholds: 2 in flight (one running, one waiting) and 1 queued per pod.
+    assert (metrics["rerank_in_flight_requests"]["averageValue"], metrics["rerank_queued_requests"]["averageValue"]) == ("2", "1")
+    (pdb,) = [d for d in objects if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == target["name"]]
+    assert hpa["spec"]["minReplicas"] > pdb["spec"]["minAvailable"] and hpa["spec"]["maxReplicas"] >= hpa["spec"]["minReplicas"]
 
 
 # -- the key from the environment ------------------------------------------------------------

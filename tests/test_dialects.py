@@ -22,6 +22,7 @@ from gateway.settings import ConfigError, load_settings
 from schemas.config import (
     ApiKeyConfig,
     AuthConfig,
+    CacheConfig,
     DialectsConfig,
     LimitsConfig,
     Settings,
@@ -366,3 +367,57 @@ def test_tei_model_must_be_configured(tmp_path):
     config.write_text('[dialects]\ntei_model = "nope"\n[[models]]\nname = "m"\nengine = "static"\n')
     with pytest.raises(ConfigError, match="dialects.tei_model 'nope' is not a configured model"):
         load_settings(config, environ={})
+
+
+# -- Cohere v1 or Jina: the default of return_documents -----------------------------------------
+
+JINA_NAME = "jina-reranker-v2-base-multilingual"
+
+
+def _static_client(**dialects) -> TestClient:
+    # The response cache is on: a body answered under one default must not be served under the other.
+    settings = Settings(
+        dialects=DialectsConfig(**dialects),
+        cache=CacheConfig(enabled=True),
+        models=(StaticEngineConfig(name="static", aliases=("rerank-v3.5", JINA_NAME)),),
+    )
+    return TestClient(create_app(settings, configure_logs=False))
+
+
+def _echoed(c: TestClient, path: str, **fields) -> bool:
+    results = ok(c.post(path, json={"query": "q", "documents": ["a", "b"], **fields}))["results"]
+    echoed = {"document" in r for r in results}
+    assert len(echoed) == 1, results
+    if True in echoed:
+        assert sorted(r["document"]["text"] for r in results) == ["a", "b"]
+    return echoed.pop()
+
+
+def test_return_documents_default_follows_the_model_name_sent():
+    with _static_client() as c:
+        for path in ("/v1/rerank", "/rerank"):
+            # Same body, same model behind both names: Jina's default for the Jina name, Cohere's otherwise.
+            assert _echoed(c, path, model=JINA_NAME)
+            assert _echoed(c, path, model=JINA_NAME, return_documents=None)
+            assert not _echoed(c, path, model="rerank-v3.5")
+            assert not _echoed(c, path, model="static")
+            assert not _echoed(c, path)  # no model: the first one, Cohere's default
+            # What a client asks for explicitly wins.
+            assert not _echoed(c, path, model=JINA_NAME, return_documents=False)
+            assert _echoed(c, path, model="rerank-v3.5", return_documents=True)
+        assert not _echoed(c, "/v2/rerank", model=JINA_NAME)  # Cohere v2 only
+
+
+def test_return_documents_default_everywhere_or_nowhere():
+    with _static_client(jina_models=("*",)) as c:
+        assert _echoed(c, "/v1/rerank") and _echoed(c, "/rerank", model="rerank-v3.5")
+        assert not _echoed(c, "/v2/rerank", model="rerank-v3.5")
+    with _static_client(jina_models=()) as c:
+        assert not _echoed(c, "/v1/rerank", model=JINA_NAME)
+
+
+def test_return_documents_default_from_the_config_file(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text('[dialects]\njina_models = ["jina-*", "my-jina"]\n[[models]]\nname = "static"\nengine = "static"\n')
+    assert load_settings(path, environ={}).dialects.jina_models == ("jina-*", "my-jina")
+    assert load_settings(None, environ={}).dialects.jina_models == ("jina-*",)

@@ -166,3 +166,40 @@ def test_both_asgi_runners_serve(gateway_server, runner):
     resp = httpx.post(f"{srv.url}/v1/rerank", json={"query": "q", "documents": ["a", "b"]})
     assert resp.status_code == 200 and len(resp.json()["results"]) == 2
     assert resp.headers["x-request-id"]
+
+
+_MAPPED_TWICE = """
+import ctypes, sys
+from gateway.servers import bound_malloc_retention
+from gateway.settings import load_settings
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+pinned = bound_malloc_retention(load_settings(sys.argv[1], environ={}))
+# A 4 MiB body, freed, then another: mmapped both times (returned to the OS when freed) only
+# while the threshold stays put; glibc's adaptation serves the second from the heap.
+a = bytearray(4 << 20); first = libc.mallinfo2().hblkhd; del a
+b = bytearray(4 << 20); second = libc.mallinfo2().hblkhd; del b
+print(pinned, first >= 4 << 20, second >= 4 << 20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or "musl" in " ".join(os.uname()), reason="glibc only")
+@pytest.mark.parametrize(
+    ("engine", "env", "expected"),
+    [("static", {}, "True True True"),
+     ("transformers", {}, "False True False"),  # torch in this process: its tensors keep glibc's default
+     ("static", {"MALLOC_MMAP_THRESHOLD_": str(8 << 20)}, "False False False")],  # the user's own setting wins
+)
+def test_serving_processes_keep_large_bodies_out_of_the_heap(tmp_path, engine, env, expected):
+    config = tmp_path / "g.toml"
+    config.write_text(f'[[models]]\nname = "m"\nengine = "{engine}"\npath = "x"\n' if engine != "static"
+                      else '[[models]]\nname = "m"\nengine = "static"\n')
+    run = subprocess.run([sys.executable, "-c", _MAPPED_TWICE, str(config)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, **env}, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[-3:] == expected.split()

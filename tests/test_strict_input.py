@@ -91,14 +91,16 @@ def test_check_depth_is_independent_of_the_decoder():
 
 WRONG_TYPES = [
     ("top_n", '"2"'),
-    ("top_n", "1.0"),
+    ("top_n", "1.5"),
     ("top_n", '"1e1"'),
     ("top_n", "true"),
     ("return_documents", '"true"'),
     ("return_documents", "1"),
     ("return_documents", "0"),
     ("priority", '"7"'),
-    ("priority", "7.0"),
+    ("priority", "7.25"),
+    ("max_tokens_per_doc", "2.5"),
+    ("max_chunks_per_doc", "1e-1"),
     ("max_tokens_per_doc", '"5"'),
     ("max_chunks_per_doc", '"3"'),
     ("model", "7"),
@@ -128,6 +130,88 @@ def test_wrong_types_are_422_naming_the_field(client, field, value):
 def test_out_of_range_integers_are_422(client, field, value):
     body = {"model": "static", "query": "q", "documents": ["a"], field: value}
     _assert_error(_post(client, json.dumps(body)), 422, f"$.{field}")
+
+
+# -- integral numbers: JSON Schema's `integer` includes 148.0, so the gateway takes it ----------
+
+INTEGRAL = [("top_n", "1.0", 1), ("top_n", "1e0", 1), ("priority", "148.0", 148), ("priority", "0.0", 0),
+            ("max_tokens_per_doc", "2.0", 2), ("max_chunks_per_doc", "3E0", 3), ("top_n", "-0.0e5", None)]
+
+
+@pytest.mark.parametrize("path", ROUTES)
+@pytest.mark.parametrize(("field", "raw", "value"), INTEGRAL)
+def test_integral_floats_are_integers(client, path, field, raw, value):
+    body = '{"model":"static","query":"q","documents":["a","b","c"],"%s":%s}' % (field, raw)
+    resp = _post(client, body, path)
+    if value is None:  # -0.0 is the integer 0: out of top_n's range, the same 422 as 0
+        _assert_error(resp, 422, "$.top_n", ">= 1")
+        return
+    assert resp.status_code == 200, resp.text
+    # The same answer as the integer itself (ids differ).
+    same = _post(client, body.replace(raw, str(value)), path)
+    assert [r["index"] for r in resp.json()["results"]] == [r["index"] for r in same.json()["results"]]
+
+
+@pytest.mark.parametrize("path", ROUTES)
+def test_integral_floats_keep_ranges_and_leave_documents_alone(client, path):
+    _assert_error(_post(client, '{"model":"static","query":"q","documents":["a"],"top_n":1e10}', path),
+                  422, "$.top_n", "<= 2147483647")
+    _assert_error(_post(client, '{"model":"static","query":"q","documents":["a"],"priority":1e400}', path),
+                  422, "$.priority", "out of range")
+    # A float inside a document is the client's data, echoed as sent: 2.0 stays 2.0.
+    body = '{"model":"static","query":"q","documents":[{"text":"a","n":2.0}],"top_n":1.0,"return_documents":true}'
+    resp = _post(client, body, path)
+    assert resp.status_code == 200, resp.text
+    assert '"n":2.0' in resp.text
+
+
+def test_integral_floats_in_vllm_score_and_decode_builtins(client):
+    body = {"model": "static", "text_1": "q", "text_2": ["a", "b"], "max_tokens_per_doc": 3.0}
+    resp = client.post("/score", json=body)
+    assert resp.status_code == 200, resp.text
+    resp = client.post("/score", json={**body, "max_tokens_per_doc": 3.5})
+    assert resp.status_code == 400 and "max_tokens_per_doc" in resp.text
+    from gateway.decoding import _integral, _type_info
+
+    fixed = _integral({"query": "q", "documents": [{"n": 1.0}], "top_n": 2.0, "priority": None}, _type_info(RerankRequest))
+    assert fixed == {"query": "q", "documents": [{"n": 1.0}], "top_n": 2, "priority": None}
+    assert type(fixed["top_n"]) is int and type(fixed["documents"][0]["n"]) is float
+
+
+def _integer_fields(openapi: dict, schema: dict) -> dict[str, int]:
+    """Top-level request fields the OpenAPI types `integer`, each with the smallest value it allows."""
+    while "$ref" in schema:
+        schema = openapi["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    fields = {}
+    for name, prop in schema.get("properties", {}).items():
+        for option in prop.get("anyOf", [prop]):
+            if option.get("type") == "integer":
+                fields[name] = max(option.get("minimum", 1), 1)
+    return fields
+
+
+def test_every_integer_of_the_openapi_takes_an_integral_float(client):
+    # The wire must take what the served schema promises: JSON Schema's integer includes 1.0.
+    openapi = client.get("/schema/openapi.json").json()
+    bases = {"RerankRequest": {"model": "static", "query": "q", "documents": ["a", "b"]},
+             "VllmScoreRequest": {"model": "static", "text_1": "q", "text_2": ["a", "b"]}}
+    tried = set()
+    for path, ops in openapi["paths"].items():
+        request = ops.get("post", {}).get("requestBody")
+        if request is None:
+            continue
+        schema = request["content"]["application/json"]["schema"]
+        for option in schema.get("anyOf", [schema]):
+            name = option["$ref"].rsplit("/", 1)[1]
+            base = bases.get(name.removesuffix("V2"))
+            if base is None:  # TEI's body has no integer field
+                assert not _integer_fields(openapi, option), name
+                continue
+            for field, value in _integer_fields(openapi, option).items():
+                resp = client.post(path, json={**base, field: float(value)})
+                assert resp.status_code == 200, (path, field, resp.text)
+                tried.add((name, field))
+    assert {f for _, f in tried} == {"top_n", "priority", "max_tokens_per_doc", "max_chunks_per_doc"}
 
 
 def test_correct_types_still_accepted(client):

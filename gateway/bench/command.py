@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -86,12 +85,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     wl.add_argument("--seed", type=int, default=0,
                     help="random seed of the texts (and of --poisson arrivals): the same seed, the same run (default 0)")
     auth = p.add_argument_group("endpoints")
-    auth.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
+    auth.add_argument("--api-key", help="sent as Authorization: Bearer KEY (never written to the reports)")
+    auth.add_argument("--api-key-file", metavar="PATH",
+                      help="read the key from this file instead (argv is visible to other users in ps)")
     auth.add_argument("--header", action="append", default=[], help="extra header 'Name: value' (repeatable)")
     auth.add_argument("--label", help="name of the endpoint in reports (default: host:port)")
     auth.add_argument("--compare", metavar="URL", help="alternate with this endpoint, round by round, and report ratios")
     auth.add_argument("--compare-model", help="model name for the --compare endpoint (default: --model)")
-    auth.add_argument("--compare-api-key", help="API key for the --compare endpoint (default: none)")
+    auth.add_argument("--compare-api-key", help="API key for the --compare endpoint (default: none; never written to the reports)")
+    auth.add_argument("--compare-api-key-file", metavar="PATH", help="read the --compare endpoint's key from this file instead")
     auth.add_argument("--compare-label", help="name of the --compare endpoint in reports (default: host:port)")
     auth.add_argument("--round-size", type=int, help="--compare: requests per round (default: the concurrency)")
     out = p.add_argument_group("output")
@@ -117,7 +119,8 @@ def _headers(raw: list[str], api_key: str | None) -> dict[str, str]:
 
 
 def _label(url: str, given: str | None) -> str:
-    return given or urlsplit(url).netloc
+    # netloc without user info: https://user:TOKEN@host must not name the endpoint in reports.
+    return given or urlsplit(url).netloc.rpartition("@")[2]
 
 
 async def _drive(args: argparse.Namespace, endpoints: list[Any], progress: Any) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -150,9 +153,21 @@ async def _drive(args: argparse.Namespace, endpoints: list[Any], progress: Any) 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from gateway.bench.driver import Endpoint
+    from gateway.bench.redact import Redactor
     from gateway.bench.report import environment, summarize, write_json, write_markdown, write_plots
     from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter
 
+    try:
+        for name in ("api_key", "compare_api_key"):
+            path = getattr(args, f"{name}_file")
+            if path:
+                setattr(args, name, Path(path).read_text(encoding="utf-8").strip())
+    except OSError as exc:
+        print(f"rerank-gateway bench: cannot read the key file: {exc.strerror}: {exc.filename}", file=sys.stderr)
+        return 2
+    # Every output below goes through the redactor: reports get shared, keys must not be in them.
+    redactor = Redactor(keys=(args.api_key, args.compare_api_key), headers=args.header,
+                        urls=(args.url, args.compare))
     try:
         url = _endpoint_url(args.url)
         compare_url = _endpoint_url(args.compare) if args.compare else None
@@ -168,12 +183,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         requests = build_workload(spec, counter)
         warm_spec = msgspec.structs.replace(spec, requests=max(1, args.warmup), seed=spec.seed + 1_000_003)
         warmup = build_workload(warm_spec, counter) if args.warmup > 0 else []
-        endpoints = [Endpoint(label=_label(url, args.label), url=url, headers=_headers(args.header, args.api_key),
+        endpoints = [Endpoint(label=redactor.scrub(_label(url, args.label)), url=url, headers=_headers(args.header, args.api_key),
                               requests=requests, warmup=warmup)]
         if compare_url:
             other = msgspec.structs.replace(spec, model=args.compare_model or args.model)
             endpoints.append(Endpoint(
-                label=_label(compare_url, args.compare_label), url=compare_url,
+                label=redactor.scrub(_label(compare_url, args.compare_label)), url=compare_url,
                 headers=_headers(args.header, args.compare_api_key or args.api_key),
                 requests=build_workload(other, counter),
                 warmup=build_workload(msgspec.structs.replace(warm_spec, model=other.model), counter) if warmup else [],
@@ -181,7 +196,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             if endpoints[0].label == endpoints[1].label:
                 endpoints[1].label += " (compare)"
     except (ValueError, OSError) as exc:
-        print(f"rerank-gateway bench: {exc}", file=sys.stderr)
+        print(redactor.scrub(f"rerank-gateway bench: {exc}"), file=sys.stderr)
         return 2
 
     levels = len(args.rate or args.concurrency) * len(endpoints)
@@ -212,7 +227,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     n = len(requests) * args.documents
     doc = {
         "tool": "rerank-gateway bench",
-        "command": "rerank-gateway bench " + shlex.join(argv if argv is not None else sys.argv[2:]),
+        "command": redactor.command(argv if argv is not None else sys.argv[2:]),
         "environment": environment(),
         "workload": msgspec.to_builtins(spec) | {"requests": args.requests, "distinct_requests": len(requests)},
         "workload_description": spec.describe(),
@@ -229,6 +244,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     }
     # Results first: a failing or missing plotting library must never lose a finished run.
     doc["plots"] = []
+    doc = redactor.scrub_tree(doc)
     write_json(out_dir / "bench.json", doc)
     write_markdown(out_dir / "report.md", doc, title=args.title)
     if not args.no_plot:
@@ -242,11 +258,11 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             write_json(out_dir / "bench.json", doc)
             write_markdown(out_dir / "report.md", doc, title=args.title)
     print((out_dir / "report.md").read_text(encoding="utf-8"))
-    print(f"wrote {out_dir}/bench.json, report.md" + "".join(f", {p}" for p in doc["plots"]))
+    print(redactor.scrub(f"wrote {out_dir}/bench.json, report.md" + "".join(f", {p}" for p in doc["plots"])))
     total_ok = sum(s["ok"] for s in summaries)
     if total_ok == 0 or (args.strict and errors):
         for s in summaries:
             if s["first_error"]:
-                print(f"{s['endpoint']}: first error: {s['first_error']}", file=sys.stderr)
+                print(redactor.scrub(f"{s['endpoint']}: first error: {s['first_error']}"), file=sys.stderr)
         return 1
     return 0
