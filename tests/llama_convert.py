@@ -53,7 +53,7 @@ def fetch_converter(dest: str | Path, version: str | None = None) -> Path:
     sdist = dest / f"llama_cpp_python-{version}.tar.gz"
     if not sdist.exists():
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", "llama-cpp-python",
              f"llama-cpp-python=={version}", "-d", str(dest)],
             check=True,
         )  # fmt: skip
