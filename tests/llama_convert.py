@@ -69,6 +69,7 @@ def convert(converter: str | Path, hf_dir: str | Path, out: str | Path, *, outty
     """``convert_hf_to_gguf.py HF_DIR --outtype OUTTYPE --outfile OUT`` (f32, f16, bf16, q8_0)."""
     proc = subprocess.run(
         [sys.executable, "-c", _RUN, str(converter), str(hf_dir), "--outtype", outtype, "--outfile", str(out)],
+        check=False,  # the error below carries the converter's own message
         capture_output=True,
         text=True,
     )

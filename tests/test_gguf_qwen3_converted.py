@@ -27,14 +27,14 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the gguf extra (llama-cpp-python) is not installed")
 
-from litestar.testing import TestClient  # noqa: E402
+from litestar.testing import TestClient
 
-from adapters.base import ScoreJob  # noqa: E402
-from adapters.runtimes.gguf import GgufEngine, inspect_gguf  # noqa: E402
-from gateway.app import create_app  # noqa: E402
-from schemas.config import GgufEngineConfig, Settings  # noqa: E402
-from tests import reference  # noqa: E402
-from tests.llama_convert import convert, fetch_converter, qwen3_reranker_checkpoint, quantize  # noqa: E402
+from adapters.base import ScoreJob
+from adapters.runtimes.gguf import GgufEngine, inspect_gguf
+from gateway.app import create_app
+from schemas.config import GgufEngineConfig, Settings
+from tests import reference
+from tests.llama_convert import convert, fetch_converter, quantize, qwen3_reranker_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +87,9 @@ async def engines(files):
 def _job(engine: GgufEngine, query: str, docs: list[str]) -> ScoreJob:
     tok = engine.tokenizer
     assert tok is not None
-    return ScoreJob(query=query, instruction="", shared_ids=tok.encode_shared(query, ""), item_ids=tok.encode_documents(docs))
+    return ScoreJob(
+        query=query, instruction="", shared_ids=tok.encode_shared(query, ""), item_ids=tok.encode_documents(docs)
+    )
 
 
 def _order(scores) -> list[int]:
