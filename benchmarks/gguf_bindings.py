@@ -93,7 +93,7 @@ def references(models: dict[str, dict[str, Any]], docs: list[str]) -> dict[str, 
 # -- children ------------------------------------------------------------------------------------
 
 
-def _child_lcp(path: str, docs: list[str], reps: int, threads: int) -> dict[str, Any]:
+def _child_lcp(path: str, docs: list[str], reps: int, threads: int, max_length: int | None) -> dict[str, Any]:
     import anyio
 
     from adapters.base import ScoreJob
@@ -102,7 +102,10 @@ def _child_lcp(path: str, docs: list[str], reps: int, threads: int) -> dict[str,
 
     async def main() -> dict[str, Any]:
         t0 = time.perf_counter()
-        engine = GgufEngine(GgufEngineConfig(name="g", path=path, n_threads=threads))
+        # max_length also sizes llama.cpp's context: n_ctx = n_batch = max(batch_tokens, window).
+        sized = {} if max_length is None else {"max_length": max_length, "batch_tokens": max_length}
+        cfg = GgufEngineConfig(name="g", path=path, n_threads=threads, **sized)
+        engine = GgufEngine(cfg)
         await engine.start()
         load = time.perf_counter() - t0
 
@@ -162,15 +165,18 @@ def _child_xll(path: str, docs: list[str], reps: int, threads: int, kind: str) -
 
 def child_main(argv: list[str]) -> None:
     binding, path, kind, reps, threads = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4])
+    max_length = int(argv[5]) if len(argv) > 5 and argv[5] != "none" else None
     docs = documents()
     if binding == "lcp":
-        out = _child_lcp(path, docs, reps, threads)
+        out = _child_lcp(path, docs, reps, threads, max_length)
     else:
         out = _child_xll(path, docs, reps, threads, kind)
     sys.stdout.write("\nRESULT " + json.dumps(out) + "\n")
 
 
-def _run_child(python: str, binding: str, model: dict[str, Any], reps: int, threads: int) -> dict[str, Any]:
+def _run_child(
+    python: str, binding: str, model: dict[str, Any], reps: int, threads: int, max_length: int | None = None
+) -> dict[str, Any]:
     cmd = [
         python,
         "-m",
@@ -181,6 +187,7 @@ def _run_child(python: str, binding: str, model: dict[str, Any], reps: int, thre
         model["kind"],
         str(reps),
         str(threads),
+        str(max_length).lower(),
     ]
     proc = subprocess.run(
         cmd, check=False, capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1]
@@ -208,11 +215,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3, help="repetitions of the 3 queries x 24 documents per round")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--lcp-max-length", type=int, default=None, help="GgufEngine max_length = batch_tokens (default: 8192)"
+    )
+    ap.add_argument("--models", default="", help="comma-separated subset of the model names")
     ap.add_argument("--install", action="append", default=[], help="KEY=SECONDS measured apart")
     args = ap.parse_args()
 
     docs = documents()
     models = setup(args.work, args.converter)
+    if args.models:
+        models = {k: v for k, v in models.items() if k in args.models.split(",")}
     refs = references(models, docs)
     pythons = {"lcp": args.lcp_python, "xll": args.xll_python}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {m: {"lcp": [], "xll": []} for m in models}
@@ -221,7 +234,7 @@ def main() -> None:
         for name, model in models.items():
             order = ["lcp", "xll"] if rnd % 2 == 0 else ["xll", "lcp"]
             for b in order:
-                runs[name][b].append(_run_child(pythons[b], b, model, args.reps, args.threads))
+                runs[name][b].append(_run_child(pythons[b], b, model, args.reps, args.threads, args.lcp_max_length))
     n_scored = args.reps * len(QUERIES) * len(docs)
     summary: dict[str, Any] = {}
     for name in models:
@@ -243,7 +256,7 @@ def main() -> None:
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared); load average before {load0}, after {os.getloadavg()}",
-        "workload": f"{len(QUERIES)} queries x {len(docs)} documents (15-130 tokens), {args.reps} reps per round, {args.rounds} rounds interleaved, {args.threads} threads",
+        "workload": f"{len(QUERIES)} queries x {len(docs)} documents (15-130 tokens), {args.reps} reps per round, {args.rounds} rounds interleaved, {args.threads} threads, GgufEngine max_length = batch_tokens = {args.lcp_max_length or 'default (8192)'}",
         "install_s": dict(kv.rsplit("=", 1) for kv in args.install),
         "models": {k: {"kind": v["kind"], "file": Path(v["path"]).name} for k, v in models.items()},
         "summary": summary,
