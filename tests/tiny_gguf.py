@@ -6,8 +6,9 @@ types, a ``dense -> tanh -> out_proj`` classification head and a SentencePiece u
 tokenizer. We build one with a trained unigram tokenizer, save it as a Hugging Face checkpoint
 (the reference the GGUF is compared with), then write the GGUF with the ``gguf`` package the way
 llama.cpp's ``convert_hf_to_gguf.py`` writes XLM-R classifiers (``conversion/bert.py``): the
-converter ships only in llama-cpp-python's sdist, never in an installed wheel, so a test cannot
-rely on it; the tensor names come from gguf's own name map.
+converter ships only in llama-cpp-python's sdist, never in an installed wheel (the Qwen3 test
+downloads it, ``tests/llama_convert.py``; this writer keeps the XLM-R tests offline); the tensor
+names come from gguf's own name map.
 
 ``with_rerank_head=False`` writes what a community "embedding" conversion of the same model
 looks like: no ``cls``/``cls.output`` tensors and CLS pooling; llama.cpp still accepts it with
