@@ -126,8 +126,8 @@ def litellm_version() -> str:
 # -- 1. in-process ------------------------------------------------------------------------------
 _BUCKETS = [
     ("engine (static)", "adapters/runtimes/static.py"),
-    ("rerank service (dedup, sort, response)", "gateway/service.py"),
-    ("routes", "gateway/routes.py"),
+    ("rerank service (dedup, sort, response)", "gateway/serving/service.py"),
+    ("routes", "gateway/http/routes.py"),
     ("gateway middleware, auth, access log, metrics", "gateway/"),
     ("structlog / logging", "structlog"),
     ("prometheus_client", "prometheus_client"),
@@ -184,7 +184,7 @@ def in_process(n: int, log_path: Path) -> dict[str, Any]:
     from gateway.app import create_app
     from gateway.bench.report import percentile
     from gateway.bench.workload import WorkloadSpec, build_workload
-    from gateway.settings import load_settings
+    from gateway.config.settings import load_settings
 
     bodies = [r.body for r in build_workload(WorkloadSpec(requests=64, documents=100, model="static"))]
     cfg = log_path.parent / "static-inproc.toml"

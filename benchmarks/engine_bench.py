@@ -196,8 +196,8 @@ def _row(name: str, wl: str, load: str, reqs: list[Request], lat: list[float], w
 
 # -- our engines through the gateway's service -----------------------------------------------------
 async def gateway_service_variant(kind: str, model_dir: str, extra: dict[str, Any]) -> tuple[Any, ScoreFn, Callable[[], Awaitable[None]]]:
-    from gateway.models import ModelRegistry
-    from gateway.service import RerankService
+    from gateway.serving.models import ModelRegistry
+    from gateway.serving.service import RerankService
     from schemas.config import Settings
     from schemas.rerank import RerankRequest
 

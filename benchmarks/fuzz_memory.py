@@ -71,7 +71,7 @@ def out_of_scope(case: Any) -> str | None:
 
 
 def config(redis_url: str | None) -> str:
-    from gateway.auth import hash_key
+    from gateway.security.auth import hash_key
 
     limits = f'redis_url = "{redis_url}"\n' if redis_url else ""
     return (
@@ -190,7 +190,7 @@ def _heap_report(paths: dict[str, Path], top: int = 12) -> dict[str, Any]:
 def fuzz_memory(workdir: Path, gateway_cls: Any, redis: Any, per_operation: int, warmup: int = 600) -> dict[str, Any]:
     """Run both processes (plain for RSS, traced for attribution); see the module docstring."""
     from gateway.app import create_app
-    from gateway.settings import load_settings
+    from gateway.config.settings import load_settings
 
     redis_url = f"redis://127.0.0.1:{redis.port}/0" if redis is not None else None
     text = config(redis_url)

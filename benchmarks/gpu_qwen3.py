@@ -263,7 +263,7 @@ def main() -> None:
             steps = [("0.6b packed", {"packed bf16": RUNTIMES["packed bf16"], "packed fp8": RUNTIMES["packed fp8"]},
                       ["packed bf16", "packed fp8"], None, 90),
                      ("0.6b vllm-score alone", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"], None, 150),
-                     # packed listed first: the gateway still starts vLLM first (gateway.models)
+                     # packed listed first: the gateway still starts vLLM first (gateway.serving.models)
                      ("0.6b vllm-score beside packed", {"packed bf16": RUNTIMES["packed bf16"], "vllm-score": RUNTIMES["vllm-score"]},
                       ["vllm-score"], None, 150),
                      ("0.6b vllm-score alone, spawned", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"],

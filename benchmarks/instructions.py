@@ -8,9 +8,9 @@ benchmark's request (``pool`` engine, protocol ``cohere``, logging at WARNING, 1
 our middleware, Litestar, the service, the pool engine and aiohttp (the stub is another process
 and is not counted), and compares variants side by side in one run:
 
-- ``direct``: ``POST /v2/rerank``, served by ``gateway.direct``;
+- ``direct``: ``POST /v2/rerank``, served by ``gateway.http.direct``;
 - ``routed``: ``POST /v2/rerank/``, the same route through Litestar's router (it normalizes
-  the trailing slash), i.e. the path every request took before ``gateway.direct``;
+  the trailing slash), i.e. the path every request took before ``gateway.http.direct``;
 - ``before`` (with ``--before DIR``, a checkout of an earlier commit: ``git archive COMMIT |
   tar -x -C DIR``): ``POST /v2/rerank`` served by that checkout's code.
 
@@ -51,7 +51,7 @@ async def _drive(path: str, stub_url: str, requests: int, warmup: int, documents
     from benchmarks.cpu_overhead import _asgi_call
     from benchmarks.passthrough_wrk import _body
     from gateway.app import create_app
-    from gateway.settings import load_settings
+    from gateway.config.settings import load_settings
 
     body = _body(documents, top_n)
     with tempfile.TemporaryDirectory() as tmp:

@@ -135,7 +135,7 @@ class Gateway(Proc):
 
 
 def _auth_toml(rpm: int | None = None) -> str:
-    from gateway.auth import hash_key
+    from gateway.security.auth import hash_key
 
     limit = f"rpm = {rpm}\n" if rpm else ""
     return f'[[auth.keys]]\nid = "reliability"\nhash = "{hash_key(KEY)}"\nmodels = ["*"]\n{limit}\n'

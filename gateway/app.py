@@ -21,19 +21,19 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from gateway import __version__
-from gateway.access import AccessControl, AccessMiddleware
-from gateway.cache import build_cache
-from gateway.direct import DirectRoutes
+from gateway.config.settings import load_settings
 from gateway.errors import exception_handlers
-from gateway.logging import configure_logging
-from gateway.metrics import metrics_endpoint
-from gateway.middleware import request_context
-from gateway.models import ModelRegistry
-from gateway.dialects.openapi import finalize_dialects_openapi
-from gateway.openapi import finalize_openapi
-from gateway.routes import ROUTES
-from gateway.service import RerankService
-from gateway.settings import load_settings
+from gateway.http.access import AccessControl, AccessMiddleware
+from gateway.http.dialects.openapi import finalize_dialects_openapi
+from gateway.http.direct import DirectRoutes
+from gateway.http.middleware import request_context
+from gateway.http.openapi import finalize_openapi
+from gateway.http.routes import ROUTES
+from gateway.observability.logging import configure_logging
+from gateway.observability.metrics import metrics_endpoint
+from gateway.serving.cache import build_cache
+from gateway.serving.models import ModelRegistry
+from gateway.serving.service import RerankService
 from schemas.config import Settings
 
 __all__ = ("create_app",)
@@ -73,7 +73,7 @@ def _operation_id(handler: Any, method: Any, path_components: list[Any]) -> str:
 class GatewayApp(Litestar):
     """Litestar with the request context around everything, routing errors included.
 
-    The rerank POST routes are served by ``gateway.direct`` (Litestar's own pieces without its
+    The rerank POST routes are served by ``gateway.http.direct`` (Litestar's own pieces without its
     per-request router); everything else, and anything those do not match exactly, by Litestar.
     """
 

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 
-from gateway.settings import ConfigError, load_settings
+from gateway.config.settings import ConfigError, load_settings
 from schemas.config import Settings
 
 __all__ = ("main",)
@@ -31,14 +31,14 @@ def _override_server(settings: Settings, host: str | None, port: int | None) -> 
 
 def _serve(args: argparse.Namespace) -> int:
     settings = _override_server(load_settings(args.config), args.host, args.port)
-    from gateway.preflight import preflight
+    from gateway.launch.preflight import preflight
 
     # check-config runs this same function: a refusal here is a refusal there. Model findings
     # (a missing local path, an engine's packages) do not stop serve: that model answers 503
     # with the fix and is retried, as /ready shows.
     report = preflight(settings)
     report.refuse()
-    from gateway.servers import run_granian, run_uvicorn
+    from gateway.launch.servers import run_granian, run_uvicorn
 
     workers = settings.server.workers
     with _multiprocess_metrics(workers):
@@ -101,7 +101,7 @@ def _multiprocess_metrics(workers: int) -> Iterator[None]:
 
 def _check_config(args: argparse.Namespace) -> int:
     settings = _override_server(load_settings(args.config), args.host, args.port)
-    from gateway.preflight import preflight
+    from gateway.launch.preflight import preflight
 
     report = preflight(settings)
     for i, model in enumerate(settings.models):
@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.bench.command import add_parser as add_bench_parser
 
     add_bench_parser(sub)
-    from gateway.keys_cli import add_parser as add_keys_parser
+    from gateway.security.keys_cli import add_parser as add_keys_parser
 
     add_keys_parser(sub)
     return parser

@@ -144,7 +144,7 @@ _SAFE_MESSAGES: Final[dict[int, str]] = {
 
 def classify(exc: Exception) -> int:
     if _is_disconnect(exc):
-        return 499  # gateway.middleware.CLIENT_CLOSED: logged and counted, never sent
+        return 499  # gateway.http.middleware.CLIENT_CLOSED: logged and counted, never sent
     if isinstance(exc, ValidationException) and _is_empty_body(exc):
         return 400
     for cls in type(exc).__mro__:
@@ -225,7 +225,7 @@ def _body_too_large(request: Request[Any, Any, Any]) -> str:
 def describe_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[int, str, str, dict[str, str]]:
     """Status, client-safe message, request id and headers of ``exc``; logs 5xx.
 
-    The Cohere body below and the other dialects' bodies (``gateway.dialects``) are all built
+    The Cohere body below and the other dialects' bodies (``gateway.http.dialects``) are all built
     from this one table; a dialect only renames a status where its server uses another code.
     """
     status = classify(exc)

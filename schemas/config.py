@@ -2,7 +2,7 @@
 
 Every struct forbids unknown fields so a typo fails at start with the field's path. A model
 entry is a tagged union on ``engine``: the engine kind is a type, never a free string that code
-compares against. Loading (file, env, defaults) lives in ``gateway.settings``.
+compares against. Loading (file, env, defaults) lives in ``gateway.config.settings``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
-# `description` is also what a config error says the value must be (gateway.config_schema).
+# `description` is also what a config error says the value must be (gateway.config.config_schema).
 ModelName = Annotated[
     str,
     msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^\s]+$",
@@ -71,7 +71,7 @@ class ServerConfig(_Strict):
     # uvicorn is a hard dependency and the faster for a passthrough gateway (one client: granian
     # added 0.7-1.8 ms more, docs/benchmarks/cpu-2026-12-01-granian); granian is optional (extra `granian`).
     runner: Literal["uvicorn", "granian"] = "uvicorn"
-    # Connection bounds (gateway.servers): no client holds a descriptor forever.
+    # Connection bounds (gateway.launch.servers): no client holds a descriptor forever.
     keep_alive_timeout_s: PositiveFloat = 5.0  # idle connection, fresh or between requests
     header_read_timeout_s: PositiveFloat = 10.0  # a request's headers, from their first byte
     body_read_timeout_s: PositiveFloat = 30.0  # the whole body, from the headers (then 408)

@@ -3,7 +3,7 @@
 Clients written for those servers switch to the gateway by changing only the URL, so these
 structs copy their field names, defaults and response shapes (TEI ``router/src/http/types.rs``
 and ``router/src/lib.rs``; vLLM ``entrypoints/pooling/scoring/protocol.py``). Every dialect is
-translated into the same service call as the Cohere routes (``gateway.dialects``).
+translated into the same service call as the Cohere routes (``gateway.http.dialects``).
 """
 
 from __future__ import annotations

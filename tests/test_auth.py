@@ -19,8 +19,8 @@ import pytest
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.auth import check_exposure, generate_key, hash_key, presented_key
-from gateway.settings import ConfigError
+from gateway.config.settings import ConfigError
+from gateway.security.auth import check_exposure, generate_key, hash_key, presented_key
 from schemas.config import ApiKeyConfig, AuthConfig, ServerConfig, Settings, StaticEngineConfig
 from tests.conftest import ROOT
 

@@ -64,8 +64,8 @@ def no_server(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("serve started a server")
 
-    monkeypatch.setattr("gateway.servers.run_uvicorn", refuse)
-    monkeypatch.setattr("gateway.servers.run_granian", refuse)
+    monkeypatch.setattr("gateway.launch.servers.run_uvicorn", refuse)
+    monkeypatch.setattr("gateway.launch.servers.run_granian", refuse)
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@
   vendored by kubernetes-validate (strict: unknown fields fail), Dockerfiles parsed with
   dockerfile-parse;
 - then the files are checked against each other and against the app: every config they ship
-  loads through gateway.settings, ports, probe and health paths, config paths, env names,
+  loads through gateway.config.settings, ports, probe and health paths, config paths, env names,
   Secret/ConfigMap/PVC/Service names and selectors agree;
 - the image's command runs here as the image would run it: without a key it prints one line
   saying what to set and exits 2; with a key file it serves and enforces the key.
@@ -30,7 +30,7 @@ from dockerfile_parse import DockerfileParser
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.settings import load_settings
+from gateway.config.settings import load_settings
 from schemas.config import PoolEngineConfig, Settings, StaticEngineConfig
 from tests.conftest import ROOT, free_port, stop_process, wait_http_ok
 
@@ -262,7 +262,7 @@ def test_k8s_manifests_define_what_they_reference(tmp_path: Path) -> None:
             if "persistentVolumeClaim" in volume:
                 assert ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]) in names
         env = {e["name"]: e["value"] for e in container["env"]}
-        # RERANK_CONFIG is the ConfigMap's key under its mount; it loads through gateway.settings.
+        # RERANK_CONFIG is the ConfigMap's key under its mount; it loads through gateway.config.settings.
         config_dir, config_key = env["RERANK_CONFIG"].rsplit("/", 1)
         config_map = next(d for d in objects if d["kind"] == "ConfigMap" and d["metadata"]["name"] == mounts[config_dir]["configMap"]["name"])
         settings = settings_from_text(config_map["data"][config_key], tmp_path)
@@ -332,7 +332,7 @@ def test_autoscaler_scales_the_gateway_on_metrics_it_exports() -> None:
 
 # -- the key from the environment ------------------------------------------------------------
 def test_env_key_becomes_a_keys_entry(tmp_path: Path) -> None:
-    from gateway.auth import KeyStore, hash_key
+    from gateway.security.auth import KeyStore, hash_key
 
     key = "rk-" + "x" * 30
     settings = load_settings(DEPLOY / "gateway.docker.toml", environ={"RERANK_API_KEY": key})
@@ -355,7 +355,7 @@ def test_env_key_becomes_a_keys_entry(tmp_path: Path) -> None:
     ],
 )
 def test_env_key_mistakes_are_one_line_errors(environ: dict[str, str], message: str) -> None:
-    from gateway.settings import ConfigError
+    from gateway.config.settings import ConfigError
 
     with pytest.raises(ConfigError, match=message) as info:
         load_settings(None, environ=environ)

@@ -17,8 +17,8 @@ import pytest
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.auth import hash_key
-from gateway.settings import ConfigError, load_settings
+from gateway.config.settings import ConfigError, load_settings
+from gateway.security.auth import hash_key
 from schemas.config import (
     ApiKeyConfig,
     AuthConfig,

@@ -1,4 +1,4 @@
-"""The direct routes (``gateway.direct``) answer exactly as Litestar's router does.
+"""The direct routes (``gateway.http.direct``) answer exactly as Litestar's router does.
 
 Two apps are built from the same settings. Every request goes to the first on its exact path
 (served directly) and to the second with a trailing slash, which only Litestar's router
@@ -26,9 +26,9 @@ from litestar.testing import TestClient
 from structlog.testing import capture_logs
 
 from gateway.app import create_app
-from gateway.auth import generate_key, hash_key
-from gateway.decoding import StrictBody
-from gateway.direct import DirectRoutes
+from gateway.http.decoding import StrictBody
+from gateway.http.direct import DirectRoutes
+from gateway.security.auth import generate_key, hash_key
 from schemas.config import ApiKeyConfig, AuthConfig, LimitsConfig, Settings, StaticEngineConfig
 
 # Values that are measured, not computed: present on both sides, compared by name only.

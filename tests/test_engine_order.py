@@ -15,8 +15,8 @@ import types
 import msgspec
 import pytest
 
-from gateway import models as models_module
-from gateway.models import ModelRegistry, ModelState
+from gateway.serving import models as models_module
+from gateway.serving.models import ModelRegistry, ModelState
 from schemas.config import Settings
 
 EVENTS: list[str] = []

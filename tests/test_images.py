@@ -38,7 +38,7 @@ import pytest
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.settings import load_settings
+from gateway.config.settings import load_settings
 from tests.conftest import ROOT, free_port
 
 pytestmark = pytest.mark.slow
@@ -400,6 +400,6 @@ def test_two_gateway_containers_share_the_redis_limit(podman: Podman, images: di
 
 
 def _hash(key: str) -> str:
-    from gateway.auth import hash_key
+    from gateway.security.auth import hash_key
 
     return hash_key(key)

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.auth import generate_key, hash_key
+from gateway.security.auth import generate_key, hash_key
 from tests.conftest import ServerProcess
 
 
@@ -51,7 +51,7 @@ def log_lines(server: ServerProcess, event: str) -> list[dict]:
 
 
 def test_reload_keeps_the_keys_when_the_config_cannot_be_read_or_exposes_the_gateway() -> None:
-    from gateway.access import AccessControl
+    from gateway.http.access import AccessControl
     from schemas.config import ApiKeyConfig, AuthConfig, ServerConfig, Settings, StaticEngineConfig
 
     def settings(*keys: tuple[str, str], host: str = "0.0.0.0") -> Settings:

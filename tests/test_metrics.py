@@ -23,7 +23,7 @@ from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
-from gateway.auth import generate_key, hash_key
+from gateway.security.auth import generate_key, hash_key
 from schemas.config import (
     ApiKeyConfig,
     AuthConfig,

@@ -6,9 +6,9 @@ import pytest
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.auth import hash_key
 from gateway.errors import ERROR_TABLE
-from gateway.openapi import ERROR_RESPONSES
+from gateway.http.openapi import ERROR_RESPONSES
+from gateway.security.auth import hash_key
 from schemas.config import ApiKeyConfig, AuthConfig, LimitsConfig, Settings, StaticEngineConfig
 
 RERANK_PATHS = ("/v1/rerank", "/rerank", "/v1/v1/rerank", "/v2/rerank", "/v1/v2/rerank")
@@ -40,7 +40,7 @@ def test_every_error_status_is_documented_with_our_body(doc):
         responses = doc["paths"][path]["post"]["responses"]
         for status in ERROR_RESPONSES:
             content = responses[str(status)]["content"]["application/json"]["schema"]
-            if path in ("/v1/rerank", "/rerank", "/v1/v1/rerank"):  # also TEI's routes (gateway.dialects)
+            if path in ("/v1/rerank", "/rerank", "/v1/v1/rerank"):  # also TEI's routes (gateway.http.dialects)
                 content = content["oneOf"][0]
             assert content == {"$ref": "#/components/schemas/ErrorBody"}, (path, status)
             assert "x-request-id" in responses[str(status)]["headers"]
@@ -67,7 +67,7 @@ def test_v2_requires_model(doc):
         schema = _resolve(doc, body)
         assert "model" in schema["required"] and schema["properties"]["model"]["enum"] == ["static", "rerank-v3.5"]
     v1_body = doc["paths"]["/v1/rerank"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    v1 = _resolve(doc, v1_body["anyOf"][0])  # anyOf Cohere's and TEI's request (gateway.dialects)
+    v1 = _resolve(doc, v1_body["anyOf"][0])  # anyOf Cohere's and TEI's request (gateway.http.dialects)
     assert "model" not in v1["required"]
 
 

@@ -25,8 +25,8 @@ from litestar.testing import TestClient
 from gateway import cli
 from gateway.app import create_app
 from gateway.errors import ModelUnavailableError
-from gateway.load_failures import fix_for
-from gateway.models import ModelRuntime, describe_exception
+from gateway.serving.load_failures import fix_for
+from gateway.serving.models import ModelRuntime, describe_exception
 from schemas.config import ServerConfig, Settings, StaticEngineConfig, TransformersEngineConfig, VllmScoreEngineConfig
 from tests.conftest import ServerProcess, wait_http_ok
 

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 _SCRIPT = r"""
 import asyncio, json, sys
 import msgspec
-from gateway.models import ModelRegistry
+from gateway.serving.models import ModelRegistry
 from schemas.config import Settings
 
 assert "transformers" not in sys.modules, "the race needs transformers not yet imported"

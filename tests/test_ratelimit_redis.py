@@ -23,7 +23,7 @@ import redis
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.auth import generate_key, hash_key
+from gateway.security.auth import generate_key, hash_key
 from schemas.config import ApiKeyConfig, AuthConfig, LimitsConfig, Settings, StaticEngineConfig
 from tests.conftest import ServerProcess, free_port
 from tests.test_auth import wait_in_flight

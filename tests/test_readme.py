@@ -233,7 +233,7 @@ def test_check_config_sample_output_is_the_real_one(documented_tiny):
     real = (proc.stdout + proc.stderr).strip().splitlines()
     # The sample is the CPU install's (transformers); where vLLM is installed (the test venv) the
     # default engine is vllm-score, which the docs say too.
-    from gateway.settings import default_engine_kind
+    from gateway.config.settings import default_engine_kind
 
     engine = default_engine_kind()
     expected = [

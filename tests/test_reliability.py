@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, settings
 from benchmarks.fuzz_memory import unequal_score_pairs
 from benchmarks.hostile import Case, hostile_cases, send_raw
 from gateway.app import create_app
-from gateway.auth import hash_key
+from gateway.security.auth import hash_key
 from schemas.config import ApiKeyConfig, AuthConfig, LimitsConfig, ServerConfig, Settings, StaticEngineConfig
 from tests.conftest import ServerProcess
 
@@ -136,7 +136,7 @@ def test_hostile_request(case, server):
 def test_a_second_hostile_pass_adds_under_5_percent_rss(server):
     # Module order: the hostile requests above were the first pass. glibc used to keep what the
     # large bodies left behind and grew again on the second pass (+8.7 MB, +12 %: it raises its
-    # mmap threshold to each large block freed); the server pins it (gateway.servers).
+    # mmap threshold to each large block freed); the server pins it (gateway.launch.servers).
     import psutil
 
     proc = psutil.Process(server.proc.pid)

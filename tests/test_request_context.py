@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from gateway.decoding import MAX_JSON_DEPTH, _few_brackets, check_depth
 from gateway.errors import MalformedRequestError
-from gateway import middleware
-from gateway.middleware import CLIENT_CLOSED, _new_id, log_fields, request_context
+from gateway.http import middleware
+from gateway.http.decoding import MAX_JSON_DEPTH, _few_brackets, check_depth
+from gateway.http.middleware import CLIENT_CLOSED, _new_id, log_fields, request_context
 
 
 class FakeServer:

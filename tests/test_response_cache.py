@@ -15,7 +15,7 @@ import pytest
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.auth import generate_key, hash_key
+from gateway.security.auth import generate_key, hash_key
 from schemas.config import (
     ApiKeyConfig,
     AuthConfig,
@@ -188,7 +188,7 @@ def test_redis_down_is_a_miss_not_an_error() -> None:
 
 
 def test_redis_backend_needs_a_url() -> None:
-    from gateway.settings import ConfigError
+    from gateway.config.settings import ConfigError
 
     with pytest.raises(ConfigError, match="cache.redis_url or limits.redis_url"):
         create_app(Settings(models=(StaticEngineConfig(name="m"),), cache=CacheConfig(enabled=True, backend="redis")))

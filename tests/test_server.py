@@ -170,8 +170,8 @@ def test_both_asgi_runners_serve(gateway_server, runner):
 
 _MAPPED_TWICE = """
 import ctypes, sys
-from gateway.servers import bound_malloc_retention
-from gateway.settings import load_settings
+from gateway.config.settings import load_settings
+from gateway.launch.servers import bound_malloc_retention
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import settings as settings_module
-from gateway.settings import ConfigError, cuda_present, default_engine_kind, load_settings
+from gateway.config import settings as settings_module
+from gateway.config.settings import ConfigError, cuda_present, default_engine_kind, load_settings
 from schemas.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH, StaticEngineConfig, TransformersEngineConfig
 
 TOML = """

@@ -11,8 +11,8 @@ import pytest
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.decoding import MAX_JSON_DEPTH, check_depth, decode_json
 from gateway.errors import InvalidRequestError, MalformedRequestError
+from gateway.http.decoding import MAX_JSON_DEPTH, check_depth, decode_json
 from schemas.config import Settings, StaticEngineConfig
 from schemas.rerank import RerankRequest
 
@@ -171,7 +171,7 @@ def test_integral_floats_in_vllm_score_and_decode_builtins(client):
     assert resp.status_code == 200, resp.text
     resp = client.post("/score", json={**body, "max_tokens_per_doc": 3.5})
     assert resp.status_code == 400 and "max_tokens_per_doc" in resp.text
-    from gateway.decoding import _integral, _type_info
+    from gateway.http.decoding import _integral, _type_info
 
     fixed = _integral({"query": "q", "documents": [{"n": 1.0}], "top_n": 2.0, "priority": None}, _type_info(RerankRequest))
     assert fixed == {"query": "q", "documents": [{"n": 1.0}], "top_n": 2, "priority": None}
@@ -257,7 +257,7 @@ def test_decode_json_maps_every_failure():
 
 
 def test_too_many_arrays_is_a_400_and_the_check_stays_cheap():
-    from gateway.decoding import MAX_JSON_CONTAINERS
+    from gateway.http.decoding import MAX_JSON_CONTAINERS
 
     flat = b"[" + b"[]," * (MAX_JSON_CONTAINERS + 1) + b"[]]"
     with pytest.raises(MalformedRequestError, match="too many arrays/objects"):

@@ -125,7 +125,7 @@ def _hub_json(repo: str, name: str, revision: str | None, *, required: bool) -> 
     try:
         file = hf_hub_download(repo, name, revision=revision)
     except LocalEntryNotFoundError as exc:  # a subclass of EntryNotFoundError: caught first
-        # Offline or unreachable: the weights cannot load either; gateway.load_failures says so.
+        # Offline or unreachable: the weights cannot load either; gateway.serving.load_failures says so.
         raise FileNotFoundError(f"{repo}: {name} is not in the Hugging Face cache and the hub is unreachable") from exc
     except EntryNotFoundError:
         if required:

@@ -80,7 +80,7 @@ def spawn_if_cuda_initialized(environ: Any = None) -> bool:
     """Spawn vLLM's engine core when this process has already initialised CUDA; True if so.
 
     A forked child cannot use a CUDA context its parent created; vLLM then switches to spawn
-    with a warning. The gateway starts vLLM models before any other (gateway.models, issue 24),
+    with a warning. The gateway starts vLLM models before any other (gateway.serving.models, issue 24),
     so this happens only when a vLLM engine restarts beside a CUDA engine: say so in one line
     and choose spawn explicitly. torch is not imported here just to ask.
     """

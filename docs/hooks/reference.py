@@ -240,7 +240,7 @@ def openapi_document() -> dict[str, Any]:
 
     settings = cfg.Settings(models=(cfg.TransformersEngineConfig(name=cfg.DEFAULT_MODEL_NAME),))
     app = create_app(settings, configure_logs=False)
-    # The dict the app serves (gateway.openapi edits it in place once the app is built).
+    # The dict the app serves (gateway.http.openapi edits it in place once the app is built).
     return app.plugins.get("OpenAPIPlugin").provide_openapi_schema()
 
 

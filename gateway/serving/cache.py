@@ -25,7 +25,7 @@ import msgspec
 import structlog
 from cachetools import TTLCache
 
-from gateway.settings import ConfigError
+from gateway.config.settings import ConfigError
 from schemas.config import Settings
 
 __all__ = ("CachedAnswer", "ResponseCache", "build_cache", "cache_key")

@@ -16,7 +16,7 @@ import importlib.util
 import os
 from dataclasses import dataclass, field
 
-from gateway.settings import ConfigError
+from gateway.config.settings import ConfigError
 from schemas.config import (
     DashScopeEngineConfig,
     GgufEngineConfig,
@@ -56,8 +56,8 @@ def preflight(settings: Settings) -> Preflight:
 
 
 def _server(settings: Settings, report: Preflight) -> None:
-    from gateway.auth import KeyStore, check_exposure
-    from gateway.cache import build_cache
+    from gateway.security.auth import KeyStore, check_exposure
+    from gateway.serving.cache import build_cache
 
     # The app's own constructors: what would raise while it is built raises here first.
     for check in (lambda: check_exposure(settings), lambda: KeyStore(settings.auth.keys), lambda: build_cache(settings)):

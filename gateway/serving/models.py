@@ -23,8 +23,8 @@ import structlog
 from adapters.base import EngineDeadError, EngineObserver, RerankEngine
 from adapters.registry import build_engine, imports_heavy_libraries
 from gateway.errors import ModelUnavailableError, UnknownModelError
-from gateway.load_failures import fix_for
-from gateway.logging import adopt_library_loggers
+from gateway.observability.logging import adopt_library_loggers
+from gateway.serving.load_failures import fix_for
 from schemas.config import EngineConfig, ServerConfig, Settings, VllmEngineConfig
 
 __all__ = ("ModelRegistry", "ModelRuntime", "ModelState", "describe_exception")
@@ -90,7 +90,7 @@ class ModelRuntime:
         # Set while a dead engine is being restarted (see engine_died).
         self.restart_task: asyncio.Task[None] | None = None
         self.restarts = 0
-        # Engine steps and prefix-cache lookups go to the metrics (gateway.telemetry) through this.
+        # Engine steps and prefix-cache lookups go to the metrics (gateway.serving.telemetry) through this.
         self.observer: EngineObserver | None = None
         # Set once the first load attempt has ended, loaded or failed (ModelRegistry.start's order).
         self.first_attempt_done = asyncio.Event()

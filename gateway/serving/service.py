@@ -33,11 +33,11 @@ from adapters.base import (
     PromptTokenizer,
     ScoreJob,
 )
-from gateway.auth import authorize_model, current_key_id, record_usage
-from gateway.cache import CachedAnswer, ResponseCache, cache_key
 from gateway.errors import InputTooLongError, InvalidRequestError, PayloadTooLargeError, RawScoresUnsupportedError
-from gateway.models import ModelRegistry, ModelRuntime
-from gateway.telemetry import current_timing, record_phases
+from gateway.security.auth import authorize_model, current_key_id, record_usage
+from gateway.serving.cache import CachedAnswer, ResponseCache, cache_key
+from gateway.serving.models import ModelRegistry, ModelRuntime
+from gateway.serving.telemetry import current_timing, record_phases
 from schemas.config import LimitsConfig
 from schemas.rerank import (
     ApiVersion,

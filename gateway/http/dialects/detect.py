@@ -2,7 +2,7 @@
 
 Cohere, Jina and vLLM clients send ``documents``; TEI clients send ``texts``. The top-level keys
 are read first with every value left as :class:`msgspec.Raw` (one pass that copies no value),
-then the body is decoded strictly (:func:`gateway.decoding.decode_json`) into the one struct its
+then the body is decoded strictly (:func:`gateway.http.decoding.decode_json`) into the one struct its
 shape names. Nothing is parsed twice into values and no parse is retried as another type. A body
 with neither key matches no dialect and gets the Cohere 422 naming both shapes.
 
@@ -18,9 +18,9 @@ import msgspec
 from litestar import Request, Response
 from litestar.typing import FieldDefinition
 
-from gateway.decoding import StrictBody, check_depth, decode_json
-from gateway.dialects.tei import TEI, is_tei, mark_tei, tei_error_response
 from gateway.errors import InvalidRequestError, MalformedRequestError, error_response
+from gateway.http.decoding import StrictBody, check_depth, decode_json
+from gateway.http.dialects.tei import TEI, is_tei, mark_tei, tei_error_response
 from schemas.dialects import TeiRerankRequest
 from schemas.rerank import RerankRequest
 

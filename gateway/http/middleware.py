@@ -89,7 +89,7 @@ async def request_context(
     It wraps the whole application (not only matched routes), so 404 and 405 answers get an
     id and a log line too. It notes a client disconnect (logged and counted as 499) and bounds
     the time the whole body may take to arrive (``body_timeout_s``: then 408, see
-    ``gateway.servers``), the same under every ASGI server.
+    ``gateway.launch.servers``), the same under every ASGI server.
     """
     rid = _incoming_id(scope) or _new_id()
     state = scope.setdefault("state", {})

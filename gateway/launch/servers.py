@@ -7,7 +7,7 @@ under ``[server]``:
 - ``header_read_timeout_s``: a request's headers must arrive within this time of their first
   byte (slow-loris); else the connection is closed without an answer.
 - ``body_read_timeout_s``: the whole body must arrive within this time of the headers; else
-  the gateway answers 408 and closes (enforced in the app, ``gateway.middleware``, so it is the
+  the gateway answers 408 and closes (enforced in the app, ``gateway.http.middleware``, so it is the
   same under both servers).
 
 uvicorn has a keep-alive timeout but no header timeout and leaves a fresh connection that sends
@@ -148,14 +148,14 @@ def _build_protocol() -> Any:
 
 def _header_timeout(protocol: Any) -> float:
     if protocol.header_timeout_s is None:  # a worker process: its settings (same env as the parent)
-        from gateway.settings import load_settings
+        from gateway.config.settings import load_settings
 
         type(protocol).header_timeout_s = load_settings().server.header_read_timeout_s
     return float(protocol.header_timeout_s)
 
 
 def __getattr__(name: str) -> Any:
-    # `gateway.servers.TimedHttpToolsProtocol`, as pickled for spawned uvicorn workers.
+    # `gateway.launch.servers.TimedHttpToolsProtocol`, as pickled for spawned uvicorn workers.
     if name == "TimedHttpToolsProtocol":
         return _module_protocol()
     raise AttributeError(name)
@@ -181,7 +181,8 @@ def run_uvicorn(settings: Settings, config_path: str | None = None) -> bool:
         # from the environment (RERANK_CONFIG and the host/port the command line decided).
         _export_for_workers(settings, config_path)
         uvicorn.run(
-            "gateway.servers:create_worker_app", factory=True, workers=server.workers, http=_timed_protocol(None), **common
+            "gateway.launch.servers:create_worker_app",
+            factory=True, workers=server.workers, http=_timed_protocol(None), **common
         )
         return True
     from gateway.app import create_app
@@ -244,7 +245,7 @@ def _graceful_server(base: type) -> type:
 def _granian_logging(settings: Settings) -> dict[str, object]:
     fmt = settings.logging.format
     return {
-        "formatters": {"generic": {"()": "gateway.logging.stdlib_formatter", "fmt": fmt}},
+        "formatters": {"generic": {"()": "gateway.observability.logging.stdlib_formatter", "fmt": fmt}},
         "handlers": {
             "console": {"formatter": "generic", "class": "logging.StreamHandler", "stream": "ext://sys.stdout"}
         },
@@ -263,7 +264,7 @@ def run_granian(settings: Settings, config_path: str | None) -> None:
     # it bounds idle keep-alive connections too: use the smaller of the two bounds.
     header_ms = int(min(server.header_read_timeout_s, server.keep_alive_timeout_s) * 1000)
     Granian(
-        "gateway.servers:create_worker_app",
+        "gateway.launch.servers:create_worker_app",
         factory=True,
         address=server.host,
         port=server.port,

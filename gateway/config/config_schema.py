@@ -1,6 +1,6 @@
 """The :class:`schemas.config.Settings` type walked by path: env values typed, errors in words.
 
-``gateway.settings`` reads TOML strictly (``port = "8001"`` is an error, as a JSON body's
+``gateway.config.settings`` reads TOML strictly (``port = "8001"`` is an error, as a JSON body's
 ``"2"`` is on the request path) but an environment variable is always a string, so each
 ``RERANK_*`` value is converted to the type of the field it names before the whole config is
 validated. The walk also turns msgspec's terse messages (``Invalid enum value 'VERBOSE'``,

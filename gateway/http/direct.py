@@ -7,7 +7,7 @@ CPU is the added latency. Litestar's router, its kwargs and signature models, th
 instructions (valgrind) of a whole 100-document passthrough request, and 17 % of its CPU at 32
 clients (docs/benchmarks/cpu-2026-12-01-direct/). None of that work is needed for a route that
 takes exactly ``(request, data)`` with ``data`` decoded by our
-:class:`~gateway.decoding.StrictBody`.
+:class:`~gateway.http.decoding.StrictBody`.
 
 What a direct route does is what Litestar does for it, with Litestar's own objects:
 
@@ -49,7 +49,7 @@ from litestar.routes import HTTPRoute
 from litestar.serialization import get_serializer
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.decoding import StrictBody
+from gateway.http.decoding import StrictBody
 
 __all__ = ("DirectRoutes",)
 

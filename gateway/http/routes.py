@@ -1,7 +1,7 @@
 """HTTP handlers: thin, they decode, call the service and shape the HTTP response.
 
 ``/v1/rerank`` serves Cohere v1 and Jina clients (and TEI clients: a ``texts`` body is TEI's, see
-``gateway.dialects``), ``/v2/rerank`` Cohere v2 (and the fields old
+``gateway.http.dialects``), ``/v2/rerank`` Cohere v2 (and the fields old
 SDKs still send there), ``/rerank`` is an alias of v1. ``/v1/v1/rerank`` and ``/v1/v2/rerank``
 catch the common ``base_url=".../v1"`` misconfiguration of the cohere SDK.
 """
@@ -17,12 +17,12 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.params import JSONBody
 
-from gateway.decoding import StrictBody
-from gateway.dialects import DIALECT_ROUTES, DetectedRequest, RerankDialectBody, rerank_error_response, tei_rerank
 from gateway.errors import InvalidRequestError
-from gateway.middleware import log_fields, request_id
-from gateway.models import ModelRegistry
-from gateway.service import RerankOutcome, RerankService
+from gateway.http.decoding import StrictBody
+from gateway.http.dialects import DIALECT_ROUTES, DetectedRequest, RerankDialectBody, rerank_error_response, tei_rerank
+from gateway.http.middleware import log_fields, request_id
+from gateway.serving.models import ModelRegistry
+from gateway.serving.service import RerankOutcome, RerankService
 from schemas.dialects import TeiRank
 from schemas.config import Settings
 from schemas.rerank import ModelCard, ModelList, RerankRequest, RerankResponse
@@ -56,8 +56,8 @@ async def _rerank(request: Request[Any, Any, Any], data: RerankRequest, version:
     status_code=200,
     summary="Rerank (Cohere v1 / Jina, or TEI when the body has `texts`)",
     tags=["rerank"],
-    security=[{"bearer": []}],  # enforced by gateway.access when keys are configured
-    # Strict msgspec decode into the dialect the body's shape names (gateway.dialects.detect).
+    security=[{"bearer": []}],  # enforced by gateway.http.access when keys are configured
+    # Strict msgspec decode into the dialect the body's shape names (gateway.http.dialects.detect).
     dto=RerankDialectBody,
     return_dto=None,
     exception_handlers={Exception: rerank_error_response, HTTPException: rerank_error_response},

@@ -3,7 +3,7 @@
 It is app-level middleware, so a route added later is protected by default; only the paths in
 :data:`OPEN_PATHS` (health, readiness, the OpenAPI schema, the model list and ``/metrics``)
 are served without a key. The model scope (403) needs the request's model, so the service
-checks it through :func:`gateway.auth.authorize_model` once the model is resolved.
+checks it through :func:`gateway.security.auth.authorize_model` once the model is resolved.
 
 Order: authenticate -> admit under the key's limits -> run the handler -> release the
 concurrency slot, charge the tokens the engine counted, count the request in ``/metrics``.
@@ -23,13 +23,13 @@ from litestar import Litestar
 from litestar.datastructures import MutableScopeHeaders
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.auth import KeyStore, RequestAccess, check_exposure, request_access
+from gateway.config.settings import ConfigError
 from gateway.errors import RateLimitedError, classify
-from gateway.metrics import ANONYMOUS, UNAUTHENTICATED, UsageMetrics
-from gateway.middleware import CLIENT_CLOSED, log_fields
-from gateway.ratelimit import Admission, KeyLimiter
-from gateway.settings import ConfigError
-from gateway.telemetry import GatewayTelemetry, request_timing
+from gateway.http.middleware import CLIENT_CLOSED, log_fields
+from gateway.observability.metrics import ANONYMOUS, UNAUTHENTICATED, UsageMetrics
+from gateway.security.auth import KeyStore, RequestAccess, check_exposure, request_access
+from gateway.security.ratelimit import Admission, KeyLimiter
+from gateway.serving.telemetry import GatewayTelemetry, request_timing
 from schemas.config import Settings
 
 log = structlog.get_logger("gateway.access")

@@ -48,8 +48,8 @@ def _models(values: list[str]) -> list[str]:
 def _create(args: argparse.Namespace) -> int:
     import msgspec
 
-    from gateway.auth import generate_key, hash_key
-    from gateway.settings import ConfigError
+    from gateway.config.settings import ConfigError
+    from gateway.security.auth import generate_key, hash_key
     from schemas.config import ApiKeyConfig
 
     expires_at: datetime | None = None
@@ -88,7 +88,7 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _hash(args: argparse.Namespace) -> int:
-    from gateway.auth import hash_key
+    from gateway.security.auth import hash_key
 
     key = sys.stdin.readline().strip()
     if not key:

@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 
-from gateway.config_schema import EnvValue, dotted, humanize, type_env_values
-from gateway.config_schema import Path as FieldPath
+from gateway.config.config_schema import EnvValue, dotted, humanize, type_env_values
+from gateway.config.config_schema import Path as FieldPath
 from schemas.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH, Settings
 
 __all__ = ("ConfigError", "cuda_present", "default_engine_kind", "load_settings")
@@ -38,7 +38,7 @@ CONFIG_ENV = "RERANK_CONFIG"
 API_KEY_ENV = "RERANK_API_KEY"
 API_KEY_FILE_ENV = "RERANK_API_KEY_FILE"
 API_KEY_ID_ENV = "RERANK_API_KEY_ID"
-# gateway.logging hands vLLM's engine-core processes their log file through this variable.
+# gateway.observability.logging hands vLLM's engine-core processes their log file through this variable.
 VLLM_LOGGING_FILE_ENV = "RERANK_VLLM_LOGGING_FILE"
 # Variables under the prefix that are not config overrides.
 _NOT_OVERRIDES = frozenset({CONFIG_ENV, API_KEY_ENV, API_KEY_FILE_ENV, API_KEY_ID_ENV, VLLM_LOGGING_FILE_ENV})

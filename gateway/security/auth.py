@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 
+from gateway.config.settings import ConfigError
 from gateway.errors import AuthError, ForbiddenModelError
-from gateway.settings import ConfigError
 from schemas.config import ApiKeyConfig, Settings
 
 __all__ = (

@@ -1,6 +1,6 @@
 """The dialects' part of the OpenAPI document: their wire schemas and their error bodies.
 
-Runs after :func:`gateway.openapi.finalize_openapi`, in the same spirit: the schemas come from
+Runs after :func:`gateway.http.openapi.finalize_openapi`, in the same spirit: the schemas come from
 msgspec (constraints included), limits and model names from the config, and every error status
 is listed with the body the dialect really answers -- on ``/rerank``, Cohere's or TEI's
 (``oneOf``: which one depends on the body's shape), on ``/score``, vLLM's.
@@ -13,7 +13,7 @@ from typing import Any, Final
 import msgspec
 from litestar import Litestar
 
-from gateway.openapi import ERROR_RESPONSES, _error_response
+from gateway.http.openapi import ERROR_RESPONSES, _error_response
 from schemas.config import Qwen3LocalConfig, Settings, StaticEngineConfig
 from schemas.dialects import (
     TeiError,

@@ -132,7 +132,7 @@ def _vllm_logging_file(level: str, fmt: str) -> None:
     config = {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"gateway": {"()": "gateway.logging.stdlib_formatter", "fmt": fmt}},
+        "formatters": {"gateway": {"()": "gateway.observability.logging.stdlib_formatter", "fmt": fmt}},
         "handlers": {
             "gateway": {"class": "logging.StreamHandler", "formatter": "gateway", "stream": "ext://sys.stdout"}
         },

@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from gateway.models import ModelRegistry
+    from gateway.serving.models import ModelRegistry
 
 __all__ = ("GatewayTelemetry", "ModelObserver", "RequestTiming", "record_phases", "request_timing")
 

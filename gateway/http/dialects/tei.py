@@ -5,7 +5,7 @@ TEI's ``RerankRequest`` (``query``, ``texts``, ``truncate``, ``truncation_direct
 first model by default). The answer is TEI's bare array of ``{index, score, text?}`` sorted by
 descending score (ties by index, as on the Cohere routes, whose scores it equals).
 
-``truncate`` maps onto :class:`gateway.service.LongTexts`: absent or null keeps the gateway's
+``truncate`` maps onto :class:`gateway.serving.service.LongTexts`: absent or null keeps the gateway's
 chunk-and-max (TEI's own default is a server flag, ``--auto-truncate``); ``true`` cuts each text
 to the room the window leaves it, at the end (``Right``) or the start (``Left``), in tokens;
 ``false`` answers TEI's 413 for a text that does not fit.
@@ -26,16 +26,16 @@ from litestar.datastructures import State
 
 from adapters.base import EngineError, EngineOverloadedError, EngineTimeoutError
 from gateway import __version__
-from gateway.dialects.common import finish
+from gateway.http.dialects.common import finish
 from gateway.errors import (
     MalformedRequestError,
     PayloadTooLargeError,
     RawScoresUnsupportedError,
     describe_error,
 )
-from gateway.middleware import request_id
-from gateway.models import ModelRegistry, ModelRuntime
-from gateway.service import CHUNK, LongTexts, RerankService
+from gateway.http.middleware import request_id
+from gateway.serving.models import ModelRegistry, ModelRuntime
+from gateway.serving.service import CHUNK, LongTexts, RerankService
 from schemas.config import Settings
 from schemas.dialects import TeiClassifierModel, TeiError, TeiInfo, TeiModelType, TeiRank, TeiRerankRequest
 from schemas.rerank import RerankRequest

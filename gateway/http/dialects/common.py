@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.middleware import log_fields
-from gateway.service import RerankOutcome
+from gateway.http.middleware import log_fields
+from gateway.serving.service import RerankOutcome
 
 __all__ = ("finish",)
 

@@ -26,11 +26,11 @@ from litestar.exceptions import HTTPException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 
-from gateway.decoding import StrictBody
-from gateway.dialects.common import finish
 from gateway.errors import InvalidRequestError, PayloadTooLargeError, describe_error
-from gateway.middleware import request_id
-from gateway.service import RerankOutcome, RerankService
+from gateway.http.decoding import StrictBody
+from gateway.http.dialects.common import finish
+from gateway.http.middleware import request_id
+from gateway.serving.service import RerankOutcome, RerankService
 from schemas.config import Settings
 from schemas.dialects import (
     VllmErrorBody,

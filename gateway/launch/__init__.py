@@ -1,0 +1,1 @@
+"""Starting the process: the preflight checks and the uvicorn/granian launchers (above gateway.app, which they serve)."""

@@ -1,0 +1,1 @@
+"""Models and the rerank work: the model registry, the rerank service, the response cache, load-failure fixes, telemetry."""
