@@ -82,15 +82,14 @@ class BiEncoderFamily(EncoderFamily):
         cos = (emb[1:] @ emb[0]).clamp(-1.0, 1.0)
         return cos.tolist() if job.raw_scores else ((1.0 + cos) / 2.0).tolist()
 
-    # -- transformers --------------------------------------------------------------------------
-    def forward(self, rows: list[Row]) -> torch.Tensor:
-        inputs = self.padded_inputs(rows)
+    # -- transformers (and the CPU runtime's export) ---------------------------------------------
+    def output(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         mask = inputs["attention_mask"]
         hidden = self._model(**inputs).last_hidden_state.float()
         if self.pooling == "cls":
             return hidden[:, 0]
         if self.pooling == "lasttoken":
             last = mask.sum(dim=1) - 1  # right padding: the last real token of each row
-            return hidden[torch.arange(len(rows), device=hidden.device), last]
+            return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
         weights = mask.unsqueeze(-1).float()
         return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
