@@ -258,7 +258,7 @@ class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
     # Where exported models live; None: $XDG_CACHE_HOME/rerank-gateway/openvino (~/.cache/...).
     cache_dir: str | None = None
     # CPU threads in all (None: the cores this process may run on) and inferences in flight at
-    # once, each on its share of the threads (None: one per 2 threads).
+    # once, each on its share of the threads (None: what OpenVINO's throughput hint picks).
     threads: Positive | None = None
     streams: Positive | None = None
     # Rows are sorted by length and cut into batches of at most this many padded tokens / rows
@@ -274,7 +274,7 @@ class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
     parity_min_agreement: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.99
     parity_tie: Annotated[float, msgspec.Meta(ge=0)] = 1e-3
     # A JSON Lines file of {"query": ..., "documents": [...]} (real traffic) used as the golden
-    # set instead of the generated one; also the int8 calibration set.
+    # set instead of the generated one.
     parity_set: str | None = None
 
 

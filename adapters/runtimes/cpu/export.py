@@ -6,7 +6,7 @@ runtime runs: a cross-encoder's logits, a bi-encoder's pooled embedding), traced
 
 A cache entry is a directory named by a key over everything that changes the graph: the
 checkpoint's content hash (config.json and weight files), the family's export options (inputs,
-pooling, labels), the quantization recipe and its calibration set's hash, and the versions of
+pooling, labels), the quantization recipe, and the versions of
 OpenVINO, NNCF, torch and transformers. Its ``manifest.json`` records the SHA-256 of each file;
 an entry whose files do not match (a crash mid-write, a disk error, a hand edit) is removed and
 rebuilt, never loaded. Entries are written to a temporary directory and renamed into place, so
