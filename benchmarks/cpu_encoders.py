@@ -43,6 +43,7 @@ from typing import Any
 
 import httpx
 import msgspec
+import psutil
 
 from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter
 
@@ -103,7 +104,7 @@ SHAPES = {"minilm": build_minilm, "xlmr-base": build_xlmr_base}
 class Gateway:
     """One ``rerank-gateway serve`` process holding every gateway contestant as a model."""
 
-    def __init__(self, model_dir: Path, work: Path, names: list[str]) -> None:
+    def __init__(self, model_dir: Path, work: Path, names: list[str], gate: str = "") -> None:
         self.port = 18000 + os.getpid() % 1000
         self.url = f"http://127.0.0.1:{self.port}"
         lines = ["[logging]", 'level = "WARNING"', ""]
@@ -111,9 +112,13 @@ class Gateway:
         for i, name in enumerate(names):
             model = f"m{i}"
             self.models[name] = model
-            lines += ["[[models]]", f'name = "{model}"', f'path = "{model_dir}"', *GATEWAY_VARIANTS[name]]
+            # A long timeout: 4 clients of 50 documents queue for minutes on a loaded 2-core machine.
+            lines += ["[[models]]", f'name = "{model}"', f'path = "{model_dir}"', "timeout_s = 1800.0", *GATEWAY_VARIANTS[name]]
             if "openvino" in name:
                 lines.append(f'cache_dir = "{work / "ov-cache"}"')
+            if gate and "parity_min_agreement" in " ".join(GATEWAY_VARIANTS[name]):
+                queries, documents = gate.split("x")
+                lines += [f"parity_queries = {int(queries)}", f"parity_documents = {int(documents)}"]
             lines.append("")
         config = work / "gateway.toml"
         config.write_text("\n".join(lines))
@@ -265,11 +270,19 @@ IN_PROCESS: dict[str, Callable[[Path], ScoreFn]] = {
 
 
 # -- measurement ------------------------------------------------------------------------------
-def docs_per_s(fn: ScoreFn, requests: list[tuple[str, list[str]]], clients: int) -> float:
+def _cpu_s(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def docs_per_s(fn: ScoreFn, requests: list[tuple[str, list[str]]], clients: int, pid: int | None = None) -> float:
+    """Docs/s over the wall clock; with ``pid``, docs per CPU-second that process used instead
+    (the scorer's own CPU: on a shared machine it moves far less with the neighbours' load)."""
     def run(mine: list[tuple[str, list[str]]]) -> None:
         for q, d in mine:
             fn(q, d)
 
+    cpu = _cpu_s(pid) if pid is not None else 0.0
     started = time.perf_counter()
     if clients == 1:
         run(requests)
@@ -277,6 +290,8 @@ def docs_per_s(fn: ScoreFn, requests: list[tuple[str, list[str]]], clients: int)
         with ThreadPoolExecutor(clients) as pool:
             list(pool.map(run, [requests] * clients))
     wall = time.perf_counter() - started
+    if pid is not None:
+        wall = _cpu_s(pid) - cpu
     return sum(len(d) for _, d in requests) * (1 if clients == 1 else clients) / wall
 
 
@@ -297,7 +312,7 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
     fns: dict[str, ScoreFn] = {}
     skipped: dict[str, str] = {}
     gw_names = [n for n in wanted if n in GATEWAY_VARIANTS]
-    gateway = Gateway(model_dir, work / shape, gw_names) if gw_names else None
+    gateway = Gateway(model_dir, work / shape, gw_names, args.gate) if gw_names else None
     try:
         described: dict[str, Any] = {}
         if gateway is not None:
@@ -320,8 +335,11 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
             order = names[r % len(names):] + names[: r % len(names)]
             row: dict[str, Any] = {"round": r, "order": order, "load_before": os.getloadavg()[0]}
             for name in order:
-                row[name] = {"1": docs_per_s(fns[name], timed, 1), "4": docs_per_s(fns[name], timed[: max(1, args.requests // 2)], CLIENTS)}
-                print(f"[{shape}] round {r} {name}: {row[name]['1']:.1f} docs/s 1 client, {row[name]['4']:.1f} at {CLIENTS}", flush=True)
+                pid = gateway.proc.pid if gateway is not None and name in GATEWAY_VARIANTS else os.getpid()
+                row[name] = {"1": docs_per_s(fns[name], timed, 1), "4": docs_per_s(fns[name], timed[: max(1, args.requests // 2)], CLIENTS),
+                             "cpu": docs_per_s(fns[name], timed[:1], 1, pid=pid)}
+                print(f"[{shape}] round {r} {name}: {row[name]['1']:.1f} docs/s 1 client, {row[name]['4']:.1f} at {CLIENTS}, "
+                      f"{row[name]['cpu']:.1f} docs per CPU-second", flush=True)
             row["load_after"] = os.getloadavg()[0]
             rounds.append(row)
     finally:
@@ -336,10 +354,13 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
             "docs_s_1": statistics.median(one),
             "docs_s_4": statistics.median(four),
             "four_vs_one": statistics.median(f / o for f, o in zip(four, one, strict=True)),
+            "docs_per_cpu_s": statistics.median(rd[name]["cpu"] for rd in rounds if "cpu" in rd[name]) if all("cpu" in rd[name] for rd in rounds) else None,
         }
         if BASELINE in fns:
             entry["vs_transformers"] = statistics.median(rd[name]["1"] / rd[BASELINE]["1"] for rd in rounds)
             entry["vs_transformers_4"] = statistics.median(rd[name]["4"] / rd[BASELINE]["4"] for rd in rounds)
+            if entry["docs_per_cpu_s"] is not None:
+                entry["cpu_vs_transformers"] = statistics.median(rd[name]["cpu"] / rd[BASELINE]["cpu"] for rd in rounds)
             entry["agreement"] = agreement(scores[BASELINE], scores[name])
         if name in described:
             entry["gateway_model"] = {k: described[name].get(k) for k in ("precision", "inference_precision", "threads", "streams", "parity_kept")}
@@ -356,13 +377,14 @@ def markdown(report: dict[str, Any]) -> str:
         loads = [rd["load_before"] for rd in shape["rounds"]] + [rd["load_after"] for rd in shape["rounds"]]
         out += [f"## {shape['shape']} ({shape['checkpoint']})", "",
                 f"Load average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}.", "",
-                "| contestant | docs/s, 1 client | vs transformers | docs/s, 4 clients | 4 clients vs 1 | top-10 order kept | top-10 shared | max abs Δ | parity gate (golden set) |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "| contestant | docs/s, 1 client | vs transformers | docs/s, 4 clients | 4 clients vs 1 | docs per CPU-s | vs transformers (CPU) | top-10 order kept | top-10 shared | max abs Δ | parity gate (golden set) |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
         for e in shape["table"]:
             a = e.get("agreement", {})
             kept = f"{a['queries_kept']}/{a['queries']}" if a else "-"
+            cpu = f"{e['docs_per_cpu_s']:.1f} | {e.get('cpu_vs_transformers', float('nan')):.2f}x" if e.get("docs_per_cpu_s") else "- | -"
             out.append(f"| {e['contestant']} | {e['docs_s_1']:.1f} | {e.get('vs_transformers', float('nan')):.2f}x | "
-                       f"{e['docs_s_4']:.1f} | {e['four_vs_one']:.2f}x | {kept} | {a.get('mean_shared_top10', float('nan')):.1f} | "
+                       f"{e['docs_s_4']:.1f} | {e['four_vs_one']:.2f}x | {cpu} | {kept} | {a.get('mean_shared_top10', float('nan')):.1f} | "
                        f"{a.get('max_abs_delta', float('nan')):.1e} | {_gate(e)} |")
         for name, why in shape["skipped"].items():
             out.append(f"\nSkipped: {name}: {why}")
@@ -386,6 +408,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--requests", type=int, default=4, help="requests per contestant, round and client count")
     p.add_argument("--agree", type=int, default=8, help="requests whose top-10 is compared")
+    p.add_argument("--gate", default="", help="golden set of the reduced precisions' gate, QUERIESxDOCUMENTS (default 32x30)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cpu-encoders-") as tmp:

@@ -134,6 +134,7 @@ def _real(dirs: dict[str, Path]) -> Path:
     return dirs["minilm"]
 
 
+@pytest.mark.slow  # real MiniLM weights, a 12 x 20 golden set scored twice
 async def test_bf16_passes_the_gate_on_a_trained_model_and_keeps_sentence_transformers_order(dirs):
     engine = await _engine(_real(dirs), dirs["cache"], precision="bf16")
     assert engine.parity is not None and engine.parity["kept"] == engine.parity["queries"]
@@ -146,6 +147,7 @@ async def test_bf16_passes_the_gate_on_a_trained_model_and_keeps_sentence_transf
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 5e-3
 
 
+@pytest.mark.slow  # real MiniLM weights, a 12 x 20 golden set scored twice
 async def test_gate_refuses_int8_on_the_trained_model_with_one_line(dirs):
     with pytest.raises(EngineConfigError) as err:
         await _engine(_real(dirs), dirs["cache"], precision="int8")
@@ -154,6 +156,7 @@ async def test_gate_refuses_int8_on_the_trained_model_with_one_line(dirs):
     assert "precision 'int8' keeps the fp32 top-10 order of" in message and "refused" in message
 
 
+@pytest.mark.slow  # real MiniLM weights, a 12 x 20 golden set scored twice
 async def test_int8_admitted_below_the_gate_stays_near_sentence_transformers(dirs):
     """A lowered parity_min_agreement admits int8: its scores are close to the reference's,
     and the gate's measurement is reported (/ready) whatever the verdict."""
