@@ -308,7 +308,7 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
     spec = WorkloadSpec(requests=args.requests + args.agree, documents=DOCS, doc_tokens=DOC_TOKENS, query_tokens="10", seed=7)
     reqs = [(b["query"], b["documents"]) for b in (msgspec.json.decode(r.body) for r in build_workload(spec, load_token_counter(str(model_dir))))]
     timed, agree_reqs = reqs[: args.requests], reqs[args.requests :]
-    wanted = args.contestants.split(",") if args.contestants else list(GATEWAY_VARIANTS) + list(IN_PROCESS)
+    wanted = args.contestants.split(";") if args.contestants else list(GATEWAY_VARIANTS) + list(IN_PROCESS)
     fns: dict[str, ScoreFn] = {}
     skipped: dict[str, str] = {}
     gw_names = [n for n in wanted if n in GATEWAY_VARIANTS]
@@ -404,7 +404,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--shapes", default="minilm,xlmr-base")
-    p.add_argument("--contestants", default="", help="comma-separated names (default: all)")
+    p.add_argument("--contestants", default="", help="semicolon-separated names (default: all)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--requests", type=int, default=4, help="requests per contestant, round and client count")
     p.add_argument("--agree", type=int, default=8, help="requests whose top-10 is compared")

@@ -230,3 +230,14 @@ def test_bucket_batches_sorts_bounds_and_feeds_every_stream():
 def test_qwen3_is_refused_on_the_openvino_runtime():
     with pytest.raises(ValueError, match="cannot run on engine 'openvino'"):
         OpenVinoEngineConfig(name="m", family="qwen3")
+
+
+def test_golden_set_from_a_small_subword_vocabulary():
+    """A tokenizer with few whole words (a small Unigram vocabulary) still gets a golden set:
+    words glued from its alphabetic pieces, deterministic for the seed."""
+    from adapters.runtimes.cpu.parity import generate_golden_set
+
+    vocab = {p: i for i, p in enumerate(["<s>", "</s>", "▁a", *(f"{c}{d}" for c in "bcdfg" for d in "aeiou")])}
+    golden = generate_golden_set(vocab, queries=3, documents=12)
+    assert len(golden) == 3 and all(len(g.documents) == 12 and g.query for g in golden)
+    assert golden == generate_golden_set(vocab, queries=3, documents=12)
