@@ -70,7 +70,8 @@ def generate_golden_set(vocab: dict[str, int], *, queries: int, documents: int, 
     rng = random.Random(seed)
     if len(words) < 20:
         # A small subword vocabulary (test models): words glued from its alphabetic pieces.
-        pieces = sorted({t.lstrip("▁Ġ#") for t in vocab if t.lstrip("▁Ġ#").isalpha() and t.isascii()})
+        stripped = (t.lstrip("▁Ġ#") for t in vocab)
+        pieces = sorted({p for p in stripped if p.isalpha() and p.isascii()})
         if len(pieces) < 20:
             raise ValueError(f"the tokenizer has only {len(pieces)} alphabetic tokens; set parity_set to a file of real queries")
         words = sorted({"".join(rng.choices(pieces, k=rng.randint(2, 3))) for _ in range(500)})
