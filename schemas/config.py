@@ -31,6 +31,7 @@ __all__ = (
     "LocalModelConfig",
     "LoggingConfig",
     "ModelConfig",
+    "OpenVinoEngineConfig",
     "PackedEngineConfig",
     "PoolEngineConfig",
     "Qwen3LocalConfig",
@@ -299,9 +300,10 @@ FAMILY_RUNTIMES: dict[str, frozenset[str]] = {
     "mxbai-rerank-v2": frozenset({"transformers", "vllm-score"}),
     # Sequence-classification heads: vLLM serves BERT/XLM-R classifiers on its pooling runner;
     # llama.cpp runs GGUF conversions that kept the head (rank pooling).
-    "cross-encoder": frozenset({"transformers", "vllm-score", "gguf"}),
+    # "openvino": the CPU runtime exported from the checkpoint (adapters/runtimes/cpu).
+    "cross-encoder": frozenset({"transformers", "vllm-score", "gguf", "openvino"}),
     # Embeddings + cosine: no prompt, nothing to generate.
-    "bi-encoder": frozenset({"transformers"}),
+    "bi-encoder": frozenset({"transformers", "openvino"}),
     # Listwise remote code (model.rerank); provided by the jina-v3 family.
     "jina-v3": frozenset({"transformers"}),
 }
@@ -403,6 +405,40 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     # A failed gate: "refuse" the model (one line saying by how much), or "warn": serve it anyway
     # (for an operator who has checked the ranking on their own data); /ready shows the gate's figures.
     precision_gate: Literal["refuse", "warn"] = "refuse"
+
+
+class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
+    """Encoder families (cross-encoder, bi-encoder) on OpenVINO's CPU plugin.
+
+    The checkpoint is exported to OpenVINO IR on first load and cached on disk (keyed by the
+    weights' hash, the export options and the library versions); the gateway still tokenizes,
+    truncates, chunks and dedups. Measured against the other CPU runtimes in docs/cpu-runtimes.md.
+    """
+
+    # "fp32": equals the transformers engine (and sentence-transformers) within 1e-4.
+    # "bf16" / "int8": faster, admitted only when the parity gate below keeps the ranking.
+    precision: Literal["fp32", "bf16", "int8"] = "fp32"
+    # Where exported models live; None: $XDG_CACHE_HOME/rerank-gateway/openvino (~/.cache/...).
+    cache_dir: str | None = None
+    # CPU threads in all (None: the cores this process may run on) and inferences in flight at
+    # once, each on its share of the threads (None: what OpenVINO's throughput hint picks).
+    threads: Positive | None = None
+    streams: Positive | None = None
+    # Rows are sorted by length and cut into batches of at most this many padded tokens / rows
+    # (small batches of near-equal lengths: no padding waste, and every stream gets work).
+    batch_tokens: Positive = 2048
+    max_batch_size: Positive = 16
+    # Parity gate of bf16 / int8, run at start: a golden set of queries x documents is scored
+    # in fp32 and in the reduced precision; the precision is refused unless at least
+    # parity_min_agreement of the queries keep their fp32 top-10 (same documents, same order;
+    # swaps of documents whose fp32 scores differ by less than parity_tie aside).
+    parity_queries: Positive = 32
+    parity_documents: Annotated[int, msgspec.Meta(ge=10)] = 30
+    parity_min_agreement: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.99
+    parity_tie: Annotated[float, msgspec.Meta(ge=0)] = 1e-3
+    # A JSON Lines file of {"query": ..., "documents": [...]} (real traffic) used as the golden
+    # set instead of the generated one.
+    parity_set: str | None = None
 
 
 class VllmEngineConfig(LocalModelConfig):
@@ -545,6 +581,7 @@ class GgufEngineConfig(ModelConfig, tag="gguf", kw_only=True):
 EngineConfig = (
     TransformersEngineConfig
     | PackedEngineConfig
+    | OpenVinoEngineConfig
     | VllmScoreEngineConfig
     | VllmGenerateEngineConfig
     | StaticEngineConfig

@@ -121,9 +121,8 @@ class BiEncoderFamily(EncoderFamily):
         cos = (emb[1:] @ emb[0]).clamp(-1.0, 1.0)
         return cos.tolist() if job.raw_scores else ((1.0 + cos) / 2.0).tolist()
 
-    # -- transformers --------------------------------------------------------------------------
-    def forward(self, rows: list[Row]) -> torch.Tensor:
-        inputs = self.padded_inputs(rows)
+    # -- transformers (and the CPU runtime's export) ---------------------------------------------
+    def output(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         mask = inputs["attention_mask"]
         hidden = self._model(**inputs).last_hidden_state.float()
         return torch.cat([pool(hidden, mask, mode) for mode in self.pooling], dim=-1)

@@ -42,6 +42,10 @@ class PairTokenizer(EncoderTokenizer):
             raise ValueError(f"max_length={window} leaves no room for a query and a document")
 
     @property
+    def typed(self) -> bool:
+        return self._typed
+
+    @property
     def max_query_tokens(self) -> int:
         return self._max_query_tokens
 
@@ -146,9 +150,13 @@ class CrossEncoderFamily(EncoderFamily):
             return torch.softmax(logits, dim=-1)[:, pos].tolist()
         return torch.sigmoid(logits[:, pos]).tolist()
 
-    # -- transformers --------------------------------------------------------------------------
-    def forward(self, rows: list[Row]) -> torch.Tensor:
-        return self._model(**self.padded_inputs(rows)).logits.float()
+    # -- transformers (and the CPU runtime's export) ---------------------------------------------
+    @property
+    def typed(self) -> bool:
+        return self.tokenizer.typed
+
+    def output(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._model(**inputs).logits.float()
 
     # -- vLLM ----------------------------------------------------------------------------------
     def vllm_runner_args(self) -> dict[str, Any]:

@@ -35,6 +35,11 @@ class EncoderTokenizer:
         return self._window
 
     @property
+    def vocab(self) -> dict[str, int]:
+        """Token -> id (the parity gate builds its golden set from the tokenizer's own words)."""
+        return dict(self._rust.get_vocab())
+
+    @property
     def suffix_length(self) -> int:
         return len(self.layout.tail)
 
@@ -102,6 +107,19 @@ class EncoderFamily(Family):
         if any(r.segment_start is not None for r in rows):
             inputs["token_type_ids"] = types.to(self._device)
         return inputs
+
+    @property
+    def typed(self) -> bool:
+        """True when the model is given token type ids (BERT pairs); the CPU export's inputs."""
+        return False
+
+    def output(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(rows, k) outputs of one padded batch: what ``forward`` returns, from model inputs
+        (also the graph the CPU runtime exports, so both runtimes compute one thing)."""
+        raise NotImplementedError
+
+    def forward(self, rows: list[Row]) -> torch.Tensor:
+        return self.output(self.padded_inputs(rows))
 
     def unload(self) -> None:
         self._model = None

@@ -1,0 +1,346 @@
+"""Encoder families (cross-encoder, bi-encoder) on OpenVINO's CPU plugin, in-process.
+
+Start: the family loads its tokenizer (the gateway keeps tokenizing, truncating, chunking and
+deduplicating), the checkpoint is exported to OpenVINO IR or read from the export cache
+(``export``), compiled for the configured precision, and -- for bf16 / int8 -- admitted only if
+the parity gate (``parity``) finds the fp32 ranking kept.
+
+Serving: a job's rows are sorted by length and cut into batches of near-equal length (padding
+costs a few tokens per row), in a count that is a multiple of the streams so every stream gets
+work; each batch runs on one of ``streams`` infer requests in a worker thread (OpenVINO releases
+the GIL), so one request's batches, and several requests' batches, run side by side, each
+stream on its share of the cores.
+
+Imported only through ``adapters.registry``: importing it pulls in OpenVINO and torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import openvino as ov
+import structlog
+
+from adapters.base import EngineConfigError, EngineObserver, EngineUnavailableError, PromptTokenizer, ScoreJob, ScoreResult
+from adapters.families import create_family
+from adapters.families.base import Row
+from adapters.families.encoder import EncoderFamily
+from adapters.runtimes.cpu.export import ModelCache, cache_key, checkpoint_digest, checkpoint_dir, default_cache_dir, export_family
+from adapters.runtimes.cpu.parity import GoldenQuery, compare_rankings, generate_golden_set, read_golden_set
+from schemas.config import OpenVinoEngineConfig
+
+__all__ = ("OpenVinoEngine", "bucket_batches")
+
+log = structlog.get_logger("adapters.runtimes.cpu")
+
+# One export at a time in this process: torch's tracer keeps global state (two models traced at
+# once fail its sanity check), and a second model of the same checkpoint then finds the cache entry.
+_EXPORT_LOCK = threading.Lock()
+
+# The int8 recipe (see _compress_int8). Measured on all-MiniLM-L6-v2 with a head (docs/cpu-runtimes.md):
+# per-channel int8 weights with activations quantized per 32 values at run time changed logits
+# about half as much as NNCF's static quantization (SmoothQuant, calibrated per-tensor
+# activations; attention and head kept in fp32) and ran faster; neither kept the strict top-10.
+_INT8_RECIPE = "weights-int8-sym-per-channel+dynamic-activations-32"
+_INT8_GROUP = 32
+
+
+def bucket_batches(lengths: Sequence[int], *, batch_tokens: int, max_batch_size: int, parts: int) -> list[list[int]]:
+    """Row indices in batches of neighbouring lengths (sorted), the fewest that keep every batch
+    within ``batch_tokens`` padded tokens and ``max_batch_size`` rows, rounded up to a multiple
+    of ``parts`` (the streams) when there are rows enough."""
+    n = len(lengths)
+    if n == 0:
+        return []
+    order = sorted(range(n), key=lambda i: lengths[i])
+    count = max(math.ceil(n / max_batch_size), math.ceil(sum(lengths) / batch_tokens))
+    count = min(n, math.ceil(count / parts) * parts)
+    while True:
+        bounds = [round(k * n / count) for k in range(count + 1)]
+        batches = [order[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+        if count >= n or all(len(b) * lengths[b[-1]] <= batch_tokens for b in batches):
+            return batches
+        count += 1
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class OpenVinoEngine:
+    """:class:`adapters.base.RerankEngine` for encoder families on OpenVINO (CPU)."""
+
+    runtime = "openvino"
+
+    def __init__(self, config: OpenVinoEngineConfig) -> None:
+        self._config = config
+        self._family: EncoderFamily | None = None
+        self._compiled: Any = None
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.threads = config.threads or _cores()
+        # None: OpenVINO's throughput hint picks the streams for these threads (set at compile).
+        self.streams = config.streams or 1
+        self._limiter = anyio.CapacityLimiter(self.streams)
+        self._inputs: list[str] = []
+        self._info: dict[str, str] = {}
+        self.parity: dict[str, Any] | None = None  # the gate's measurement (reduced precisions)
+        self.cache_hit: bool | None = None  # whether the fp32 export came from the cache
+        self._batches = self._rows = 0
+        self.observer: EngineObserver | None = None
+        self.queued_jobs = 0
+        self._queue_lock = threading.Lock()
+
+    # -- protocol ---------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> PromptTokenizer | None:
+        return self._family.tokenizer if self._compiled is not None and self._family is not None else None
+
+    @property
+    def supports_raw_scores(self) -> bool:
+        return self._family is not None and self._family.supports_raw_scores
+
+    def describe(self) -> dict[str, str]:
+        out = {"runtime": self.runtime, "device": "cpu", "precision": self._config.precision, **self._info}
+        if self.parity is not None:  # the gate's measurement, for /ready and the benchmarks
+            out["parity_kept"] = f"{self.parity['kept']}/{self.parity['queries']}"
+        if self._family is not None:
+            out["family"] = self._family.name
+            out["family_reason"] = self._family.detection.reason
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return {"batches": self._batches, "rows": self._rows}
+
+    def queue_depth(self) -> int:
+        return self.queued_jobs
+
+    async def start(self) -> None:
+        await anyio.to_thread.run_sync(self._load)
+
+    async def stop(self) -> None:
+        self._compiled = None
+        self._requests = queue.SimpleQueue()
+
+    async def check_health(self) -> None:
+        if self._compiled is None:
+            raise EngineUnavailableError("model is not loaded")
+
+    async def score(self, job: ScoreJob) -> ScoreResult:
+        family, compiled = self._family, self._compiled
+        if family is None or compiled is None:
+            raise EngineUnavailableError("model is not loaded")
+        rows = family.rows(job)
+        outputs = await self._run(rows)
+        return ScoreResult(scores=family.scores(job, outputs), input_tokens=sum(len(r.ids) for r in rows))
+
+    async def _run(self, rows: list[Row]) -> np.ndarray:
+        """(len(rows), k) outputs; the batches run side by side on the free streams."""
+        cfg = self._config
+        batches = bucket_batches(
+            [len(r.ids) for r in rows], batch_tokens=cfg.batch_tokens, max_batch_size=cfg.max_batch_size, parts=self.streams
+        )
+        results: list[np.ndarray | None] = [None] * len(batches)
+        with self._queue_lock:
+            self.queued_jobs += 1
+        waiting = [True]
+
+        async def one(k: int, batch: list[int]) -> None:
+            arrays = self._arrays([rows[i] for i in batch])
+            results[k] = await anyio.to_thread.run_sync(self._infer, arrays, waiting, limiter=self._limiter)
+            self._batches += 1
+            self._rows += len(batch)
+            if self.observer is not None:
+                self.observer.step(rows=len(batch), tokens=arrays["input_ids"].size)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for k, batch in enumerate(batches):
+                    tg.start_soon(one, k, batch)
+        finally:
+            self._leave_queue(waiting)
+        out = np.empty((len(rows), results[0].shape[1] if results else 1), dtype=np.float32)
+        for batch, res in zip(batches, results, strict=True):
+            assert res is not None
+            out[batch] = res
+        return out
+
+    def _leave_queue(self, waiting: list[bool]) -> None:
+        with self._queue_lock:
+            if waiting[0]:
+                waiting[0] = False
+                self.queued_jobs -= 1
+
+    def _arrays(self, rows: list[Row]) -> dict[str, np.ndarray]:
+        """Right-padded model inputs (the pad id; positions of RoBERTa-style models skip pads)."""
+        assert self._family is not None
+        width = max(len(r.ids) for r in rows)
+        ids = np.full((len(rows), width), self._family._pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        types = np.zeros((len(rows), width), dtype=np.int64) if "token_type_ids" in self._inputs else None
+        for i, r in enumerate(rows):
+            ids[i, : len(r.ids)] = r.ids
+            mask[i, : len(r.ids)] = 1
+            if types is not None and r.segment_start is not None:
+                types[i, r.segment_start : len(r.ids)] = 1
+        out = {"input_ids": ids, "attention_mask": mask}
+        if types is not None:
+            out["token_type_ids"] = types
+        return out
+
+    def _infer(self, arrays: dict[str, np.ndarray], waiting: list[bool] | None = None) -> np.ndarray:
+        # The limiter admits at most `streams` callers, so a request is always free here.
+        if waiting is not None:
+            self._leave_queue(waiting)
+        request = self._requests.get_nowait()
+        try:
+            result = request.infer(arrays)
+            return np.array(result[0], dtype=np.float32, copy=True)  # the request's buffer is reused
+        finally:
+            self._requests.put(request)
+
+    # -- start (worker thread) ----------------------------------------------------------------
+    def _load(self) -> None:
+        cfg = self._config
+        _import_transformers()
+        family = create_family(cfg, self.runtime)
+        if not isinstance(family, EncoderFamily):
+            raise EngineConfigError(f"model {cfg.name!r}: the openvino runtime runs encoder families only")
+        family.load_tokenizer()
+        self._family = family
+        self._inputs = ["input_ids", "attention_mask", *(["token_type_ids"] if family.typed else [])]
+        core = ov.Core()
+        cache = ModelCache(Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir())
+        digest = checkpoint_digest(checkpoint_dir(cfg.path, cfg.revision))
+        options = {
+            "family": family.name,
+            "inputs": self._inputs,
+            "pooling": getattr(family, "pooling", None),
+            "num_labels": family.files.num_labels,
+        }
+        info = {"model": cfg.name, "path": cfg.path, "options": options}
+        with _EXPORT_LOCK:
+            fp32, self.cache_hit = cache.get_or_build(
+                cache_key(digest, {**options, "precision": "fp32"}), core, lambda: export_family(family), info
+            )
+        log.info("openvino_export", model=cfg.name, cache="hit" if self.cache_hit else "exported", dir=str(cache.root))
+        if cfg.precision == "fp32":
+            self._use(core, fp32, "f32")
+            return
+        # Reduced precision: measure it against fp32 on the golden set before serving anything.
+        golden = read_golden_set(cfg.parity_set) if cfg.parity_set else generate_golden_set(
+            family.tokenizer.vocab, queries=cfg.parity_queries, documents=cfg.parity_documents
+        )
+        self._use(core, fp32, "f32")
+        reference = self._score_golden(golden)
+        if cfg.precision == "bf16":
+            self._use(core, fp32, "bf16")
+        else:
+            key = cache_key(digest, {**options, "precision": "int8", "recipe": _INT8_RECIPE})
+            with _EXPORT_LOCK:
+                int8, _ = cache.get_or_build(key, core, lambda: _compress_int8(fp32), info)
+            self._use(core, int8, "f32", dynamic_group=_INT8_GROUP)
+        reduced = self._score_golden(golden)
+        report = compare_rankings(reference, reduced, tie=cfg.parity_tie)
+        self.parity = {"queries": report.queries, "kept": report.kept, "agreement": report.agreement,
+                       "mean_shared": report.mean_shared, "max_delta": report.max_delta}
+        log.info("parity_gate", model=cfg.name, precision=cfg.precision, **self.parity)
+        if report.agreement < cfg.parity_min_agreement:
+            self._compiled = None
+            raise EngineConfigError(
+                f"model {cfg.name!r}: {report.line(cfg.precision)}, below parity_min_agreement "
+                f"{cfg.parity_min_agreement:.0%}; refused, use precision = \"fp32\""
+            )
+
+    def _use(self, core: ov.Core, model: Any, precision: str, *, dynamic_group: int = 0) -> None:
+        """Compile ``model`` with ``streams`` infer requests sharing ``threads`` cores."""
+        streams: dict[str, Any] = (
+            {"NUM_STREAMS": self._config.streams} if self._config.streams else {"PERFORMANCE_HINT": "THROUGHPUT"}
+        )
+        compiled = core.compile_model(model, "CPU", {
+            **streams,
+            "INFERENCE_PRECISION_HINT": precision,
+            "INFERENCE_NUM_THREADS": self.threads,
+            # 0 (fp32, bf16): activations stay in the inference precision, so the exact mode
+            # computes what fp32 torch does. int8: activations quantized per group at run time.
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": dynamic_group,
+        })
+        self.streams = int(compiled.get_property("NUM_STREAMS"))
+        self._limiter.total_tokens = self.streams
+        requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for _ in range(self.streams):
+            requests.put(compiled.create_infer_request())
+        self._compiled, self._requests = compiled, requests
+        self._info = {
+            # What the plugin really runs: "bf16" on a CPU without bf16 instructions reads "f32".
+            "inference_precision": _type_name(compiled.get_property("INFERENCE_PRECISION_HINT")),
+            "threads": str(self.threads),
+            "streams": str(self.streams),
+        }
+
+    def _golden_rows(self, golden: list[GoldenQuery]) -> list[tuple[ScoreJob, list[Row]]]:
+        assert self._family is not None
+        tok = self._family.tokenizer
+        out = []
+        for g in golden:
+            shared = tok.encode_shared(g.query, "")
+            room = tok.item_room(shared)
+            items = [ids[:room] for ids in tok.encode_documents(g.documents)]
+            job = ScoreJob(query=g.query, instruction="", shared_ids=shared, item_ids=items, raw_scores=self._config.raw_scores)
+            out.append((job, self._family.rows(job)))
+        return out
+
+    def _score_golden(self, golden: list[GoldenQuery]) -> list[list[float]]:
+        assert self._family is not None
+        cfg = self._config
+        scores = []
+        for job, rows in self._golden_rows(golden):
+            batches = bucket_batches([len(r.ids) for r in rows], batch_tokens=cfg.batch_tokens,
+                                     max_batch_size=cfg.max_batch_size, parts=1)
+            out = np.empty((len(rows), 0), dtype=np.float32)
+            for batch in batches:
+                res = self._infer(self._arrays([rows[i] for i in batch]))
+                if out.shape[1] == 0:
+                    out = np.empty((len(rows), res.shape[1]), dtype=np.float32)
+                out[batch] = res
+            scores.append(self._family.scores(job, out))
+        return scores
+
+
+def _import_transformers(attempts: int = 5) -> None:
+    """Resolve the transformers names the families use, retrying a failed lookup: transformers'
+    lazy module can fail one ("cannot import name 'AutoModel'") while another model's worker
+    thread is importing it, as happens when several models start in one gateway."""
+    for attempt in range(attempts):
+        try:
+            from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer  # noqa: F401
+            return
+        except ImportError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
+
+
+def _type_name(value: Any) -> str:
+    to_string = getattr(value, "to_string", None)
+    return str(to_string()) if callable(to_string) else str(value)
+
+
+def _compress_int8(model: Any) -> Any:
+    """int8 weights, symmetric per output channel (NNCF); the CPU plugin then quantizes each
+    matmul's activations per group of ``_INT8_GROUP`` values as it runs, and computes in int8."""
+    import nncf
+
+    return nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM, ratio=1.0)

@@ -1,0 +1,194 @@
+"""Export an encoder family's model to OpenVINO IR once, and keep it in an on-disk cache.
+
+The exported graph is the family's own ``output`` (the same torch code the transformers
+runtime runs: a cross-encoder's logits, a bi-encoder's pooled embedding), traced by
+``openvino.convert_model`` from the checkpoint's fp32 weights with dynamic batch and length.
+
+A cache entry is a directory named by a key over everything that changes the graph: the
+checkpoint's content hash (config.json and weight files), the family's export options (inputs,
+pooling, labels), the quantization recipe, and the versions of
+OpenVINO, NNCF, torch and transformers. Its ``manifest.json`` records the SHA-256 of each file;
+an entry whose files do not match (a crash mid-write, a disk error, a hand edit) is removed and
+rebuilt, never loaded. Entries are written to a temporary directory and renamed into place, so
+two gateways exporting the same model at once both end with one whole entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+__all__ = ("EXPORT_VERSION", "ModelCache", "cache_key", "checkpoint_digest", "checkpoint_dir", "default_cache_dir")
+
+log = structlog.get_logger("adapters.runtimes.cpu")
+
+# Bump when the traced graph or the quantization recipe changes: old entries are then unused.
+EXPORT_VERSION = 1
+_XML, _BIN, _MANIFEST = "model.xml", "model.bin", "manifest.json"
+# Files whose content is the model (tokenizer files do not change the graph: the gateway tokenizes).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "rerank-gateway" / "openvino"
+
+
+def checkpoint_dir(path: str, revision: str | None) -> Path:
+    """The checkpoint's local directory: ``path`` itself, or its snapshot in the Hugging Face cache."""
+    if os.path.isdir(path):
+        return Path(path)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(path, revision=revision))
+
+
+def _sha256(file: Path) -> str:
+    h = hashlib.sha256()
+    with file.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_digest(directory: Path) -> str:
+    """SHA-256 over the names and contents of config.json and the weight files."""
+    h = hashlib.sha256()
+    files = sorted(p for p in directory.iterdir() if p.is_file() and (p.name == "config.json" or p.suffix in _WEIGHT_SUFFIXES))
+    if not any(p.suffix in _WEIGHT_SUFFIXES for p in files):
+        raise FileNotFoundError(f"no weight files in {directory}")
+    for p in files:
+        h.update(p.name.encode() + b"\0" + _sha256(p).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _version(dist: str) -> str:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "absent"
+
+
+def cache_key(digest: str, options: dict[str, Any]) -> str:
+    """Key of one exported model: checkpoint hash + export options + library versions."""
+    versions = {d: _version(d) for d in ("openvino", "nncf", "torch", "transformers")}
+    payload = {"export_version": EXPORT_VERSION, "checkpoint": digest, "options": options, "versions": versions}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class ModelCache:
+    """Exported models under ``root``, one directory per :func:`cache_key`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def load(self, key: str, core: Any) -> Any | None:
+        """The cached ``openvino.Model`` of ``key``; None when absent or corrupted (then removed)."""
+        entry = self.root / key
+        if not entry.exists():
+            return None
+        problem = self._verify(entry, key)
+        if problem is None:
+            try:
+                return core.read_model(str(entry / _XML), str(entry / _BIN))
+            except Exception as exc:  # noqa: BLE001 -- any reader error means the entry is unusable
+                problem = f"OpenVINO cannot read it ({type(exc).__name__})"
+        log.warning("openvino_cache_corrupted", entry=str(entry), problem=problem, action="re-exporting")
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+
+    @staticmethod
+    def _verify(entry: Path, key: str) -> str | None:
+        try:
+            manifest = json.loads((entry / _MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return "manifest missing or unreadable"
+        if not isinstance(manifest, dict) or manifest.get("key") != key:
+            return "manifest names another key"
+        for name in (_XML, _BIN):
+            try:
+                digest = _sha256(entry / name)
+            except OSError:
+                return f"{name} missing"
+            if digest != manifest.get("files", {}).get(name):
+                return f"{name} does not match its recorded hash"
+        return None
+
+    def store(self, key: str, model: Any, info: dict[str, Any]) -> None:
+        """Save ``model`` (an ``openvino.Model``) as ``key``'s entry, atomically."""
+        import openvino as ov
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=self.root))
+        try:
+            # fp32 weights stay fp32 in the file: compression would change the exact mode's numbers.
+            ov.save_model(model, str(tmp / _XML), compress_to_fp16=False)
+            manifest = {"key": key, "files": {n: _sha256(tmp / n) for n in (_XML, _BIN)}, **info}
+            (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
+            try:
+                os.replace(tmp, self.root / key)
+            except OSError:
+                # Another process stored the same entry first (rename onto a non-empty directory).
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def get_or_build(self, key: str, core: Any, build: Callable[[], Any], info: dict[str, Any]) -> tuple[Any, bool]:
+        """(model, True when it came from the cache)."""
+        model = self.load(key, core)
+        if model is not None:
+            return model, True
+        model = build()
+        self.store(key, model, info)
+        # Read back what was stored so a first start runs the very graph later starts will.
+        cached = self.load(key, core)
+        return (cached if cached is not None else model), False
+
+
+def export_family(family: Any, *, example: Iterable[Iterable[int]] = ((1, 2, 3, 4), (1, 2, 3, 4))) -> Any:
+    """Trace ``family.output`` over the checkpoint's fp32 weights into an ``openvino.Model``.
+
+    Inputs (i64, dynamic ``[batch, length]``): ``input_ids``, ``attention_mask`` and, for typed
+    pairs, ``token_type_ids``; one f32 output ``[batch, k]``.
+    """
+    import openvino as ov
+    import torch
+
+    family.load_torch(torch.device("cpu"), torch.float32)
+    names = ["input_ids", "attention_mask", *(["token_type_ids"] if family.typed else [])]
+
+    class Graph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = family._model  # registered, so its weights become the graph's constants
+
+        def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+            return family.output(dict(zip(names, tensors, strict=True)))
+
+    rows = [list(r) for r in example]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long)
+    tensors = [ids, torch.ones_like(ids), *([torch.zeros_like(ids)] if family.typed else [])]
+    try:
+        with torch.inference_mode():
+            model = ov.convert_model(
+                Graph().eval(),
+                example_input=tuple(tensors),
+                input=[ov.PartialShape([-1, -1])] * len(names),
+            )
+    finally:
+        family.unload()  # the torch weights are not needed once the graph holds them
+    for port, name in zip(model.inputs, names, strict=True):
+        port.get_tensor().set_names({name})
+    model.outputs[0].get_tensor().set_names({"output"})
+    return model

@@ -1,0 +1,132 @@
+"""The parity gate of reduced precisions: does bf16 / int8 keep the model's ranking?
+
+At start the engine scores a golden set (queries x documents) in fp32 and in the reduced
+precision, through the same tokenization and score rule requests take. A query keeps its
+ranking when the reduced precision's top-10 holds the same documents in the same order as
+fp32's, where a document may stand in for another whose fp32 score is within ``tie`` of it (two
+documents the model itself cannot tell apart may swap). The precision is admitted when at least
+``min_agreement`` of the queries keep it; otherwise the model refuses to start with one line
+saying what was measured.
+
+The golden set is a JSON Lines file of real queries when configured (``parity_set``), else
+generated from the tokenizer's own vocabulary: short queries of whole words and documents of
+40-110 words into which 0-5 of the query's words are mixed, so a trained reranker's scores
+spread over its range as they do on real traffic. Deterministic (fixed seed): the same model
+gets the same verdict every start.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ("GoldenQuery", "ParityReport", "compare_rankings", "generate_golden_set", "read_golden_set")
+
+TOP_K = 10
+
+
+@dataclass(frozen=True)
+class GoldenQuery:
+    query: str
+    documents: list[str]
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    queries: int
+    kept: int  # queries whose top-10 the reduced precision keeps
+    mean_shared: float  # documents of fp32's top-10 also in the reduced top-10, on average
+    max_delta: float  # largest |score change| over all pairs
+
+    @property
+    def agreement(self) -> float:
+        return self.kept / self.queries if self.queries else 1.0
+
+    def line(self, precision: str) -> str:
+        return (
+            f"precision {precision!r} keeps the fp32 top-{TOP_K} order of {self.kept} of {self.queries} "
+            f"golden queries ({self.agreement:.1%}), {self.mean_shared:.1f} of {TOP_K} top documents shared "
+            f"on average, largest score change {self.max_delta:.1e}"
+        )
+
+
+def _words(vocab: dict[str, int]) -> list[str]:
+    """Whole-word tokens of a vocabulary (WordPiece, SentencePiece '▁' and byte-level 'Ġ' styles)."""
+    out = set()
+    for token in vocab:
+        word = token.lstrip("▁Ġ")
+        if len(word) >= 3 and word.isalpha() and word.isascii():
+            out.add(word.lower())
+    return sorted(out)
+
+
+def generate_golden_set(vocab: dict[str, int], *, queries: int, documents: int, seed: int = 20) -> list[GoldenQuery]:
+    """``queries`` x ``documents`` texts made of the tokenizer's own words (see the module doc)."""
+    words = _words(vocab)
+    rng = random.Random(seed)
+    if len(words) < 20:
+        # A small subword vocabulary (test models): words glued from its alphabetic pieces.
+        stripped = (t.lstrip("▁Ġ#") for t in vocab)
+        pieces = sorted({p for p in stripped if p.isalpha() and p.isascii()})
+        if len(pieces) < 20:
+            raise ValueError(f"the tokenizer has only {len(pieces)} alphabetic tokens; set parity_set to a file of real queries")
+        words = sorted({"".join(rng.choices(pieces, k=rng.randint(2, 3))) for _ in range(500)})
+    out = []
+    for _ in range(queries):
+        query_words = rng.sample(words, k=rng.randint(3, 6))
+        docs = []
+        for _ in range(documents):
+            body = rng.choices(words, k=rng.randint(40, 110))
+            for _ in range(rng.randint(0, 5)):  # relevance: how many query words the document mentions
+                body.insert(rng.randrange(len(body) + 1), rng.choice(query_words))
+            docs.append(" ".join(body))
+        out.append(GoldenQuery(" ".join(query_words), docs))
+    return out
+
+
+def read_golden_set(path: str | Path) -> list[GoldenQuery]:
+    """A JSON Lines file of ``{"query": str, "documents": [str, ...]}`` (at least 10 documents each)."""
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item: Any = json.loads(line)
+            query, docs = item["query"], item["documents"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{n}: expected {{\"query\": ..., \"documents\": [...]}}") from exc
+        if not isinstance(query, str) or not isinstance(docs, list) or not all(isinstance(d, str) for d in docs):
+            raise ValueError(f"{path}:{n}: query must be a string and documents a list of strings")
+        if len(docs) < TOP_K:
+            raise ValueError(f"{path}:{n}: {len(docs)} documents; the gate compares top-{TOP_K}, so give at least {TOP_K}")
+        out.append(GoldenQuery(query, list(docs)))
+    if not out:
+        raise ValueError(f"{path}: no queries")
+    return out
+
+
+def _order(scores: Sequence[float]) -> list[int]:
+    # Stable: equal scores keep input order, as the gateway's own sort does.
+    return sorted(range(len(scores)), key=lambda i: -scores[i])
+
+
+def keeps_top_k(reference: Sequence[float], reduced: Sequence[float], *, tie: float, k: int = TOP_K) -> bool:
+    ref, red = _order(reference), _order(reduced)
+    return all(a == b or abs(reference[a] - reference[b]) < tie for a, b in zip(ref[:k], red[:k]))
+
+
+def compare_rankings(
+    reference: Sequence[Sequence[float]], reduced: Sequence[Sequence[float]], *, tie: float
+) -> ParityReport:
+    """Compare per-query scores of fp32 (``reference``) and a reduced precision."""
+    kept, shared, delta = 0, 0, 0.0
+    for ref, red in zip(reference, reduced, strict=True):
+        kept += keeps_top_k(ref, red, tie=tie)
+        shared += len(set(_order(ref)[:TOP_K]) & set(_order(red)[:TOP_K]))
+        delta = max(delta, max((abs(a - b) for a, b in zip(ref, red, strict=True)), default=0.0))
+    n = len(reference)
+    return ParityReport(queries=n, kept=kept, mean_shared=shared / n if n else float(TOP_K), max_delta=delta)

