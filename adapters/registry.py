@@ -75,6 +75,7 @@ _PRELOAD: Final[dict[str, tuple[tuple[str, tuple[str, ...]], ...]]] = {
     ),
 }
 _PRELOAD["vllm"] = _PRELOAD["transformers"]  # vLLM's engines load tokenizers through transformers in-process
+_PRELOAD["openvino"] = _PRELOAD["transformers"]  # the export loads the checkpoint through transformers
 # One build (import) at a time: the engine modules import torch, transformers and vLLM.
 _import_lock = threading.Lock()
 _preloaded: set[str] = set()

@@ -420,21 +420,25 @@ class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
     precision: Literal["fp32", "bf16", "int8"] = "fp32"
     # Where exported models live; None: $XDG_CACHE_HOME/rerank-gateway/openvino (~/.cache/...).
     cache_dir: str | None = None
-    # CPU threads in all (None: the cores this process may run on) and inferences in flight at
-    # once, each on its share of the threads (None: what OpenVINO's throughput hint picks).
+    # CPU threads in all (None: the cores this process may run on).
     threads: Positive | None = None
+    # Inferences in flight at once, each on its share of the threads (None: what OpenVINO's
+    # throughput hint picks).
     streams: Positive | None = None
-    # Rows are sorted by length and cut into batches of at most this many padded tokens / rows
+    # Rows are sorted by length and cut into batches of at most this many padded tokens
     # (small batches of near-equal lengths: no padding waste, and every stream gets work).
     batch_tokens: Positive = 2048
+    # ... and at most this many rows per batch.
     max_batch_size: Positive = 16
-    # Parity gate of bf16 / int8, run at start: a golden set of queries x documents is scored
-    # in fp32 and in the reduced precision; the precision is refused unless at least
-    # parity_min_agreement of the queries keep their fp32 top-10 (same documents, same order;
-    # swaps of documents whose fp32 scores differ by less than parity_tie aside).
+    # Parity gate of bf16 / int8, run at start: a golden set of this many queries is scored in
+    # fp32 and in the reduced precision.
     parity_queries: Positive = 32
+    # Documents per golden query.
     parity_documents: Annotated[int, msgspec.Meta(ge=10)] = 30
+    # The precision is refused unless at least this share of the queries keep their fp32 top-10
+    # (same documents, same order).
     parity_min_agreement: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.99
+    # Swaps of documents whose fp32 scores differ by less than this are not counted as changes.
     parity_tie: Annotated[float, msgspec.Meta(ge=0)] = 1e-3
     # A JSON Lines file of {"query": ..., "documents": [...]} (real traffic) used as the golden
     # set instead of the generated one.

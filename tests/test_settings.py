@@ -160,7 +160,7 @@ def test_environment_values_are_converted_to_the_field_type(tmp_path):
     ("text", "wanted"),
     [
         ('[[models]]\nname = "a"\nengine = "transfomers"\npath = "/m"\n',
-         ("models[0].engine: unknown engine 'transfomers'; the engines are 'dashscope', 'gguf', 'packed', 'pool', "
+         ("models[0].engine: unknown engine 'transfomers'; the engines are 'dashscope', 'gguf', 'openvino', 'packed', 'pool', "
           "'static', 'transformers', 'vllm-generate', 'vllm-score'")),
         (f'[logging]\nlevel = "VERBOSE"\n{STATIC}',
          "logging.level: invalid value 'VERBOSE'; allowed: 'DEBUG', 'ERROR', 'INFO', 'WARNING'"),

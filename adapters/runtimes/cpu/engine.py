@@ -20,7 +20,6 @@ import math
 import os
 import queue
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -214,7 +213,6 @@ class OpenVinoEngine:
     # -- start (worker thread) ----------------------------------------------------------------
     def _load(self) -> None:
         cfg = self._config
-        _import_transformers()
         family = create_family(cfg, self.runtime)
         if not isinstance(family, EncoderFamily):
             raise EngineConfigError(f"model {cfg.name!r}: the openvino runtime runs encoder families only")
@@ -318,19 +316,6 @@ class OpenVinoEngine:
             scores.append(self._family.scores(job, out))
         return scores
 
-
-def _import_transformers(attempts: int = 5) -> None:
-    """Resolve the transformers names the families use, retrying a failed lookup: transformers'
-    lazy module can fail one ("cannot import name 'AutoModel'") while another model's worker
-    thread is importing it, as happens when several models start in one gateway."""
-    for attempt in range(attempts):
-        try:
-            from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer  # noqa: F401
-            return
-        except ImportError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.5)
 
 
 def _type_name(value: Any) -> str:
