@@ -230,6 +230,30 @@ async def test_family_that_does_not_match_the_file_is_refused(tiny):
     await engine.stop()
 
 
+@pytest.mark.anyio
+async def test_decodes_are_planned_at_batch_tokens_not_at_the_context(tiny, f32):
+    # Every sequence of one llama_decode attends over the whole call's tokens, so the runtime
+    # groups prompts up to batch_tokens while the context keeps the window (512 here): a call
+    # planned at the context's size was 5x slower (docs/engines-gguf.md).
+    engine = await _engine(tiny["f32"], max_batch_size=64, batch_tokens=64)
+    calls: list[list[int]] = []
+    decode = engine._decode
+
+    def spy(prompts):
+        calls.append([len(p) for p in prompts])
+        return decode(prompts)
+
+    engine._decode = spy  # type: ignore[method-assign]
+    try:
+        result = await engine.score(_job(engine, QUERIES[0], DOCS))
+    finally:
+        await engine.stop()
+    assert engine._n_batch >= 512 and len(calls) > 1
+    assert all(len(c) == 1 or sum(c) <= 64 for c in calls), calls
+    expected = await f32.score(_job(f32, QUERIES[0], DOCS))
+    assert result.scores == pytest.approx(expected.scores, abs=1e-5)
+
+
 def test_plan_decodes_respects_both_bounds():
     lengths = [5, 5, 5, 9, 2, 2, 2, 2]
     batches = plan_decodes(lengths, batch_tokens=10, max_batch_size=3)

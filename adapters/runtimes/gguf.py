@@ -280,8 +280,12 @@ class GgufEngine:
             raise EngineUnavailableError("model is not loaded")
         prompts = [prompt.assemble(job.shared_ids, item) for item in job.item_ids]
         outputs: list[list[float]] = [[] for _ in prompts]
+        # Batches are planned at batch_tokens, not at the context's size: every sequence of one
+        # llama_decode attends over the whole batch's KV cells (masked), so the attention cost
+        # grows with the square of a batch's tokens. A prompt longer than batch_tokens (up to the
+        # window, which n_ctx always holds) is decoded alone.
         for batch in plan_decodes(
-            [len(p) for p in prompts], batch_tokens=self._n_batch, max_batch_size=self._config.max_batch_size
+            [len(p) for p in prompts], batch_tokens=self._config.batch_tokens, max_batch_size=self._config.max_batch_size
         ):
             out = await anyio.to_thread.run_sync(self._decode, [prompts[i] for i in batch], limiter=self._limiter)
             for i, vec in zip(batch, out, strict=True):
