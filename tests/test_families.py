@@ -24,17 +24,9 @@ from adapters.runtimes.transformers import TransformersEngine
 from gateway.app import create_app
 from schemas.config import Settings, TransformersEngineConfig
 from tests import reference_encoders as ref
+from tests.corpus import DOCS, Q
 from tests.tiny_encoders import build_tiny_bi_encoder, build_tiny_cross_encoder, set_known_logit
 
-Q = "What is the capital of the United States?"
-DOCS = [
-    "Carson City is the capital city of the American state of Nevada.",
-    "Washington, D.C. is the capital of the United States. It is a federal district.",
-    "Capital punishment has existed in the United States since before it was a country.",
-    "Quantum computing uses qubits.",
-    "yes",
-    " ".join(["The quick brown fox jumps over the lazy dog."] * 6),
-]
 TOL = 1e-5
 pytestmark = pytest.mark.anyio
 MULTI_LABELS = {0: "irrelevant", 1: "relevant", 2: "neutral"}

@@ -24,19 +24,15 @@ from adapters.runtimes.cpu import engine as ov_engine  # noqa: E402
 from adapters.runtimes.cpu.engine import OpenVinoEngine, bucket_batches  # noqa: E402
 from adapters.runtimes.cpu.parity import compare_rankings, keeps_top_k  # noqa: E402
 from schemas.config import OpenVinoEngineConfig  # noqa: E402
+from tests.corpus import DOCS as _DOCS, Q  # noqa: E402
 from tests.real_minilm import minilm_dir  # noqa: E402
 from tests.tiny_encoders import build_tiny_bi_encoder, build_tiny_cross_encoder  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
-Q = "What is the capital of the United States?"
+# One more document sharing the query's words with no answer in it.
 DOCS = [
-    "Carson City is the capital city of the American state of Nevada.",
-    "Washington, D.C. is the capital of the United States. It is a federal district.",
-    "Capital punishment has existed in the United States since before it was a country.",
-    "Quantum computing uses qubits.",
-    "yes",
-    " ".join(["The quick brown fox jumps over the lazy dog."] * 6),
+    *_DOCS,
     "The capital of France is Paris. Berlin is the capital of Germany. Madrid is in Spain.",
 ]
 EXACT = 1e-4  # the bound for exact modes vs sentence-transformers

@@ -24,21 +24,13 @@ from adapters.base import EngineConfigError, ScoreJob
 from adapters.families.detect import detect_family, read_model_files
 from adapters.runtimes.transformers import TransformersEngine
 from schemas.config import TransformersEngineConfig
+from tests.corpus import DOCS, Q
 from tests.tiny_encoders import build_tiny_bi_encoder
 from tests.tiny_st import bare_bert, save_st_bi_encoder, save_st_cross_encoder
 
 st = pytest.importorskip("sentence_transformers")
 
 pytestmark = pytest.mark.anyio
-Q = "What is the capital of the United States?"
-DOCS = [
-    "Carson City is the capital city of the American state of Nevada.",
-    "Washington, D.C. is the capital of the United States. It is a federal district.",
-    "Capital punishment has existed in the United States since before it was a country.",
-    "Quantum computing uses qubits.",
-    "yes",
-    " ".join(["The quick brown fox jumps over the lazy dog."] * 6),
-]
 TOL = 1e-5
 MODES = ("cls", "mean", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens")
 # (directory name, pooling, Normalize): each mode with Normalize, two without, one concatenation.
