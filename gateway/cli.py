@@ -53,7 +53,13 @@ def _serve(args: argparse.Namespace) -> int:
     return 0 if served else 1
 
 
-def _exit_without_teardown(code: int) -> None:
+# How long the exit waits for threads still working after the drain: a model still loading
+# (weights, a vLLM engine's start) cannot be interrupted, and joining it held SIGTERM's exit for
+# the whole load (36 s for a vLLM-CPU start; an orchestrator kills the pod at 30 s).
+EXIT_JOIN_GRACE_S = 3.0
+
+
+def _exit_without_teardown(code: int, *, grace_s: float = EXIT_JOIN_GRACE_S) -> None:
     """End the process as the interpreter would, minus its teardown of modules and objects.
 
     With torch and vLLM imported, Python's finalization (freeing ~700k objects and the native
@@ -61,18 +67,70 @@ def _exit_without_teardown(code: int) -> None:
     requests and stopped its engines: most of a SIGTERM's time to exit. The steps of a normal
     exit that matter still run, in its order: join the non-daemon threads (thread-pool workers
     are told to stop first), atexit callbacks, flush the log; then the process ends.
+
+    Threads still running after ``grace_s`` (a model load the shutdown could not stop) are left
+    behind: the child processes they started (vLLM's engine core) are killed, the log flushed,
+    and the process ends without the atexit callbacks, which could wait on the same load.
     """
     import atexit
     import logging
     import threading
+    import time
 
     join_threads = getattr(threading, "_shutdown", None)  # what Py_Finalize calls first
+    others = [t for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+    # threading._shutdown joins without a bound and only from the main thread: wait here first,
+    # bounded, for the threads still running.
+    deadline = time.monotonic() + grace_s
+    for thread in others:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = sorted(t.name for t in others if t.is_alive())
+    if left:
+        import structlog
+
+        structlog.get_logger("gateway.servers").warning("exit_abandoning_threads", threads=left, grace_s=grace_s,
+                                                        why="still working after the drain (a model load)")
+        _kill_children()
+        _end(code)
     if join_threads is not None:
-        join_threads()
-    elif any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        return  # cannot join them as the interpreter would: exit the usual way
+        join_threads()  # the threading atexit callbacks; nothing is left to wait for
     atexit._run_exitfuncs()
     logging.shutdown()
+    _end(code)
+
+
+def _kill_children(wait_s: float = 2.0) -> None:
+    """Terminate every process this one started and their descendants (vLLM's engine core and
+    its executor's worker: the worker outlived a killed core, spinning, when only the core was
+    signalled), then kill those still alive after ``wait_s``. psutil (a dependency of vLLM)
+    sees the whole tree; without it, the processes started through multiprocessing."""
+    try:
+        import psutil
+    except ImportError:
+        import multiprocessing
+
+        procs: list = multiprocessing.active_children()
+        for proc in procs:
+            with contextlib.suppress(Exception):
+                proc.terminate()
+        for proc in procs:
+            proc.join(wait_s)
+            if proc.is_alive():
+                with contextlib.suppress(Exception):
+                    proc.kill()
+        return
+    procs = psutil.Process().children(recursive=True)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=wait_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=wait_s)
+
+
+def _end(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
