@@ -15,11 +15,6 @@ import anyio.to_thread
 import msgspec
 import torch
 
-# Resolved now, while the gateway builds engines one import at a time (gateway.serving.models): two packed
-# models loading in parallel threads otherwise race in transformers' lazy module and one fails
-# with "cannot import name 'AutoTokenizer'" (seen on the H200, issue 24's run).
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
-
 from adapters.base import EngineConfigError, EngineError, EngineUnavailableError, ScoreJob, ScoreResult
 from adapters.families import resolve_for_runtime
 from adapters.families.base import WEIGHTS_LOCK
