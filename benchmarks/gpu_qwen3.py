@@ -15,7 +15,7 @@ Phases:
   gate's figure from ``/ready``), measured side by side: each level (d100 at 1 client, d100 and
   d300 at 16) runs every model before the next level. ``--vllm alone,beside,spawned`` adds
   vllm-score alone, in a gateway beside a packed model (vLLM started first, issue 24 item 4) and
-  alone with its engine core spawned -- ~2.5 min each, so the packed gateway alone fits ~4 min.
+  alone with its engine core spawned -- ~2.5 min each (estimated: the packed gateway ~4 min).
 - ``0.6b-packed``: ``0.6b`` without vLLM whatever ``--vllm`` says.
 - ``4b``, ``8b``: each runtime (packed bf16, packed fp8, vllm-score, vllm-generate, transformers)
   in its own gateway: GPU memory in use once ready and at peak, d100 at 1 and 16 clients.
