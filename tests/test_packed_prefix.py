@@ -210,3 +210,25 @@ async def test_several_prefixes_in_one_step_and_a_request_split_across_steps():
     assert steps == [[(PA, 4)], [(PA, 1), (PB, 1)], [(PB, 2)]]
     assert stats["computed_tokens"] == 4 + (10 + 20) + (10 + 5 + 8 + 6) + (8 + 12)
     assert stats["steps_by_requests"] == {"1": 3, "2": 1}
+
+
+def test_gather_kv_of_views_of_one_projection():
+    """vLLM's q/k norm + RoPE leaves k and v as views of the fused projection: gathered in one copy."""
+    from adapters.runtimes.packed.forward import _gather_kv
+
+    qkv = torch.randn(7, (4 + 2 + 2) * 8)
+    q, k, v = qkv.split((32, 16, 16), dim=-1)
+    k, v = k.view(7, 2, 8), v.view(7, 2, 8)
+    rows = torch.tensor([0, 1, 2, 0, 1, 5, 6, 6])
+    gk, gv = _gather_kv(k, v, rows)
+    assert torch.equal(gk, k[rows]) and torch.equal(gv, v[rows])
+    assert gk.data_ptr() + 16 * 4 == gv.data_ptr()  # one buffer: the single-copy path ran
+    sk, sv = _gather_kv(k.contiguous(), v.contiguous(), rows)  # separate tensors: two copies
+    assert torch.equal(sk, gk) and torch.equal(sv, gv)
+    # one-token tensors that merely sit next to each other in memory are not one buffer
+    import numpy as np
+
+    mem = np.arange(32, dtype=np.float32)
+    k1, v1 = torch.from_numpy(mem[:16]).view(1, 2, 8), torch.from_numpy(mem[16:]).view(1, 2, 8)  # two storages
+    assert v1.data_ptr() == k1.data_ptr() + 64
+    assert torch.equal(_gather_kv(k1, v1, torch.tensor([0, 0]))[1], v1[[0, 0]])

@@ -60,6 +60,19 @@ class _Step(NamedTuple):
     lens_k: list[int] | None
 
 
+def _gather_kv(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k[rows], v[rows]``; when v follows k in each row of one buffer (vLLM's in-place q/k norm +
+    RoPE leaves them as views of the q/k/v projection) one gather copies both: one kernel, whole rows."""
+    n, heads, dim = k.shape
+    width = heads * dim
+    if (v.shape == k.shape and k.stride() == v.stride() and k.stride()[1:] == (dim, 1)
+            and k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+            and v.data_ptr() == k.data_ptr() + width * k.element_size()):
+        kv = k.as_strided((n, 2 * width), (k.stride(0), 1)).index_select(0, rows)
+        return kv[:, :width].view(-1, heads, dim), kv[:, width:].view(-1, heads, dim)
+    return k.index_select(0, rows), v.index_select(0, rows)
+
+
 def load_backbone(path: str, revision: str | None, dtype: torch.dtype, rows: Sequence[int]) -> tuple[Any, torch.Tensor]:
     """The checkpoint's backbone (embeddings, layers, final norm) and the LM-head ``rows`` in fp32, on CPU."""
     from transformers import AutoModelForCausalLM
@@ -436,7 +449,7 @@ class PackedQwen3Replica:
     def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: _Step) -> torch.Tensor:
         """Varlen attention of the step; with shared prefixes each tail's keys are [P; T_i], gathered here."""
         if step.kv is not None:
-            k, v = k.index_select(0, step.kv), v.index_select(0, step.kv)
+            k, v = _gather_kv(k, v, step.kv)
         return self._attend(q, k, v, step.cu_q, step.cu_k, step.max_q, step.max_k, step.lens_q, step.lens_k)
 
     def _forward_fused(self, ids: torch.Tensor, positions: torch.Tensor, step: _Step) -> torch.Tensor:
