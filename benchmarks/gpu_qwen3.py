@@ -13,7 +13,8 @@ Phases:
 - ``0.6b``: one gateway serving packed bf16 (each request's shared prefix computed once per
   step), packed bf16 with whole prompts (``share_prefix = false``) and packed fp8 (shared; the
   gate's figure from ``/ready``), measured side by side: each level (d100 at 1 client, d100 and
-  d300 at 16) runs every model before the next level. ``--vllm alone,beside,spawned`` adds
+  d300 at 16) runs every model before the next level; before that, one 100-document request to
+  each gives the max score difference to packed bf16 (shared = whole prompts, up to bf16 noise). ``--vllm alone,beside,spawned`` adds
   vllm-score alone, in a gateway beside a packed model (vLLM started first, issue 24 item 4) and
   alone with its engine core spawned -- ~2.5 min each (estimated: the packed gateway ~4 min).
 - ``0.6b-packed``: ``0.6b`` without vLLM whatever ``--vllm`` says.
@@ -199,6 +200,29 @@ def bench(gw: Gateway, model: str, model_dir: Path, wl: str, clients: int, reque
     return row
 
 
+def agreement(gw: Gateway, labels: list[str]) -> dict[str, Any]:
+    """One 100-document request to each model: max |score - first model's score| per model (on random
+    weights scores sit near 0.5: the spread is given beside it to size the differences)."""
+    import random
+
+    rng = random.Random(5)
+    words = "capital city state river market school engine paper garden music ocean winter".split()
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 120))) for _ in range(100)]
+    scores = {}
+    for label in labels:
+        body = json.dumps({"model": label.replace(" ", "-"), "query": "which city is the capital", "documents": docs}).encode()
+        req = urllib.request.Request(gw.url + "/v1/rerank", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            results = json.loads(r.read())["results"]
+        scores[label] = [s for _, s in sorted((x["index"], x["relevance_score"]) for x in results)]
+    ref = scores[labels[0]]
+    mean = sum(ref) / len(ref)
+    out: dict[str, Any] = {"reference": labels[0], "reference_std": (sum((x - mean) ** 2 for x in ref) / len(ref)) ** 0.5}
+    for label in labels[1:]:
+        out[label] = max(abs(a - b) for a, b in zip(scores[label], ref, strict=True))
+    return out
+
+
 def serve_and_bench(name: str, models: dict[str, dict[str, Any]], measure: list[str], size: str, model_dir: Path,
                     work: Path, results: dict[str, Any], env: dict[str, str] | None = None, need_s: float = 120) -> None:
     """One gateway serving ``models`` (label -> config); each label of ``measure`` through every level."""
@@ -221,6 +245,9 @@ def serve_and_bench(name: str, models: dict[str, dict[str, Any]], measure: list[
         entry["engine_stats"] = {m["name"]: m.get("engine_stats") for m in body["models"]}
         log(f"{name}: ready in {entry['start_s']:.0f}s, {entry['gpu_ready_mib']} MiB; "
             f"{json.dumps({k: (v or {}).get('precision') for k, v in entry['engine_stats'].items()})}")
+        if sum(label.startswith("packed") for label in measure) > 1:
+            entry["agreement"] = agreement(gw, [label for label in measure if label.startswith("packed")])
+            log(f"{name}: scores against {measure[0]}: {json.dumps(entry['agreement'])}")
         entry["rows"] = {label: [] for label in measure}
         # Side by side: every model through one level before the next (the card's clocks and power
         # cap drift over minutes; this keeps the models' figures of one level minutes apart at most).
@@ -257,6 +284,9 @@ def summary(results: dict[str, Any]) -> str:
                              f"{r['gpu_peak_mib']} | {r['errors']} |")
         if e.get("error"):
             lines.append(f"| {name} | | error: {e['error'][:300]} | | | | | | | | | |")
+        if e.get("agreement"):
+            lines.append(f"| {name} | | max score difference to {e['agreement']['reference']} (one 100-document request): "
+                         f"{json.dumps({k: v for k, v in e['agreement'].items() if k != 'reference'})} | | | | | | | | | |")
     for name, e in results["runs"].items():
         rows = e.get("rows") or {}
         if len(rows) < 2:
