@@ -232,3 +232,48 @@ def test_gather_kv_of_views_of_one_projection():
     k1, v1 = torch.from_numpy(mem[:16]).view(1, 2, 8), torch.from_numpy(mem[16:]).view(1, 2, 8)  # two storages
     assert v1.data_ptr() == k1.data_ptr() + 64
     assert torch.equal(_gather_kv(k1, v1, torch.tensor([0, 0]))[1], v1[[0, 0]])
+
+
+class _Failing(_Recorder):
+    """Fails every step that holds B's prefix; pipelined (launch / collect) when asked."""
+
+    def __init__(self, pipelined: bool) -> None:
+        super().__init__()
+        self.pipelined = pipelined
+
+    def score_groups(self, groups):
+        if any(tuple(pre) == PB for pre, _ in groups):
+            self.steps.append([(tuple(pre), len(tails)) for pre, tails in groups])
+            raise RuntimeError("device fell over")
+        return super().score_groups(groups)
+
+    def launch_groups(self, groups):
+        return groups
+
+    def collect(self, groups):
+        return self.score_groups(groups)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("pipelined", [False, True], ids=["whole-steps", "pipelined"])
+async def test_a_failed_step_fails_its_requests_only_and_the_rest_is_not_computed(pipelined):
+    runner = _Failing(pipelined)
+    # 30 tokens: A alone in its first step, then [A's last, B's first] (fails), then nothing of B
+    scheduler = PackedScheduler([runner], batch_tokens=30, max_items=64, share_prefix=True, error_type=ValueError)
+    try:
+        scheduler.submit(*BLOCKER)
+        await asyncio.sleep(0.05)
+        a, b = scheduler.submit(*A), scheduler.submit(*B)
+        runner.queued.set()
+        with pytest.raises(ValueError, match="forward pass failed on test: RuntimeError: device fell over"):
+            await asyncio.wait_for(b.future, 5)
+        with pytest.raises(ValueError):  # A's last document shared the failed step
+            await asyncio.wait_for(a.future, 5)
+        await asyncio.sleep(0.05)
+        # B's other documents are never run -- except, pipelined, the step already launched when the
+        # failed one is collected
+        assert [n for s in runner.steps for pre, n in s if pre == PB] == ([1, 2] if pipelined else [1])
+        c = scheduler.submit(*BLOCKER)  # and the scheduler keeps serving
+        assert await asyncio.wait_for(c.future, 5) == [_value(BLOCKER[0], [*BLOCKER[1][0], *BLOCKER[2]])]
+    finally:
+        scheduler.stop()
