@@ -207,3 +207,22 @@ async def test_scheduler_keeps_one_step_in_flight_per_stage():
         assert await asyncio.wait_for(lone.future, 5) == [0.03]
     finally:
         scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_split_runner_launched_ahead_keeps_every_score(tiny4):
+    """The CUDA path's scheduling with the real split replica: two steps launched ahead of collects
+    (``pipelined`` forced on CPU, where launch computes), concurrent requests, the reference's scores."""
+    tok = Qwen3PromptTokenizer(load_hf_tokenizer(str(tiny4), None), max_length=512, max_query_tokens=64)
+    backbone, head = _model(tiny4)
+    first = pipeline.build_pipeline(backbone, head, [CPU, CPU], attention="sdpa", compile=False)
+    first.pipelined = True
+    scheduler = PackedScheduler([first], batch_tokens=300, max_items=64)
+    try:
+        reqs = [(q, scheduler.submit(tok.encode_shared(q, DEFAULT_INSTRUCTION), tok.encode_documents(DOCS), tok.suffix_ids))
+                for q in QUERIES * 2]
+        for q, req in reqs:
+            assert await asyncio.wait_for(req.future, 30) == pytest.approx(reference.score_texts(tiny4, q, DOCS), abs=1e-5)
+        assert scheduler.stats()["steps"] > len(reqs)  # requests spanned several steps
+    finally:
+        scheduler.stop()
