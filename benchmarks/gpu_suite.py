@@ -8,8 +8,9 @@ Phases, in order of importance (a phase that would pass the deadline is skipped 
    128, MLP 3072, vocab 151,669, tied embeddings) with random bf16 weights -- weights do not
    change speed -- and the offline BPE tokenizer of ``tests.tiny_qwen3`` (lengths are cut in its
    tokens, so prompt lengths match the workload); bf16 matmul rate.
-2. parity: the packed and transformers engines (fp32 and bf16) against the independent reference
-   (fp32, CPU) on the tiny and the 0.6B-shaped checkpoints; each gateway phase then scores the
+2. parity: the packed and transformers engines (fp32 and bf16), and packed split in a pipeline
+   (over two GPUs, or one GPU and the CPU), against the independent reference (fp32, CPU) on the
+   tiny and the 0.6B-shaped checkpoints; each gateway phase then scores the
    0.6B-shaped documents through its running engine too (vLLM engines included).
 3. gateway over HTTP, one gateway per engine kind of ``--http-engines`` (packed, vllm-score,
    vllm-generate), one after the other: ``create_app`` + uvicorn in this process,
@@ -247,6 +248,12 @@ async def phase_gateway(model_dir: Path, kind: str, engine_cfg: dict[str, Any], 
     return out
 
 
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def _gpu_mib(peak: bool = False) -> list[int] | None:
     """Each GPU's memory held by this process's tensors (the engines run in-process), or its peak."""
     if "torch" not in sys.modules:
@@ -296,6 +303,13 @@ async def phase_parity(model_dir: Path, work: Path, small: bool) -> dict[str, An
             "packed bf16 (auto: varlen on CUDA)": PackedEngineConfig(**common, dtype="bfloat16",
                                                                      compile="off" if path == tiny else "auto"),
         }
+        # One model split in a pipeline (layers halved): over two GPUs when there are two; with one,
+        # its second stage on the CPU (eager: the CUDA path of a stage and the handover still run).
+        split_devs, split_compile = (["cpu", "cpu"], "off") if small else (
+            (["cuda:0", "cuda:1"], "auto") if _cuda_count() >= 2 else (["cuda:0", "cpu"], "off"))
+        configs[f"packed bf16 split over {'+'.join(split_devs)}"] = PackedEngineConfig(
+            **common, dtype="bfloat16", devices=tuple(split_devs), split="pipeline",
+            compile="off" if path == tiny else split_compile)
         if path == tiny and not small:
             # The 2026-12-01 report's finding (transformers fp32 off by 0.44 on CUDA): the same engine
             # with SDPA's math kernel only, to tell the fused SDPA kernels from the engine's own code.
