@@ -352,7 +352,11 @@ class PackedQwen3Replica:
                lens: list[int] | None) -> torch.Tensor:
         """Run this stage's layers on the previous stage's residual stream ``h`` (a pipeline split)."""
         dev = self.device
-        h, positions, cu = (t.to(dev, non_blocking=True) for t in (h, positions, cu))
+        # Into a GPU: queued behind the previous stage's kernels. Into the CPU: blocking, or the
+        # CPU would read the stream before the copy has landed.
+        h, positions, cu = (t.to(dev, non_blocking=dev.type == "cuda") for t in (h, positions, cu))
+        if self._per_prompt and lens is None:  # a CPU stage after a GPU one: SDPA needs the lengths
+            lens = (cu[1:] - cu[:-1]).tolist()
         run = self._forward_fp8 if self._run == self._forward_fp8 else self._forward_fused
         if dev.type != "cuda":
             return run(None, positions, cu, max_len, lens, h)
