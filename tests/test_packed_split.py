@@ -125,6 +125,7 @@ def _config(path, **kw) -> PackedEngineConfig:
     return PackedEngineConfig(name="p", path=str(path), dtype="float32", max_length=512, max_query_tokens=64, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_engine_split_over_cpus_scores_concurrent_requests(tiny4):
     # A 400-token budget: requests span several steps and concurrent ones share them.
@@ -146,6 +147,7 @@ async def test_engine_split_over_cpus_scores_concurrent_requests(tiny4):
         await eng.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_engine_refuses_a_split_the_model_cannot_take(tiny4):
     eng = PackedQwen3Engine(_config(tiny4, devices=("cpu", "cpu"), split="pipeline", split_layers=(1, 1)))
