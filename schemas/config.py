@@ -388,9 +388,13 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     # One model replica per device, all fed from one queue: ["cuda:0", "cuda:1"]; "auto": cuda:0, else cpu.
     devices: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)] = ("auto",)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # "auto": float32 on CPU, bfloat16 on CUDA
-    # Prompt tokens per step (one forward pass) on a device; a longer prompt gets a step alone.
+    # Tokens computed per step (one forward pass) on a device (with share_prefix a request's shared
+    # prefix counts once per step); a longer prompt gets a step alone.
     batch_tokens: Positive = 16_384
     max_items_per_step: Positive = 1024  # prompts per step
+    # Compute each request's shared prompt part (system + instruction + query) once per step, its
+    # documents' tokens attending to it, instead of once per document (same scores, fewer GEMMs).
+    share_prefix: bool = True
     # Which waiting request fills a step first: arrival order, or fewest tokens left.
     policy: Literal["fifo", "shortest-first"] = "fifo"
     # torch.compile(dynamic=True) of the pointwise work between the GEMMs; "auto": on CUDA only.

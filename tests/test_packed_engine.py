@@ -1,6 +1,7 @@
 """The packed engine (CPU: exact per-prompt SDPA fallback) and its scheduler.
 
-- parity: packed = the independent reference within 1e-5 (fp32), = the transformers engine;
+- parity: packed = the independent reference within 1e-5 (fp32), = the transformers engine, with
+  each request's shared prefix computed once per step (the default) and without;
 - scheduling: concurrent requests share steps; a lone request starts without waiting for company;
   a cancelled request's pending items are never computed; two CPU replicas both serve and
   ``/ready`` reports each.
@@ -46,10 +47,10 @@ def _config(tiny_dir, **kw) -> PackedEngineConfig:
     return PackedEngineConfig(name="p", path=str(tiny_dir), dtype="float32", max_length=512, max_query_tokens=64, **kw)
 
 
-@pytest.fixture(scope="module")
-async def engine(tiny_qwen3_dir):
+@pytest.fixture(scope="module", params=[True, False], ids=["shared-prefix", "whole-prompts"])
+async def engine(tiny_qwen3_dir, request):
     # A 300-token budget: a request's items span several steps, steps hold prompts of mixed length.
-    eng = PackedQwen3Engine(_config(tiny_qwen3_dir, batch_tokens=300))
+    eng = PackedQwen3Engine(_config(tiny_qwen3_dir, batch_tokens=300, share_prefix=request.param))
     await eng.start()
     yield eng
     await eng.stop()
@@ -62,7 +63,15 @@ async def test_scores_equal_reference(engine, tiny_qwen3_dir, query):
     expected = reference.score_texts(tiny_qwen3_dir, query, DOCS)
     assert result.scores == pytest.approx(expected, abs=1e-5)
     assert len({round(s, 6) for s in expected}) > 3  # the tiny model really discriminates
-    assert engine.stats()["attention"] == "sdpa per prompt" and engine.stats()["compiled"] is False
+    stats = engine.stats()
+    assert stats["attention"] == "sdpa per prompt" and stats["compiled"] is False
+    assert stats["share_prefix"] is engine._config.share_prefix and stats["prefix_sharing"]["not_shared_because"] is None
+    # a request's items span several steps (the budget), with sharing each recomputes the prefix once
+    assert stats["steps"] > stats["requests"]
+    if stats["share_prefix"]:
+        assert stats["computed_tokens"] < 0.8 * stats["prompt_tokens"]
+    else:
+        assert stats["computed_tokens"] == stats["prompt_tokens"]
 
 
 @pytest.mark.anyio
@@ -142,17 +151,17 @@ async def test_cancelled_request_drops_its_pending_items(tiny_qwen3_dir):
     await eng.start()
     try:
         replica = eng._replicas[0]
-        real = replica.score
+        real = replica.score_groups
         calls: list[int] = []
         entered, gate = threading.Event(), threading.Event()
 
-        def gated(prompts):
-            calls.append(len(prompts))
+        def gated(groups):
+            calls.append(sum(len(tails) for _, tails in groups))
             entered.set()
             gate.wait(10)
-            return real(prompts)
+            return real(groups)
 
-        replica.score = gated  # the scheduler calls the runner's score at each step
+        replica.score_groups = gated  # the scheduler calls the runner's score_groups at each step (share_prefix)
         task = asyncio.create_task(eng.score(_job(eng.tokenizer, QUERIES[0], DOCS)))
         assert await asyncio.get_running_loop().run_in_executor(None, entered.wait, 5)
         task.cancel()
@@ -166,7 +175,7 @@ async def test_cancelled_request_drops_its_pending_items(tiny_qwen3_dir):
         assert calls == [1], f"steps run after the cancel: {calls}"
         assert eng.stats()["dropped_items"] == len(DOCS) - 1
         assert eng.stats()["waiting_requests"] == 0
-        replica.score = real
+        replica.score_groups = real
         after = await eng.score(_job(eng.tokenizer, QUERIES[1], DOCS[:2]))
         assert after.scores == pytest.approx(reference.score_texts(tiny_qwen3_dir, QUERIES[1], DOCS[:2]), abs=1e-5)
     finally:

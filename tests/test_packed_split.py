@@ -128,9 +128,9 @@ def _config(path, **kw) -> PackedEngineConfig:
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_engine_split_over_cpus_scores_concurrent_requests(tiny4):
-    # A 400-token budget: requests span several steps and concurrent ones share them.
+    # A 1000-token budget (computed tokens: a request computes ~340): concurrent requests share steps.
     eng = PackedQwen3Engine(_config(tiny4, devices=("cpu", "cpu", "cpu"), split="pipeline", split_layers=(1, 2, 1),
-                                    batch_tokens=400))
+                                    batch_tokens=1000))
     await eng.start()
     try:
         jobs = [(q, _job(eng.tokenizer, q, DOCS)) for q in QUERIES * 2]
@@ -238,5 +238,6 @@ def test_stage_with_per_prompt_attention_after_a_varlen_one(tiny4, prompts, want
     backbone, head = _model(tiny4)
     first = pipeline.build_pipeline(backbone, head, [CPU, CPU], attention="sdpa", compile=False)
     first._per_prompt = False  # as on CUDA: launch passes no lengths
-    first._attend = lambda q, k, v, cu, max_len, lens: kernels.sdpa_per_prompt(q, k, v, cu, max_len, (cu[1:] - cu[:-1]).tolist())
+    first._attend = lambda q, k, v, cu_q, cu_k, max_q, max_k, lens_q, lens_k: kernels.sdpa_per_prompt(
+        q, k, v, cu_q, cu_k, max_q, max_k, cu_q.diff().tolist(), cu_k.diff().tolist())
     assert first.score(prompts) == pytest.approx(want, abs=1e-5)

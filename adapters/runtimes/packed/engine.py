@@ -83,6 +83,9 @@ class PackedQwen3Engine:
                      if self._replicas else None),
             "qk_norm_rope": ({"kernel": self._replicas[0].qk_kernel, "timing_ms": self._replicas[0].qk_timing_ms}
                              if self._replicas else None),
+            # configured, and why not in effect if so (an attention kernel failing the bottom-right check)
+            "prefix_sharing": {"configured": self._config.share_prefix,
+                               "not_shared_because": next((r.share_error for r in self._replicas if r.share_error), None)},
         }
         if self._replicas and self._replicas[0].mm_kernel:
             base["precision"] = {"mode": self._replicas[0].precision, "gemm": self._replicas[0].mm_kernel,
@@ -148,52 +151,74 @@ class PackedQwen3Engine:
         else:
             replicas = PackedQwen3Replica.replicas(backbone, head, devices, attention=cfg.attention, compile=compile_)
         for r in replicas:  # compile and warm every replica before traffic (one at a time)
-            _warm_up(r, prompt)
+            _warm_up(r, prompt, cfg.share_prefix)
+        share = cfg.share_prefix and all(r.can_share for r in replicas)
         if cfg.precision == "fp8":
-            self._gate = _to_fp8(replicas, prompt, cfg)
+            self._gate = _to_fp8(replicas, prompt, cfg, share)
         self._replicas = replicas
         self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
-                                          policy=cfg.policy, error_type=EngineError)
+                                          policy=cfg.policy, error_type=EngineError, share_prefix=share)
         self._prompt = prompt
 
 
-def _warm_up(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer) -> None:
-    """One prompt and several: both shape specializations get compiled now, not on a request."""
+def _warm_up(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, share: bool) -> None:
+    """One prompt and several: both shape specializations get compiled now, not on a request
+    (and with ``share`` the shared-prefix steps: one document, several, two requests)."""
     shared = prompt.encode_shared("warm-up query", "warm-up")
     docs = prompt.encode_documents(["a short document", "a somewhat longer document " * 4, "x"])
     prompts = [prompt.assemble(shared, d) for d in docs]
-    replica.warm_up([prompts[:1], prompts, prompts[1:], prompts[:1]])
+    tails = [[*d, *prompt.suffix_ids] for d in docs]
+    other = prompt.encode_shared("another warm-up query", "warm-up")
+    groups = [[(shared, tails[:1])], [(shared, tails)], [(shared, tails[1:]), (other, tails[:2])]] if share else []
+    replica.warm_up([prompts[:1], prompts, prompts[1:], prompts[:1]], groups)
 
 
-def _golden_scores(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, batch_tokens: int) -> list[list[float]]:
-    """The golden set's scores, queries packed together into steps of at most ``batch_tokens``."""
+def _golden_scores(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, batch_tokens: int,
+                   share: bool) -> list[list[float]]:
+    """The golden set's scores, queries packed together into steps of at most ``batch_tokens``
+    computed tokens, as the scheduler packs them (``share``: each query's prefix once per step)."""
     per_query = []
     for query, docs in gate.golden_set():
         shared = prompt.encode_shared(query, DEFAULT_INSTRUCTION)
-        per_query.append([prompt.assemble(shared, d) for d in prompt.encode_documents(docs)])
-    flat = [p for ps in per_query for p in ps]
+        per_query.append((shared, [[*d, *prompt.suffix_ids] for d in prompt.encode_documents(docs)]))
     scores: list[float] = []
-    step: list[list[int]] = []
-    for p in flat:
-        if step and sum(map(len, step)) + len(p) > batch_tokens:
-            scores += replica.score(step)
-            step = []
-        step.append(p)
-    scores += replica.score(step)
+    step: list[tuple[list[int], list[list[int]]]] = []
+    tokens = 0
+
+    def run() -> list[float]:
+        if share:
+            return replica.score_groups(step)
+        return replica.score([[*pre, *t] for pre, tails in step for t in tails])
+
+    for shared, tails in per_query:
+        for t in tails:
+            new_group = not (step and step[-1][0] is shared)
+            cost = len(t) + (len(shared) if new_group or not share else 0)
+            if step and tokens + cost > batch_tokens:
+                scores += run()
+                step, tokens = [], 0
+                new_group, cost = True, len(t) + len(shared)
+            if new_group:
+                step.append((shared, []))
+            step[-1][1].append(t)
+            tokens += cost
+    scores += run()
     out, i = [], 0
-    for ps in per_query:
-        out.append(scores[i:i + len(ps)])
-        i += len(ps)
+    for _, tails in per_query:
+        out.append(scores[i:i + len(tails)])
+        i += len(tails)
     return out
 
 
-def _to_fp8(replicas: list[PackedQwen3Replica], prompt: Qwen3PromptTokenizer, cfg: PackedEngineConfig) -> gate.GateResult:
-    """Quantize every replica; the first one's golden-set ranking against its bf16 self decides."""
-    base = _golden_scores(replicas[0], prompt, cfg.batch_tokens)
+def _to_fp8(replicas: list[PackedQwen3Replica], prompt: Qwen3PromptTokenizer, cfg: PackedEngineConfig,
+            share: bool) -> gate.GateResult:
+    """Quantize every replica; the first one's golden-set ranking against its bf16 self decides
+    (both scored the way the engine will serve: prefixes shared or not)."""
+    base = _golden_scores(replicas[0], prompt, cfg.batch_tokens, share)
     for r in replicas:
         r.to_fp8()
-        _warm_up(r, prompt)
-    result = gate.judge("fp8", base, _golden_scores(replicas[0], prompt, cfg.batch_tokens))
+        _warm_up(r, prompt, share)
+    result = gate.judge("fp8", base, _golden_scores(replicas[0], prompt, cfg.batch_tokens, share))
     if torch.cuda.is_available():  # the gate's 65k-token steps: do not keep their activations cached
         torch.cuda.empty_cache()
     if not result.passed and cfg.precision_gate == "refuse":

@@ -10,7 +10,15 @@ as if alone), and attention is causal *within* each prompt only:
   same kernel and arithmetic transformers' own SDPA path uses for a single unpadded sequence,
   hence exact.
 
-Only the last position of each prompt goes through the last layer's MLP, the final norm and the
+Shared prefix (``score_groups``): a request's prompts all start with the same tokens (system +
+instruction + query, ~38 % of a 100-document request's tokens). A step then holds each request's
+prefix ``P`` once, followed by each document's tail ``T_i`` (document + suffix, positions
+continuing from ``len(P)``): every GEMM runs on those tokens only. Attention is still one varlen
+call: the prefix is a sequence of its own (q = k = P) and each tail has q = T_i, k = [P; T_i]
+(the keys and values gathered by an index built on the host with the step), causal aligned
+bottom-right. Causality makes it exact: the prefix's keys do not depend on what follows it.
+
+Only the last position of each prompt (tail) goes through the last layer's MLP, the final norm and the
 two LM-head rows ("no", "yes"). The checkpoint loads with transformers' real Qwen3 code; the
 default "fused" mode concatenates each layer's q/k/v and gate/up weights (one GEMM each, the
 modules keep views) and runs the same arithmetic as those modules, so it serves any
@@ -24,7 +32,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -32,8 +40,23 @@ import torch.nn.functional as F
 
 from adapters.runtimes.packed import fp8, kernels
 
-__all__ = ("PackedQwen3Replica", "load_backbone")
+__all__ = ("Group", "PackedQwen3Replica", "load_backbone")
 
+# (shared prefix, tails): the prompts prefix + tail for each tail, scored in order.
+Group = tuple[Sequence[int], Sequence[Sequence[int]]]
+
+
+class _Step(NamedTuple):
+    """One packed step's layout on the device (built by ``_pack`` on the host, copied in one go)."""
+
+    cu_q: torch.Tensor  # int32 (sequences + 1): query tokens per sequence (prefixes and tails)
+    cu_k: torch.Tensor  # int32: key tokens per sequence (= cu_q without shared prefixes)
+    max_q: int
+    max_k: int  # also 1 + the step's largest position
+    kv: torch.Tensor | None  # int64 rows of k/v making each sequence's keys ([P; T_i]); None: k/v as they are
+    last: torch.Tensor  # int64 rows scored: the last token of each tail
+    lens_q: list[int] | None  # host lengths, for the per-sequence SDPA only
+    lens_k: list[int] | None
 
 
 def load_backbone(path: str, revision: str | None, dtype: torch.dtype, rows: Sequence[int]) -> tuple[Any, torch.Tensor]:
@@ -122,7 +145,7 @@ class PackedQwen3Replica:
         self._stage = [torch.empty(0, dtype=torch.long)] * 2  # pinned host buffers, alternated between steps
         self._stage_done: list[Any] = [None, None]  # each one's last copy to the device
         self._slot = 0
-        self._positions = torch.arange(0)
+        self.share_error: str | None = None  # why prefixes are not shared (set by warm_up's kernel check)
         self._regions = (kernels.rms, kernels.add_rms, kernels.qkv_rope, kernels.silu_mul)
         self._run: Callable[..., torch.Tensor] = self._forward if mode == "modules" else self._forward_fused
         self.precision = "model dtype"
@@ -200,19 +223,28 @@ class PackedQwen3Replica:
             out.append(cls(backbone if i == len(devices) - 1 else copy.deepcopy(backbone), head, dev, **kw))
         return out
 
-    def warm_up(self, batches: Sequence[Sequence[Sequence[int]]]) -> None:
-        """Run ``batches`` now so compilation happens before traffic; an uncompilable graph falls back to eager."""
-        try:
+    def warm_up(self, batches: Sequence[Sequence[Sequence[int]]], shared: Sequence[Sequence[Group]] = ()) -> None:
+        """Run ``batches`` (prompts) and ``shared`` (steps of prefix + tails groups) now so compilation
+        happens before traffic; an uncompilable graph falls back to eager. Before the shared steps the
+        attention kernel's bottom-right alignment is checked; where it fails prefixes are not shared."""
+        if shared and self.can_share:
+            self._check_sharing()
+
+        def run() -> None:
             for batch in batches:
                 self.score(batch)
+            for step in shared:
+                self.score_groups(step)
+
+        try:
+            run()
         except Exception as exc:
             if not self.compiled:
                 raise
             self.compile_error = f"{type(exc).__name__}: {exc}"[:500]
             for stage in self.chain():
                 stage._uncompile()
-            for batch in batches:
-                self.score(batch)
+            run()
         if batches:
             before = self.score(batches[-1])
             for stage in self.chain():
@@ -220,12 +252,25 @@ class PackedQwen3Replica:
             try:  # end to end with the kernels picked (q/k/v are then strided views for attention)
                 after = self.score(batches[-1])
                 ok = max(abs(a - b) for a, b in zip(after, before, strict=True)) < 0.05
+                if shared:
+                    self.score_groups(shared[-1])  # ... and gathered for the tails' keys
             except Exception as exc:  # noqa: BLE001
                 self.qk_timing_ms = {"error": f"{type(exc).__name__}: {exc}"[:200]}  # type: ignore[dict-item]
                 ok = False
             if not ok:
                 for stage in self.chain():
                     stage._qk_vllm, stage.qk_kernel = None, "torch"
+
+    @torch.inference_mode()
+    def _check_sharing(self) -> None:
+        """Tails attend to [P; T_i]: a kernel whose causal mask is top-left there would hide the prefix."""
+        try:
+            err = kernels.bottom_right_error(self._attend, self.device, self.backbone.embed_tokens.weight.dtype)
+        except Exception as exc:  # noqa: BLE001  # a kernel that refuses seqlen_q != seqlen_k
+            self.share_error = f"{self.attention_name}: {type(exc).__name__}: {exc}"[:300]
+            return
+        if not err < 2e-2:  # bf16: ~3e-3; a top-left mask: ~1
+            self.share_error = f"{self.attention_name}: not bottom-right aligned (relative error {err:.3g})"
 
     @torch.inference_mode()
     def _pick_silu(self) -> None:
@@ -294,21 +339,67 @@ class PackedQwen3Replica:
         """P(yes) over {no, yes} at the last position of each prompt."""
         return self.collect(self.launch(prompts))
 
-    def _pack(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[int]]:
-        """ids, positions and cumulative lengths in one int64 host tensor (3 rows' worth, one copy to the device)."""
-        lens = [len(p) for p in prompts]
-        total = sum(lens)
-        if self._positions.numel() < max(lens):
-            self._positions = torch.arange(max(max(lens), 4096), dtype=torch.long)
-        buf = self._host_buffer(2 * total + len(lens) + 1)
-        # numpy views: filling from Python lists is ~10x faster than torch.tensor(list) of a list.
+    def score_groups(self, groups: Sequence[Group]) -> list[float]:
+        """P(yes) of each prompt prefix + tail, every group's prefix computed once (flattened in order)."""
+        return self.collect(self.launch_groups(groups))
+
+    @property
+    def can_share(self) -> bool:
+        """Whether ``launch_groups`` computes prefixes once: the fused forwards do, with a kernel that
+        aligns causal masks bottom-right (checked at warm-up); otherwise each prompt runs whole."""
+        return self.mode == "fused" and self.share_error is None
+
+    def _pack(self, groups: Sequence[Group]) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The step in one int64 host tensor (one copy to the device), in this order: token ids,
+        positions, cu_q, [cu_k], rows scored, [k/v gather index] -- the bracketed parts only when a
+        group has a prefix. Per-sequence lists in Python, per-token arrays in numpy (~10x faster
+        than building tensors from lists)."""
+        qlen: list[int] = []  # per sequence: query tokens,
+        pos0: list[int] = []  # position of its first token,
+        kpre: list[int] = []  # prefix keys before its own (0 for a prefix, len(P) for a tail),
+        pstart: list[int] = []  # first row of those prefix keys
+        last: list[int] = []
+        t = 0
+        for prefix, tails in groups:
+            p, ps = len(prefix), t
+            if p:
+                qlen.append(p), pos0.append(0), kpre.append(0), pstart.append(ps)
+                t += p
+            for tail in tails:
+                qlen.append(len(tail)), pos0.append(p), kpre.append(p), pstart.append(ps)
+                t += len(tail)
+                last.append(t - 1)
+        n_seq, n_last = len(qlen), len(last)
+        shared = any(kpre)
+        lens = np.array(qlen, dtype=np.int64)
+        qstart = np.cumsum(lens) - lens
+        klen = lens + np.array(kpre, dtype=np.int64) if shared else lens
+        n_kv = int(klen.sum()) if shared else 0
+        size = 2 * t + (n_seq + 1) * (2 if shared else 1) + n_last + n_kv
+        buf = self._host_buffer(size)
         arr = buf.numpy()
-        arr[:total] = np.fromiter(itertools.chain.from_iterable(prompts), dtype=np.int64, count=total)
-        pos = self._positions.numpy()
-        arr[total:2 * total] = np.concatenate([pos[:n] for n in lens])
-        arr[2 * total] = 0
-        np.cumsum(lens, out=arr[2 * total + 1:2 * total + 1 + len(lens)])
-        return buf[:2 * total + len(lens) + 1], lens
+        arr[:t] = np.fromiter(itertools.chain.from_iterable(itertools.chain(pre, *tails) for pre, tails in groups),
+                              dtype=np.int64, count=t)
+        # positions: 0.. within a prefix, len(P).. within each of its tails
+        arr[t:2 * t] = np.arange(t) + np.repeat(np.array(pos0, dtype=np.int64) - qstart, lens)
+        o = 2 * t
+        arr[o] = 0
+        np.cumsum(lens, out=arr[o + 1:o + 1 + n_seq])
+        o += n_seq + 1
+        if shared:
+            arr[o] = 0
+            np.cumsum(klen, out=arr[o + 1:o + 1 + n_seq])
+            o += n_seq + 1
+        arr[o:o + n_last] = last
+        o += n_last
+        if shared:
+            # each sequence's keys: rows [pstart, pstart + kpre) then its own [qstart, qstart + qlen)
+            seg_start = np.stack((np.array(pstart, dtype=np.int64), qstart), axis=1).ravel()
+            seg_len = np.stack((np.array(kpre, dtype=np.int64), lens), axis=1).ravel()
+            arr[o:o + n_kv] = np.arange(n_kv) + np.repeat(seg_start - (np.cumsum(seg_len) - seg_len), seg_len)
+        meta = {"tokens": t, "sequences": n_seq, "scored": n_last, "kv": n_kv, "max_q": int(lens.max()),
+                "max_k": int(klen.max()), "lens_q": qlen, "lens_k": klen.tolist() if shared else qlen}
+        return buf[:size], meta
 
     def _host_buffer(self, n: int) -> torch.Tensor:
         """A staging buffer: pinned on CUDA (async copy), reused once its last copy has finished."""
@@ -323,48 +414,74 @@ class PackedQwen3Replica:
             self._stage[self._slot] = torch.empty(max(n, 1 << 18), dtype=torch.long, pin_memory=True)
         return self._stage[self._slot]
 
-    @torch.inference_mode()
     def launch(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
         """Prepare the step on the host and queue its kernels; on CUDA this returns before they ran."""
-        n = len(prompts)
+        return self.launch_groups([((), [p]) for p in prompts])
+
+    @torch.inference_mode()
+    def launch_groups(self, groups: Sequence[Group]) -> tuple[torch.Tensor, int]:
+        """``launch`` for prefix + tails groups; without prefix sharing each prompt is packed whole."""
+        if not self.can_share and any(len(pre) for pre, _ in groups):
+            groups = [((), [[*pre, *tail] for tail in tails]) for pre, tails in groups]
+        n = sum(len(tails) for _, tails in groups)
         if self.compiled and n == 1:
             # dynamic=True still specializes a size of 1: a 1-token second prompt keeps one graph.
-            prompts = [prompts[0], prompts[0][-1:]]
-        host, lens = self._pack(prompts)
-        total = sum(lens)
-        per_prompt = lens if self._per_prompt else None
+            tail = next(tails[0] for _, tails in groups if tails)
+            groups = [*groups, ((), [tail[-1:]])]
+        host, meta = self._pack(groups)
         dev = self.device
         if dev.type != "cuda":
-            return self._run(host[:total], host[total:2 * total], host[2 * total:].to(torch.int32), max(lens), per_prompt), n
+            return self._run_packed(host, meta), n
         with torch.cuda.device(dev):  # this worker thread launches on its own GPU
             d = host.to(dev, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record()
             self._stage_done[self._slot] = ev
-            out = self._run(d[:total], d[total:2 * total], d[2 * total:].to(torch.int32), max(lens), per_prompt)
-            return out, n
+            return self._run_packed(d, meta), n
+
+    def _run_packed(self, d: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
+        """Split ``_pack``'s buffer (on the device) into the forward's inputs and run it."""
+        t, n_seq, n_last, n_kv = meta["tokens"], meta["sequences"], meta["scored"], meta["kv"]
+        n_cu = (n_seq + 1) * (2 if n_kv else 1)
+        cu = d[2 * t:2 * t + n_cu].to(torch.int32)  # one conversion for cu_q and cu_k
+        o = 2 * t + n_cu
+        per_seq = self._per_prompt
+        step = _Step(cu_q=cu[:n_seq + 1], cu_k=cu[n_seq + 1:] if n_kv else cu, max_q=meta["max_q"], max_k=meta["max_k"],
+                     kv=d[o + n_last:o + n_last + n_kv] if n_kv else None, last=d[o:o + n_last],
+                     lens_q=meta["lens_q"] if per_seq else None, lens_k=meta["lens_k"] if per_seq else None)
+        return self._run(d[:t], d[t:2 * t], step)
 
     def collect(self, handle: tuple[torch.Tensor, int]) -> list[float]:
         probs, n = handle
         return probs[:n].tolist()  # waits for the device
 
-    def resume(self, h: torch.Tensor, positions: torch.Tensor, cu: torch.Tensor, max_len: int,
-               lens: list[int] | None) -> torch.Tensor:
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: _Step) -> torch.Tensor:
+        """Varlen attention of the step; with shared prefixes each tail's keys are [P; T_i], gathered here."""
+        if step.kv is not None:
+            k, v = k.index_select(0, step.kv), v.index_select(0, step.kv)
+        return self._attend(q, k, v, step.cu_q, step.cu_k, step.max_q, step.max_k, step.lens_q, step.lens_k)
+
+    def resume(self, h: torch.Tensor, positions: torch.Tensor, step: _Step) -> torch.Tensor:
         """Run this stage's layers on the previous stage's residual stream ``h`` (a pipeline split)."""
         dev = self.device
-        # Into a GPU: queued behind the previous stage's kernels. Into the CPU: blocking, or the
-        # CPU would read the stream before the copy has landed.
-        h, positions, cu = (t.to(dev, non_blocking=dev.type == "cuda") for t in (h, positions, cu))
-        if self._per_prompt and lens is None:  # a CPU stage after a GPU one: SDPA needs the lengths
-            lens = (cu[1:] - cu[:-1]).tolist()
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            # Into a GPU: queued behind the previous stage's kernels. Into the CPU: blocking, or the
+            # CPU would read the stream before the copy has landed.
+            return None if t is None else t.to(dev, non_blocking=dev.type == "cuda")
+
+        h, positions = move(h), move(positions)
+        step = step._replace(cu_q=move(step.cu_q), cu_k=move(step.cu_k), kv=move(step.kv), last=move(step.last))
+        if self._per_prompt and step.lens_q is None:  # a CPU stage after a GPU one: SDPA needs the lengths
+            step = step._replace(lens_q=step.cu_q.diff().tolist(), lens_k=step.cu_k.diff().tolist())
         run = self._forward_fp8 if self._run == self._forward_fp8 else self._forward_fused
         if dev.type != "cuda":
-            return run(None, positions, cu, max_len, lens, h)
+            return run(None, positions, step, h)
         with torch.cuda.device(dev):  # kernels that launch on the current device (Triton, FA3) land here
-            return run(None, positions, cu, max_len, lens, h)
+            return run(None, positions, step, h)
 
-    def _forward_fused(self, ids: torch.Tensor | None, positions: torch.Tensor, cu: torch.Tensor, max_len: int,
-                       lens: list[int] | None, h: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward_fused(self, ids: torch.Tensor | None, positions: torch.Tensor, step: _Step,
+                       h: torch.Tensor | None = None) -> torch.Tensor:
         rms, add_rms, qkv_rope, silu_mul = self._regions
         bb, eps = self.backbone, self._eps
         h = bb.embed_tokens(ids) if h is None else h
@@ -374,8 +491,8 @@ class PackedQwen3Replica:
             cos, sin = bb.rotary_emb(h, positions[None])  # (1, T, D), whatever RoPE scaling the config has
             cos, sin = cos[0, :, None, :], sin[0, :, None, :]
         else:
-            cos_sin = self._cos_sin_cache(max_len)
-        last = cu[1:].long() - 1
+            cos_sin = self._cos_sin_cache(step.max_k)
+        last = step.last
         layers = self._layers
         x = rms(h, layers[0].ln1, eps)
         dim = bb.layers[0].self_attn.head_dim
@@ -384,7 +501,7 @@ class PackedQwen3Replica:
                 q, k, v = qkv_rope(F.linear(x, w.qkv), w.q_norm, w.k_norm, eps, cos, sin, w.heads, w.kv_heads, dim)
             else:
                 q, k, v = qk_vllm(F.linear(x, w.qkv), w.q_norm, w.k_norm, eps, positions, cos_sin, w.heads, w.kv_heads, dim)
-            o = self._attend(q, k, v, cu, max_len, lens)
+            o = self._attention(q, k, v, step)
             delta = F.linear(o.view(n_tokens, -1), w.o)
             if i == len(layers) - 1 and self.next_stage is None:
                 # nothing after this attention mixes positions: keep the scored ones
@@ -392,14 +509,14 @@ class PackedQwen3Replica:
             h, x = add_rms(h, delta, w.ln2, eps)
             m = F.linear(silu_mul(F.linear(x, w.gate_up)), w.down)
             if i + 1 == len(layers) and self.next_stage is not None:  # the next stage's layers
-                return self.next_stage.resume(h + m, positions, cu, max_len, lens)
+                return self.next_stage.resume(h + m, positions, step)
             nxt = layers[i + 1].ln1 if i + 1 < len(layers) else bb.norm.weight
             h, x = add_rms(h, m, nxt, eps)
         logits = x.float() @ self.head.T  # (prompts, 2): [no, yes]
         return torch.softmax(logits, dim=-1)[:, 1]
 
-    def _forward_fp8(self, ids: torch.Tensor | None, positions: torch.Tensor, cu: torch.Tensor, max_len: int,
-                     lens: list[int] | None, h: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward_fp8(self, ids: torch.Tensor | None, positions: torch.Tensor, step: _Step,
+                     h: torch.Tensor | None = None) -> torch.Tensor:
         """``_forward_fused`` with the four GEMMs of each layer in FP8; their inputs are quantized
         by the region that produces them (the attention output by a small one of its own)."""
         rms_q, add_rms_q, silu_mul_q, quant = self._fp8_regions
@@ -413,8 +530,8 @@ class PackedQwen3Replica:
             cos, sin = bb.rotary_emb(h, positions[None])
             cos, sin = cos[0, :, None, :], sin[0, :, None, :]
         else:
-            cos_sin = self._cos_sin_cache(max_len)
-        last = cu[1:].long() - 1
+            cos_sin = self._cos_sin_cache(step.max_k)
+        last = step.last
         layers = self._layers
         x, xs = rms_q(h, layers[0].ln1, eps)
         dim = bb.layers[0].self_attn.head_dim
@@ -424,14 +541,14 @@ class PackedQwen3Replica:
                 q, k, v = qkv_rope(mm(x, xs, f_qkv, dt), w.q_norm, w.k_norm, eps, cos, sin, w.heads, w.kv_heads, dim)
             else:
                 q, k, v = qk_vllm(mm(x, xs, f_qkv, dt), w.q_norm, w.k_norm, eps, positions, cos_sin, w.heads, w.kv_heads, dim)
-            o = self._attend(q, k, v, cu, max_len, lens).reshape(n_tokens, -1)
+            o = self._attention(q, k, v, step).reshape(n_tokens, -1)
             if i == len(layers) - 1 and self.next_stage is None:
                 h, o = h[last], o[last]  # nothing after this attention mixes positions
             delta = mm(*quant(o), f_o, dt)
             h, x, xs = add_rms_q(h, delta, w.ln2, eps)
             m = mm(*silu_mul_q(mm(x, xs, f_gate_up, dt)), f_down, dt)
             if i + 1 == len(layers) and self.next_stage is not None:  # the next stage's layers
-                return self.next_stage.resume(h + m, positions, cu, max_len, lens)
+                return self.next_stage.resume(h + m, positions, step)
             if i + 1 < len(layers):
                 h, x, xs = add_rms_q(h, m, layers[i + 1].ln1, eps)
             else:  # the final norm feeds the two head rows in fp32, not a GEMM: no quantization
@@ -439,14 +556,13 @@ class PackedQwen3Replica:
         logits = x.float() @ self.head.T
         return torch.softmax(logits, dim=-1)[:, 1]
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cu: torch.Tensor, max_len: int,
-                 lens: list[int] | None) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, step: _Step) -> torch.Tensor:
         bb = self.backbone
         n_tokens = ids.shape[0]
         h = bb.embed_tokens(ids)
         cos, sin = bb.rotary_emb(h, positions[None])  # (1, T, D), whatever RoPE scaling the config has
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]
-        last = cu[1:].long() - 1
+        last = step.last
         n_layers = len(bb.layers)
         for i, layer in enumerate(bb.layers):
             a = layer.self_attn
@@ -456,7 +572,7 @@ class PackedQwen3Replica:
             v = a.v_proj(x).view(n_tokens, -1, a.head_dim)
             q = q * cos + kernels.rotate_half(q) * sin
             k = k * cos + kernels.rotate_half(k) * sin
-            o = self._attend(q, k, v, cu, max_len, lens)
+            o = self._attention(q, k, v, step)
             h = h + a.o_proj(o.reshape(n_tokens, -1))
             if i == n_layers - 1:
                 h = h[last]  # nothing after this attention mixes positions: keep the scored ones

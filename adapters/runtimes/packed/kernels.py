@@ -1,7 +1,10 @@
 """The packed forward's kernels: varlen attention and the pointwise regions between the GEMMs.
 
 Attention on CUDA is the first of vLLM's FlashAttention-3 (native GQA), flash-attn and PyTorch's
-``varlen_attn`` that imports; on CPU one causal SDPA per prompt (exact). The pointwise regions
+``varlen_attn`` that imports; on CPU one causal SDPA per prompt (exact). Query and key sequences
+may differ in length (a document's tail attends to its request's shared prefix and itself): the
+causal mask is then aligned bottom-right, as the flash kernels define it (flash-attn >= 2.1, FA3,
+PyTorch's flash op), and :func:`bottom_right_error` checks a kernel does so before it is trusted. The pointwise regions
 (RMSNorm + residual, q/k norm + RoPE, silu·mul) are plain torch that ``torch.compile`` fuses, with
 vLLM's fused kernels as alternatives that :mod:`.forward` times and checks at start. Kept apart
 from the replica so a reader sees the model's arithmetic in one place and its kernels in another.
@@ -12,6 +15,7 @@ Imported only through ``adapters.registry`` (pulls in torch).
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +25,7 @@ import torch.nn.functional as F
 __all__ = (
     "Attention",
     "add_rms",
+    "bottom_right_error",
     "median_ms",
     "pick_attention",
     "qkv_rope",
@@ -32,7 +37,10 @@ __all__ = (
     "vllm_silu_mul",
 )
 
-Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, list[int] | None], torch.Tensor]
+# (q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, lens_q, lens_k) -> (tokens_q, heads, dim);
+# the host lists of lengths are given to the per-prompt SDPA only (None for the varlen kernels).
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, Any,
+                      list[int] | None, list[int] | None], torch.Tensor]
 
 
 def _fa3_attention() -> Attention | None:
@@ -46,9 +54,9 @@ def _fa3_attention() -> Attention | None:
     except Exception:  # noqa: BLE001  # no vLLM, no FA3 build, or not a Hopper GPU: another kernel
         return None
 
-    def fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
-            lens: list[int] | None) -> torch.Tensor:
-        return flash_attn_varlen_func(q, k, v, max_len, cu, max_len, cu, causal=True, fa_version=3)
+    def fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: Any,
+            max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
+        return flash_attn_varlen_func(q, k, v, max_q, cu_q, max_k, cu_k, causal=True, fa_version=3)
 
     return fa3
 
@@ -64,13 +72,15 @@ def _torch_varlen() -> Attention | None:
     gqa = "enable_gqa" in params
     causal_kw: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
 
-    def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
-                     lens: list[int] | None) -> torch.Tensor:
+    # window_size (-1, 0) / is_causal reach aten._flash_attention_forward, FA2's kernel: bottom-right
+    # aligned when a key sequence is longer (torch.nn.attention.bias relies on the same for LOWER_RIGHT).
+    def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                     max_q: Any, max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
         if not gqa and k.shape[1] != q.shape[1]:
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         extra = {"enable_gqa": True} if gqa and k.shape[1] != q.shape[1] else {}
-        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **causal_kw, **extra)
+        return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **causal_kw, **extra)
 
     torch_varlen.gqa = gqa  # type: ignore[attr-defined]
     return torch_varlen
@@ -82,9 +92,9 @@ def _flash_attn() -> Attention | None:
     except ImportError:
         return None
 
-    def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
-              lens: list[int] | None) -> torch.Tensor:
-        return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True)  # GQA native
+    def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: Any,
+              max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)  # GQA native
 
     return flash
 
@@ -108,17 +118,46 @@ def _varlen_attention(kernel: str = "auto") -> tuple[str, Attention] | None:
     return None
 
 
-def sdpa_per_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
-                     lens: list[int] | None) -> torch.Tensor:
-    """Exact fallback: causal SDPA over each prompt alone (no T x T mask is ever built)."""
-    assert lens is not None
+def sdpa_per_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                    max_q: Any, max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
+    """Exact fallback: causal SDPA over each sequence alone (no T x T mask is ever built).
+
+    A query sequence shorter than its keys (a tail after its shared prefix) gets the bottom-right
+    mask built here: SDPA's ``is_causal`` is top-left when L != S, which would hide the prefix.
+    """
+    assert lens_q is not None and lens_k is not None
     out = []
-    for qi, ki, vi in zip(q.split(lens), k.split(lens), v.split(lens), strict=True):
+    for qi, ki, vi in zip(q.split(lens_q), k.split(lens_k), v.split(lens_k), strict=True):
+        lq, lk = qi.shape[0], ki.shape[0]
+        # bottom-right: query i sees keys 0 .. lk - lq + i
+        mask = None if lq == lk else torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
         # (L, heads, D) -> (1, heads, L, D); GQA by SDPA itself, as transformers does.
         o = F.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
-                                           is_causal=True, enable_gqa=ki.shape[1] != qi.shape[1])
+                                           attn_mask=mask, is_causal=mask is None, enable_gqa=ki.shape[1] != qi.shape[1])
         out.append(o[0].transpose(0, 1))
     return torch.cat(out)
+
+
+def bottom_right_error(attend: Attention, device: torch.device, dtype: torch.dtype) -> float:
+    """Relative error of ``attend`` against an fp32 SDPA reference on sequences whose keys outnumber
+    their queries (bottom-right causal): ~1e-3 in bf16 for a right kernel, ~1 for a top-left one."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    lens_q, lens_k = [5, 3, 17, 1], [5, 9, 40, 12]
+    heads, kv_heads, dim = 4, 2, 64
+    q = torch.randn(sum(lens_q), heads, dim, generator=g)
+    k, v = (torch.randn(sum(lens_k), kv_heads, dim, generator=g) for _ in range(2))
+    want = []
+    for qi, ki, vi in zip(q.split(lens_q), k.split(lens_k), v.split(lens_k), strict=True):
+        lq, lk = qi.shape[0], ki.shape[0]
+        allowed = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
+        s = torch.einsum("qhd,khd->hqk", qi, ki.repeat_interleave(heads // kv_heads, dim=1)) / dim**0.5
+        p = s.masked_fill(~allowed, float("-inf")).softmax(-1)
+        want.append(torch.einsum("hqk,khd->qhd", p, vi.repeat_interleave(heads // kv_heads, dim=1)))
+    ref = torch.cat(want)
+    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32, device=device) for n in (lens_q, lens_k))
+    got = attend(q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), cu_q, cu_k, max(lens_q), max(lens_k),
+                 lens_q, lens_k).float().cpu()
+    return ((got - ref).norm() / ref.norm()).item()
 
 
 def pick_attention(choice: str, device: torch.device, kernel: str = "auto") -> tuple[str, Attention]:

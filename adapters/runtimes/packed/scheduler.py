@@ -14,8 +14,12 @@ event loop's thread. Consequences:
 ``policy`` picks which request fills a step first: ``fifo`` (arrival order) or
 ``shortest-first`` (fewest tokens left first, so small requests overtake large ones).
 
+With ``share_prefix`` a step hands the runner each request's shared prompt part once, followed
+by its documents' tails (``score_groups``), and the token budget counts the tokens computed: the
+prefix once per request per step, plus every tail -- so a step holds more documents.
+
 Pure Python (threads, no torch): a runner is anything with ``device`` and
-``score(prompts) -> list[float]``.
+``score(prompts) -> list[float]`` (and ``score_groups(groups)`` for ``share_prefix``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ class Runner(Protocol):
     device: Any
 
     def score(self, prompts: Sequence[Sequence[int]]) -> list[float]: ...
+
+    # Only with share_prefix: [(shared, [item + suffix, ...]), ...] -> one score per tail, in order.
+    def score_groups(self, groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]) -> list[float]: ...
 
 
 class PendingRequest:
@@ -57,6 +64,9 @@ class PendingRequest:
     def prompt_len(self, i: int) -> int:
         return len(self.shared) + len(self.items[i]) + len(self.suffix)
 
+    def tail(self, i: int) -> list[int]:
+        return [*self.items[i], *self.suffix]
+
     def resolve(self, result: list[float] | BaseException) -> None:
         """Complete the future from a worker thread (the loop may be gone at shutdown)."""
         try:
@@ -76,16 +86,19 @@ def _complete(future: asyncio.Future[list[float]], result: list[float] | BaseExc
 
 class PackedScheduler:
     def __init__(self, runners: Sequence[Runner], *, batch_tokens: int, max_items: int, policy: str = "fifo",
-                 error_type: type[Exception] = RuntimeError) -> None:
+                 error_type: type[Exception] = RuntimeError, share_prefix: bool = False) -> None:
         self._runners = list(runners)
         self._budget, self._max_items, self._policy = batch_tokens, max_items, policy
+        self._share = share_prefix
         self._error_type = error_type
         self._queue: list[PendingRequest] = []  # requests with items not yet taken, arrival order
         self._cond = threading.Condition()
         self._stopping = False
         # Counters (read by ``stats``; written under the lock).
         self.steps_by_requests: collections.Counter[int] = collections.Counter()
-        self._dev = [{"device": str(getattr(r, "label", r.device)), "steps": 0, "items": 0, "tokens": 0, "busy_s": 0.0} for r in runners]
+        # tokens: prompt tokens served; computed_tokens: those the steps computed (shared prefixes once)
+        self._dev = [{"device": str(getattr(r, "label", r.device)), "steps": 0, "items": 0, "tokens": 0, "computed_tokens": 0,
+                      "busy_s": 0.0} for r in runners]
         self._requests = 0
         self._queue_s = 0.0
         self._engine_s = 0.0  # submit -> last score, summed over finished requests
@@ -137,6 +150,7 @@ class PackedScheduler:
             return {
                 "policy": self._policy,
                 "batch_tokens": self._budget,
+                "share_prefix": self._share,
                 "requests": self._requests,
                 "steps": steps,
                 "waiting_requests": len(self._queue),
@@ -149,6 +163,8 @@ class PackedScheduler:
                 "step_ms_mean": 1e3 * busy / steps if steps else 0.0,
                 # {requests with items in one step: number of such steps}
                 "steps_by_requests": {str(k): v for k, v in sorted(self.steps_by_requests.items())},
+                "prompt_tokens": sum(d["tokens"] for d in self._dev),
+                "computed_tokens": sum(d["computed_tokens"] for d in self._dev),
                 "devices": [dict(d) for d in self._dev],
             }
 
@@ -160,12 +176,16 @@ class PackedScheduler:
         tokens = 0
         now = time.perf_counter()
         for req in order:
+            # Sharing: the budget counts computed tokens, the request's prefix once in this step.
+            head = len(req.shared) if self._share else 0
             while req.next < len(req.items) and len(taken) < self._max_items:
                 n = req.prompt_len(req.next)
-                if taken and tokens + n > self._budget:
+                cost = head + n - len(req.shared) if self._share else n
+                if taken and tokens + cost > self._budget:
                     break  # a prompt longer than the budget still gets a step of its own
                 taken.append((req, req.next))
-                tokens += n
+                tokens += cost
+                head = 0
                 req.next += 1
                 req.tokens_left -= n
                 if req.started_at is None:
@@ -185,7 +205,7 @@ class PackedScheduler:
         # A runner split over devices (split = "pipeline") keeps one step per stage in flight.
         pipelined = bool(getattr(runner, "pipelined", False))
         depth = max(1, int(getattr(runner, "in_flight", 1)))
-        inflight: collections.deque[tuple[list[tuple[PendingRequest, int]], list[list[int]], Any, BaseException | None, float]]
+        inflight: collections.deque[tuple[list[tuple[PendingRequest, int]], tuple[int, int], Any, BaseException | None, float]]
         inflight = collections.deque()
         while True:
             with self._cond:
@@ -195,34 +215,52 @@ class PackedScheduler:
                 if self._queue:
                     self._cond.notify()  # more work: wake another idle device
             if taken:
-                prompts = [[*r.shared, *r.items[i], *r.suffix] for r, i in taken]
+                work, tokens = self._assemble(taken)
                 t0 = time.perf_counter()
                 if pipelined:
+                    launch = runner.launch_groups if self._share else runner.launch  # type: ignore[attr-defined]
                     try:
-                        inflight.append((taken, prompts, runner.launch(prompts), None, t0))  # type: ignore[attr-defined]
+                        inflight.append((taken, tokens, launch(work), None, t0))
                     except Exception as exc:  # noqa: BLE001  # fail this step's requests, keep serving
-                        inflight.append((taken, prompts, None, exc, t0))
+                        inflight.append((taken, tokens, None, exc, t0))
                 else:
+                    score = runner.score_groups if self._share else runner.score
                     try:
-                        self._finish(counters, runner, taken, prompts, runner.score(prompts), None, t0)
+                        self._finish(counters, runner, taken, tokens, score(work), None, t0)  # type: ignore[arg-type]
                     except Exception as exc:  # noqa: BLE001
-                        self._finish(counters, runner, taken, prompts, None, exc, t0)
+                        self._finish(counters, runner, taken, tokens, None, exc, t0)
             # Collect the oldest step once more than ``depth`` are out, or one when nothing new came
             # (one at a time: work queued meanwhile is launched before the next collect).
             for _ in range(len(inflight) - depth if taken else min(len(inflight), 1)):
-                taken_, prompts_, handle, error, t0_ = inflight.popleft()
+                taken_, tokens_, handle, error, t0_ = inflight.popleft()
                 scores = None
                 if error is None:
                     try:
                         scores = runner.collect(handle)  # type: ignore[attr-defined]
                     except Exception as exc:  # noqa: BLE001
                         error = exc
-                self._finish(counters, runner, taken_, prompts_, scores, error, t0_)
+                self._finish(counters, runner, taken_, tokens_, scores, error, t0_)
             if not inflight and self._stopping:
                 return
 
+    def _assemble(self, taken: list[tuple[PendingRequest, int]]) -> tuple[list[Any], tuple[int, int]]:
+        """The step's work for the runner -- whole prompts, or (shared, tails) per request (``_take``
+        keeps each request's items together) -- and its (prompt, computed) token counts."""
+        prompt_tokens = sum(r.prompt_len(i) for r, i in taken)
+        if not self._share:
+            return [[*r.shared, *r.items[i], *r.suffix] for r, i in taken], (prompt_tokens, prompt_tokens)
+        groups: list[tuple[Any, list[list[int]]]] = []
+        last: PendingRequest | None = None
+        for r, i in taken:
+            if r is not last:
+                groups.append((r.shared, []))
+                last = r
+            groups[-1][1].append(r.tail(i))
+        computed = sum(len(p) + sum(map(len, tails)) for p, tails in groups)
+        return groups, (prompt_tokens, computed)
+
     def _finish(self, counters: dict[str, Any], runner: Runner, taken: list[tuple[PendingRequest, int]],
-                prompts: list[list[int]], scores: list[float] | None, error: BaseException | None, t0: float) -> None:
+                tokens: tuple[int, int], scores: list[float] | None, error: BaseException | None, t0: float) -> None:
         """Count one step and hand its scores (or its error) to the requests it served."""
         dt = time.perf_counter() - t0
         finished: list[PendingRequest] = []
@@ -230,7 +268,8 @@ class PackedScheduler:
         with self._cond:
             counters["steps"] += 1
             counters["items"] += len(taken)
-            counters["tokens"] += sum(len(p) for p in prompts)
+            counters["tokens"] += tokens[0]
+            counters["computed_tokens"] += tokens[1]
             counters["busy_s"] += dt
             self.steps_by_requests[len({id(r) for r, _ in taken})] += 1
             for k, (req, i) in enumerate(taken):
