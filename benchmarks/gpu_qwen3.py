@@ -1,6 +1,7 @@
 """Issue 24's GPU run: every Qwen3 runtime behind the real CLI, over HTTP, one H200.
 
-    RR_SKIP_CHECK=1 RR_BUDGET=570 RR_CMD="python3 -m benchmarks.gpu_qwen3 --phases 0.6b" bash .gpu/device_run.sh
+    RR_SKIP_CHECK=1 RR_BUDGET=540 RR_CMD="python3 -m benchmarks.gpu_qwen3 --phases 0.6b" bash .gpu/device_run.sh
+    python -m benchmarks.gpu_qwen3 --smoke --out /tmp/qwen3-smoke   # the same code on CPU, tiny model, 10-document requests
 
 Each gateway is its own ``python -m gateway serve --config ...`` process (as deployed: this
 process never touches CUDA, so a vLLM engine forks or spawns exactly as it would in production)
@@ -9,15 +10,20 @@ configs of Qwen3-Reranker-0.6B / -4B / -8B with random bf16 weights (built in a 
 and the offline BPE tokenizer of ``tests.tiny_qwen3`` (documents cut at exact token counts).
 
 Phases:
-- ``0.6b``: packed bf16 and packed fp8 (one gateway, the gate's figure from ``/ready``): d100 at
-  1 client, d100 and d300 at 16; vllm-score alone; vllm-score in a gateway beside a packed model
-  (vLLM started first, issue 24 item 4), the same levels; then, if time is left, vllm-score alone
-  with its engine core spawned (to tell spawn from sharing the process).
+- ``0.6b``: one gateway serving packed bf16 (each request's shared prefix computed once per
+  step), packed bf16 with whole prompts (``share_prefix = false``) and packed fp8 (shared; the
+  gate's figure from ``/ready``), measured side by side: each level (d100 at 1 client, d100 and
+  d300 at 16) runs every model before the next level. ``--vllm alone,beside,spawned`` adds
+  vllm-score alone, in a gateway beside a packed model (vLLM started first, issue 24 item 4) and
+  alone with its engine core spawned -- ~2.5 min each (estimated: the packed gateway ~4 min).
+- ``0.6b-packed``: ``0.6b`` without vLLM whatever ``--vllm`` says.
 - ``4b``, ``8b``: each runtime (packed bf16, packed fp8, vllm-score, vllm-generate, transformers)
   in its own gateway: GPU memory in use once ready and at peak, d100 at 1 and 16 clients.
 
 A step that would pass the deadline (``RR_DEADLINE``, set by device_run.sh) is skipped and listed.
-Writes ``$OUT/qwen3_results.json`` and ``$OUT/qwen3_summary.md``.
+Writes ``$OUT/qwen3_results.json`` and ``$OUT/qwen3_summary.md``. ``--smoke`` runs the 0.6b
+phase's packed gateway on CPU with the tiny Qwen3 of ``tests.tiny_qwen3`` and a few 10-document
+requests per level (the script's logic, not a measurement).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ PACKED = {**COMMON, "engine": "packed", "batch_tokens": 65536}
 VLLM = {**COMMON, "max_num_batched_tokens": 65536, "max_num_seqs": 512}
 RUNTIMES: dict[str, dict[str, Any]] = {
     "packed bf16": PACKED,
+    "packed bf16 whole": {**PACKED, "share_prefix": False},  # each prompt computed whole, as before
     # Random weights carry no ranking: the gate is reported, not enforced, so speed can be measured.
     "packed fp8": {**PACKED, "precision": "fp8", "precision_gate": "warn"},
     "vllm-score": {**VLLM, "engine": "vllm-score"},
@@ -57,10 +64,12 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
 }
 # (workload, clients) -> requests, per model size
-LEVELS = {"0.6b": {("d100", 1): 100, ("d100", 16): 160, ("d300", 16): 96},
+LEVELS = {"0.6b": {("d100", 1): 40, ("d100", 16): 160, ("d300", 16): 96},
+          "tiny": {("d100", 1): 3, ("d100", 16): 16, ("d300", 16): 16},  # --smoke
           "4b": {("d100", 1): 30, ("d100", 16): 64},
           "8b": {("d100", 1): 24, ("d100", 16): 48}}
 DEADLINE = float(os.environ.get("RR_DEADLINE") or 0) or time.time() + 3600
+SMOKE = False  # --smoke: 10-document requests (eb.SMALL_WORKLOADS)
 
 
 def log(*a: Any) -> None:
@@ -69,6 +78,10 @@ def log(*a: Any) -> None:
 
 def build(size: str, out: Path) -> Path:
     """The checkpoint, written by a child process (this one never initialises CUDA)."""
+    if size == "tiny":  # --smoke: the tests' checkpoint, on CPU
+        code = f"from tests.tiny_qwen3 import build_tiny_qwen3; build_tiny_qwen3({str(out)!r}, vocab_size=2048)"
+        subprocess.run([sys.executable, "-c", code], check=True)
+        return out
     code = f"""
 import json, torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -87,9 +100,15 @@ model.save_pretrained(out)
     return out
 
 
+def _smi(*args: str) -> str:
+    try:
+        return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:  # no NVIDIA driver (--smoke on CPU)
+        return ""
+
+
 def gpu_mem_mib() -> int:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=False).stdout.split()
+    out = _smi("--query-gpu=memory.used", "--format=csv,noheader,nounits").split()
     return int(out[0]) if out else -1
 
 
@@ -152,7 +171,7 @@ class Gateway:
 
 
 def bench(gw: Gateway, model: str, model_dir: Path, wl: str, clients: int, requests: int, out: Path) -> dict[str, Any]:
-    docs, doc_tokens, _, _ = eb.WORKLOADS[wl]
+    docs, doc_tokens, _, _ = (eb.SMALL_WORKLOADS if SMOKE else eb.WORKLOADS)[wl]
     peak = [gpu_mem_mib()]
     stop = threading.Event()
 
@@ -202,15 +221,22 @@ def serve_and_bench(name: str, models: dict[str, dict[str, Any]], measure: list[
         entry["engine_stats"] = {m["name"]: m.get("engine_stats") for m in body["models"]}
         log(f"{name}: ready in {entry['start_s']:.0f}s, {entry['gpu_ready_mib']} MiB; "
             f"{json.dumps({k: (v or {}).get('precision') for k, v in entry['engine_stats'].items()})}")
-        entry["rows"] = {}
-        for label in measure:
-            rows = []
-            for (wl, c), n in LEVELS[size].items():
+        entry["rows"] = {label: [] for label in measure}
+        # Side by side: every model through one level before the next (the card's clocks and power
+        # cap drift over minutes; this keeps the models' figures of one level minutes apart at most).
+        for (wl, c), n in LEVELS[size].items():
+            for label in measure:
                 if DEADLINE - time.time() < 25:
                     results["skipped"].append(f"{name} / {label} {wl} x{c}: deadline")
                     continue
-                rows.append(bench(gw, label.replace(" ", "-"), model_dir, wl, c, n, work / f"{name}-{label}-{wl}-{c}".replace(" ", "_")))
-            entry["rows"][label] = rows
+                entry["rows"][label].append(bench(gw, label.replace(" ", "-"), model_dir, wl, c, n,
+                                                  work / f"{name}-{label}-{wl}-{c}".replace(" ", "_")))
+        body = gw.status() or {}
+        # steps, step time, prompt vs computed tokens over the whole run, per model
+        entry["engine_stats_after"] = {m["name"]: {k: (m.get("engine_stats") or {}).get(k) for k in
+                                                   ("steps", "step_ms_mean", "prompt_tokens", "computed_tokens",
+                                                    "share_prefix", "prefix_sharing", "steps_by_requests")}
+                                       for m in body.get("models", [])}
     except Exception as exc:  # noqa: BLE001  # one runtime failing must not lose the others' figures
         entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         log(f"ERROR {name}: {entry['error']}")
@@ -231,6 +257,27 @@ def summary(results: dict[str, Any]) -> str:
                              f"{r['gpu_peak_mib']} | {r['errors']} |")
         if e.get("error"):
             lines.append(f"| {name} | | error: {e['error'][:300]} | | | | | | | | | |")
+    for name, e in results["runs"].items():
+        rows = e.get("rows") or {}
+        if len(rows) < 2:
+            continue
+        labels = list(rows)
+        levels = [(r["workload"], r["clients"]) for r in rows[labels[0]]]
+        lines += ["", f"## {name}: side by side", "",
+                  "| workload | clients | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+        for wl, c in levels:
+            cells = []
+            for label in labels:
+                r = next((r for r in rows[label] if (r["workload"], r["clients"]) == (wl, c)), None)
+                cells.append("–" if r is None else f"p50 {r['p50_ms']:.1f} / p99 {r['p99_ms']:.1f} ms" if c == 1
+                             else f"{r['docs_per_s']:,.0f} docs/s")
+            lines.append(f"| {wl} | {c} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for model, st in (e.get("engine_stats_after") or {}).items():
+            if st.get("prompt_tokens"):
+                lines.append(f"- {model}: {st['steps']} steps of {st['step_ms_mean']:.1f} ms mean; computed "
+                             f"{st['computed_tokens']:,} of {st['prompt_tokens']:,} prompt tokens "
+                             f"({st['computed_tokens'] / st['prompt_tokens']:.0%}); prefix sharing {st.get('prefix_sharing')}")
     lines += ["", "skipped: " + json.dumps(results["skipped"])]
     return "\n".join(lines) + "\n"
 
@@ -241,33 +288,41 @@ def main() -> None:
     ap.add_argument("--runtimes", default=",".join(RUNTIMES), help="for 4b/8b: which runtimes, in order")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-out/qwen3"))
     ap.add_argument("--work", default="/tmp/rr-qwen3")
+    ap.add_argument("--vllm", default="", help="0.6b: comma list of alone, beside, spawned (vllm-score gateways, ~2.5 min each)")
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny Qwen3, a few requests: check the script, measure nothing")
     args = ap.parse_args()
+    global SMOKE
+    SMOKE = args.smoke
+    vllm = [v for v in args.vllm.split(",") if v]
+    if unknown := set(vllm) - {"alone", "beside", "spawned"}:
+        ap.error(f"--vllm: unknown {sorted(unknown)}")
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": {}, "skipped": []}
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,power.limit,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True, check=False).stdout.strip()
-    results["device"] = smi
+    results["device"] = _smi("--query-gpu=name,memory.total,power.limit,driver_version", "--format=csv,noheader") or "CPU (--smoke)"
 
     def save() -> None:
         (out / "qwen3_results.json").write_text(json.dumps(results, indent=1, default=str))
         (out / "qwen3_summary.md").write_text(summary(results))
 
-    for phase in args.phases.split(","):
+    for phase in ["tiny"] if args.smoke else args.phases.split(","):
         size = phase.removesuffix("-packed")  # "0.6b-packed": the packed gateway of phase 0.6b only
         t = time.time()
         model_dir = build(size, work / f"qwen3-{size}")
         log(f"checkpoint {size} in {time.time() - t:.0f}s")
-        if size == "0.6b":
-            steps = [("0.6b packed", {"packed bf16": RUNTIMES["packed bf16"], "packed fp8": RUNTIMES["packed fp8"]},
-                      ["packed bf16", "packed fp8"], None, 90),
-                     ("0.6b vllm-score alone", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"], None, 150),
-                     # packed listed first: the gateway still starts vLLM first (gateway.serving.models)
-                     ("0.6b vllm-score beside packed", {"packed bf16": RUNTIMES["packed bf16"], "vllm-score": RUNTIMES["vllm-score"]},
-                      ["vllm-score"], None, 150),
-                     ("0.6b vllm-score alone, spawned", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"],
-                      {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, 150)][:1 if phase.endswith("-packed") else None]
+        if size in ("0.6b", "tiny"):
+            packed = {label: RUNTIMES[label] for label in ("packed bf16", "packed bf16 whole", "packed fp8")}
+            steps = [(f"{size} packed", packed, list(packed), None, 150)]
+            optional = {"alone": ("0.6b vllm-score alone", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"], None, 150),
+                        # packed listed first: the gateway still starts vLLM first (gateway.serving.models)
+                        "beside": ("0.6b vllm-score beside packed",
+                                   {"packed bf16": RUNTIMES["packed bf16"], "vllm-score": RUNTIMES["vllm-score"]},
+                                   ["vllm-score"], None, 150),
+                        "spawned": ("0.6b vllm-score alone, spawned", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"],
+                                    {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, 150)}
+            if size == "0.6b" and not phase.endswith("-packed"):
+                steps += [optional[v] for v in vllm]
         else:
             steps = [(f"{size} {r}", {r: RUNTIMES[r]}, [r], None, 60 if r.startswith("packed") else 110)
                      for r in args.runtimes.split(",")]
@@ -275,7 +330,7 @@ def main() -> None:
             serve_and_bench(name, models, measure, size, model_dir, work, results, env, need)
             results["runs"].get(name, {})["size"] = size
             save()
-        if size != "0.6b":
+        if size not in ("0.6b", "tiny"):
             import shutil
 
             shutil.rmtree(model_dir, ignore_errors=True)  # 8-16 GB of disk

@@ -97,11 +97,12 @@ def _top_left(q, k, v, cu_q, cu_k, max_q, max_k, lens_q, lens_k):
     return torch.cat(out)
 
 
-def test_a_top_left_kernel_is_caught_and_prompts_run_whole(tiny_qwen3_dir, tok):
+def test_a_top_left_kernel_is_caught_and_prompts_run_whole(replica, tiny_qwen3_dir, tok, monkeypatch):
     assert kernels.bottom_right_error(kernels.sdpa_per_prompt, torch.device("cpu"), torch.float32) < 1e-5
     assert kernels.bottom_right_error(_top_left, torch.device("cpu"), torch.float32) > 0.3
-    rep = _replica(tiny_qwen3_dir, tok)
-    rep._attend = _top_left
+    rep = replica
+    monkeypatch.setattr(rep, "_attend", _top_left)
+    monkeypatch.setattr(rep, "share_error", None)  # restored after the test, as _attend
     groups = _groups(tok)
     # what it would compute unchecked: wrong scores
     wrong = rep.score_groups(groups)

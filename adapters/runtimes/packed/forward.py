@@ -29,6 +29,7 @@ Imported only through ``adapters.registry`` (pulls in torch and transformers).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 from collections.abc import Callable, Sequence
@@ -265,7 +266,8 @@ class PackedQwen3Replica:
     def _check_sharing(self) -> None:
         """Tails attend to [P; T_i]: a kernel whose causal mask is top-left there would hide the prefix."""
         try:
-            err = kernels.bottom_right_error(self._attend, self.device, self.backbone.embed_tokens.weight.dtype)
+            with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+                err = kernels.bottom_right_error(self._attend, self.device, self.backbone.embed_tokens.weight.dtype)
         except Exception as exc:  # noqa: BLE001  # a kernel that refuses seqlen_q != seqlen_k
             self.share_error = f"{self.attention_name}: {type(exc).__name__}: {exc}"[:300]
             return
