@@ -8,16 +8,20 @@ Phases, in order of importance (a phase that would pass the deadline is skipped 
    128, MLP 3072, vocab 151,669, tied embeddings) with random bf16 weights -- weights do not
    change speed -- and the offline BPE tokenizer of ``tests.tiny_qwen3`` (lengths are cut in its
    tokens, so prompt lengths match the workload); bf16 matmul rate.
-2. parity: the packed and transformers engines (fp32 and bf16) against the independent reference
-   (fp32, CPU) on the tiny and the 0.6B-shaped checkpoints; each gateway phase then scores the
+2. parity: the packed and transformers engines (fp32 and bf16), and packed split in a pipeline
+   (over two GPUs, or one GPU and the CPU), against the independent reference (fp32, CPU) on the
+   tiny and the 0.6B-shaped checkpoints; each gateway phase then scores the
    0.6B-shaped documents through its running engine too (vLLM engines included).
 3. gateway over HTTP, one gateway per engine kind of ``--http-engines`` (packed, vllm-score,
    vllm-generate), one after the other: ``create_app`` + uvicorn in this process,
    ``rerank-gateway bench`` as a separate client process, one call per level (d100 and d300, 1
    and 16 clients) so the packed engine's queue/step counters are split per level. Kinds in
    ``--service-rows`` are also measured in-process (no HTTP), which gives FLOPs per document.
-4. two GPUs (when the machine has them): the packed engine on ``["cuda:0"]`` then on
-   ``["cuda:0", "cuda:1"]``, d100 with 32 clients each.
+4. two GPUs (when the machine has them): the packed engine on ``["cuda:0"]``, as two replicas on
+   ``["cuda:0", "cuda:1"]`` (data parallel), and as one model split over both (``split =
+   "pipeline"``), d100 at 1 client (idle latency) and 32 clients each, with each GPU's memory;
+   ``--twogpu-size 8b`` runs it on the 8B shape (``benchmarks.gpu_qwen3.SIZES``) instead.
+   ``--small`` runs the same three contestants on ``cpu`` "devices" (the phase's logic on CPU).
 5. raw offline ``LLM.score`` (and the seed's design with phase ``seed``); our transformers
    engine; our vllm-generate engine in-process (phases ``transformers``, ``generate``).
 
@@ -72,7 +76,7 @@ def left() -> float:
     return DEADLINE - time.time()
 
 
-def build_checkpoint(out: Path, small: bool) -> Path:
+def build_checkpoint(out: Path, small: bool, config: dict[str, Any] = REAL_CONFIG) -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -83,7 +87,7 @@ def build_checkpoint(out: Path, small: bool) -> Path:
     if small:
         return out
     cfg_small = json.loads((out / "config.json").read_text())
-    cfg = Qwen3Config(**REAL_CONFIG, eos_token_id=cfg_small.get("eos_token_id"), pad_token_id=cfg_small.get("pad_token_id"))
+    cfg = Qwen3Config(**config, eos_token_id=cfg_small.get("eos_token_id"), pad_token_id=cfg_small.get("pad_token_id"))
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
@@ -109,6 +113,44 @@ async def _bench_http(url: str, model: str, model_dir: Path, wl: str, out: Path,
 # Requests per (workload, clients): enough for a p99 and a few seconds of steady load.
 HTTP_REQUESTS = {("d100", 1): 100, ("d100", 16): 160, ("d300", 1): 60, ("d300", 16): 96, ("d100", 32): 320}
 DEFAULT_LEVELS = {"d100": (1, 16), "d300": (1, 16)}
+# The 4B/8B shapes run ~5-10x slower per document: fewer requests keep a contestant near a minute.
+LARGE_REQUESTS = {("d100", 1): 24, ("d100", 32): 96}
+
+
+def two_gpu_contestants(small: bool) -> list[tuple[str, dict[str, Any]]]:
+    """The two-GPU phase's packed configurations: one device, two replicas, one model split over two."""
+    d0, d1 = ("cpu", "cpu") if small else ("cuda:0", "cuda:1")
+    return [("packed-1gpu", {"devices": [d0]}),
+            ("packed-2gpu", {"devices": [d0, d1]}),  # a whole replica per device, one queue
+            ("packed-split", {"devices": [d0, d1], "split": "pipeline"})]  # layers halved, one step per stage
+
+
+TWO_GPU_LEVELS = {"d100": (1, 32)}
+
+
+def two_gpu_row(one: dict[str, Any], label: str) -> dict[str, Any]:
+    """A contestant's idle latency and 32-client throughput out of its gateway phase."""
+    by_c = {s["concurrency"]: s for s in one["http"][label]["d100"]["summaries"]}
+    idle, load = by_c.get(1), by_c.get(32)
+    return {"start_s": one["start_s"], "gpu_mib": one.get("gpu_mib"),
+            "idle_p50_ms": idle["latency_ms"]["p50"] if idle else None,
+            "idle_p99_ms": idle["latency_ms"]["p99"] if idle else None,
+            "docs_per_s": load["docs_per_s"] if load else None, "errors": sum(sum(s["errors"].values()) for s in by_c.values()),
+            "split": (one.get("engine_stats") or {}).get("split")}
+
+
+def two_gpu_ratios(two: dict[str, Any]) -> dict[str, float]:
+    """Against one GPU: throughput of two replicas (``speedup``, the issue's target) and of the split;
+    the split's idle latency (a pipeline adds no parallelism to one request: ~1.0 expected)."""
+    one, rep, split = (two.get(k) or {} for k in ("packed-1gpu", "packed-2gpu", "packed-split"))
+    out: dict[str, float] = {}
+    if one.get("docs_per_s") and rep.get("docs_per_s"):
+        out["speedup"] = rep["docs_per_s"] / one["docs_per_s"]
+    if one.get("docs_per_s") and split.get("docs_per_s"):
+        out["split_speedup"] = split["docs_per_s"] / one["docs_per_s"]
+    if one.get("idle_p50_ms") and split.get("idle_p50_ms"):
+        out["split_idle_p50_ratio"] = split["idle_p50_ms"] / one["idle_p50_ms"]
+    return out
 
 
 def _engine_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -131,7 +173,8 @@ def _engine_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -
 
 async def phase_gateway(model_dir: Path, kind: str, engine_cfg: dict[str, Any], work: Path, small: bool,
                         lengths: Any, cfg: dict[str, Any], tflops: float, *, label: str | None = None,
-                        levels: dict[str, tuple[int, ...]] = DEFAULT_LEVELS, service_rows: bool = True) -> dict[str, Any]:
+                        levels: dict[str, tuple[int, ...]] = DEFAULT_LEVELS, service_rows: bool = True,
+                        requests: dict[tuple[str, int], int] | None = None) -> dict[str, Any]:
     """One gateway serving one model of ``kind`` (named ``label``), over HTTP, then in-process."""
     import socket
 
@@ -157,6 +200,9 @@ async def phase_gateway(model_dir: Path, kind: str, engine_cfg: dict[str, Any], 
             raise RuntimeError(f"gateway did not start: {registry.statuses()}")
         await asyncio.sleep(0.5)
     out: dict[str, Any] = {"start_s": time.time() - t0, "http": {label: {}}, "rows": []}
+    mem = _gpu_mib()
+    if mem:
+        out["gpu_mib"] = {"ready": mem}
     log(f"gateway ready in {out['start_s']:.0f}s on :{port} with {label} ({kind})")
 
     def engine_stats() -> dict[str, Any] | None:
@@ -166,7 +212,7 @@ async def phase_gateway(model_dir: Path, kind: str, engine_cfg: dict[str, Any], 
         for wl, clients in levels.items():
             summaries, measured = [], None
             for c in clients:
-                n = 8 if small else HTTP_REQUESTS[(wl, c)]
+                n = 8 if small else (requests or HTTP_REQUESTS)[(wl, c)]
                 before = engine_stats()
                 d = await _bench_http(f"http://127.0.0.1:{port}", label, model_dir, wl, work / f"http-{label}-{wl}-c{c}",
                                       small, n, c)
@@ -179,6 +225,8 @@ async def phase_gateway(model_dir: Path, kind: str, engine_cfg: dict[str, Any], 
                 measured = d["measured"]
             out["http"][label][wl] = {"summaries": summaries, "measured": measured}
         out["engine_stats"] = engine_stats()
+        if mem:
+            out["gpu_mib"]["peak"] = _gpu_mib(peak=True)
         if PARITY_06B:
             score = eb.service_score(app.state.service, label, RerankRequest)
             got = [x for q, docs in PARITY_06B["reqs"] for x in await score((q, docs))]
@@ -198,6 +246,24 @@ async def phase_gateway(model_dir: Path, kind: str, engine_cfg: dict[str, Any], 
         server.should_exit = True
         await asyncio.wait_for(task, 120)
     return out
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _gpu_mib(peak: bool = False) -> list[int] | None:
+    """Each GPU's memory held by this process's tensors (the engines run in-process), or its peak."""
+    if "torch" not in sys.modules:
+        return None
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    read = torch.cuda.max_memory_allocated if peak else torch.cuda.memory_allocated
+    return [read(i) >> 20 for i in range(torch.cuda.device_count())]
 
 
 # The 0.6B shape's parity requests and reference scores, kept by the parity phase so that each
@@ -237,6 +303,13 @@ async def phase_parity(model_dir: Path, work: Path, small: bool) -> dict[str, An
             "packed bf16 (auto: varlen on CUDA)": PackedEngineConfig(**common, dtype="bfloat16",
                                                                      compile="off" if path == tiny else "auto"),
         }
+        # One model split in a pipeline (layers halved): over two GPUs when there are two; with one,
+        # its second stage on the CPU (eager: the CUDA path of a stage and the handover still run).
+        split_devs, split_compile = (["cpu", "cpu"], "off") if small else (
+            (["cuda:0", "cuda:1"], "auto") if _cuda_count() >= 2 else (["cuda:0", "cpu"], "off"))
+        configs[f"packed bf16 split over {'+'.join(split_devs)}"] = PackedEngineConfig(
+            **common, dtype="bfloat16", devices=tuple(split_devs), split="pipeline",
+            compile="off" if path == tiny else split_compile)
         if path == tiny and not small:
             # The 2026-12-01 report's finding (transformers fp32 off by 0.44 on CUDA): the same engine
             # with SDPA's math kernel only, to tell the fused SDPA kernels from the engine's own code.
@@ -357,19 +430,28 @@ async def main_async(args: argparse.Namespace) -> None:
     if "twogpu" in phases:
         import torch
 
-        n_gpu = 1 if args.small else torch.cuda.device_count()
-        if n_gpu < 2:
+        n_gpu = torch.cuda.device_count()
+        if not args.small and n_gpu < 2:
             results["skipped"].append(f"two GPUs: this machine has {n_gpu}")
         else:
-            two: dict[str, Any] = {}
-            for label, devices in (("packed-1gpu", ["cuda:0"]), ("packed-2gpu", ["cuda:0", "cuda:1"])):
-                one = await phase(f"two GPUs: {label}", 90, lambda label=label, devices=devices: phase_gateway(
-                    model_dir, "packed", {**engine_cfg.get("packed", {}), "devices": devices}, work, args.small, lengths,
-                    cfg, tflops, label=label, levels={"d100": (32,)}, service_rows=False))
+            two: dict[str, Any] = {"size": "tiny (CPU devices)" if args.small else args.twogpu_size}
+            two_dir, reqs2 = model_dir, None
+            if args.twogpu_size != "0.6b" and not args.small:
+                from benchmarks.gpu_qwen3 import SIZES
+
+                two_dir = await asyncio.to_thread(build_checkpoint, work / f"qwen3-{args.twogpu_size}", False,
+                                                  SIZES[args.twogpu_size])
+                reqs2 = LARGE_REQUESTS
+            for label, over in two_gpu_contestants(args.small):
+                if torch.cuda.is_available():
+                    for i in range(n_gpu):
+                        torch.cuda.reset_peak_memory_stats(i)
+                one = await phase(f"two GPUs: {label}", 90, lambda label=label, over=over: phase_gateway(
+                    two_dir, "packed", {**engine_cfg.get("packed", {}), **over}, work, args.small, lengths,
+                    cfg, tflops, label=label, levels=TWO_GPU_LEVELS, service_rows=False, requests=reqs2))
                 if one:
-                    two[label] = one["http"][label]["d100"]["summaries"][0] | {"start_s": one["start_s"]}
-            if len(two) == 2:
-                two["speedup"] = two["packed-2gpu"]["docs_per_s"] / two["packed-1gpu"]["docs_per_s"]
+                    two[label] = two_gpu_row(one, label)
+            two.update(two_gpu_ratios(two))
             results["two_gpu"] = two
     # One gateway per engine kind, one after the other: two vLLM engines starting together on
     # one GPU each count the other's memory as taken, and the second finds no room for KV cache.
@@ -463,13 +545,23 @@ def _targets(results: dict[str, Any]) -> list[str]:
             v = _value(s, key)
             cells.append(f"{v:,.1f}{' ms' if key != 'docs_per_s' else ' docs/s'}: {_verdict(v, bound, higher)}")
         lines.append(f"| {name} | {goal} | " + " | ".join(cells) + " |")
-    two = results.get("two_gpu") or {}
-    if "speedup" in two:
-        lines.append(f"| two GPUs, d100, 32 clients (packed) | ≥ 1.9× one GPU | {two['packed-2gpu']['docs_per_s']:,.0f} vs "
-                     f"{two['packed-1gpu']['docs_per_s']:,.0f} docs/s = {two['speedup']:.2f}×: {_verdict(two['speedup'], 1.9, True)} |"
-                     + " – |" * (len(kinds) - 1))
-    else:
-        lines.append("| two GPUs, d100, 32 clients | ≥ 1.9× one GPU | not run (no second GPU in this run) |" + " – |" * (len(kinds) - 1))
+    lines += [line + " – |" * (len(kinds) - 1) for line in two_gpu_target_lines(results.get("two_gpu") or {})]
+    return lines
+
+
+def two_gpu_target_lines(two: dict[str, Any]) -> list[str]:
+    """The two-GPU rows of the targets table (two replicas: the target; the split: reported beside it)."""
+    if "speedup" not in two:
+        return ["| two GPUs, d100, 32 clients | ≥ 1.9× one GPU | not run (no second GPU in this run) |"]
+    one, rep = two["packed-1gpu"], two["packed-2gpu"]
+    lines = [f"| two GPUs, d100, 32 clients (packed, two replicas) | ≥ 1.9× one GPU | {rep['docs_per_s']:,.0f} vs "
+             f"{one['docs_per_s']:,.0f} docs/s = {two['speedup']:.2f}×: {_verdict(two['speedup'], 1.9, True)} |"]
+    if "split_speedup" in two:
+        split = two["packed-split"]
+        idle = (f"; idle p50 {split['idle_p50_ms']:.1f} vs {one['idle_p50_ms']:.1f} ms = {two['split_idle_p50_ratio']:.2f}×"
+                if "split_idle_p50_ratio" in two else "")
+        lines.append(f"| two GPUs, d100, 32 clients (packed, one model split in a pipeline) | reported | "
+                     f"{split['docs_per_s']:,.0f} docs/s = {two['split_speedup']:.2f}× one GPU{idle} |")
     return lines
 
 
@@ -532,7 +624,7 @@ def report(results: dict[str, Any]) -> str:
         lines += ["## Packed engine as served", "", "```", json.dumps({k: st.get(k) for k in ("attention", "compiled", "mode", "silu",
                   "compile_error", "steps", "step_ms_mean", "steps_by_requests")}, default=str), "```", ""]
     if results.get("two_gpu"):
-        lines += ["## Two GPUs (packed engine, d100, 32 clients)", "", "```", json.dumps(results["two_gpu"], indent=1, default=str), "```", ""]
+        lines += ["## Two GPUs (packed engine: one GPU, two replicas, one model split; d100 at 1 and 32 clients)", "", "```", json.dumps(results["two_gpu"], indent=1, default=str), "```", ""]
     for kind, by_wl in (gw or {}).get("http", {}).items():
         lines += [f"## Gateway over HTTP ({kind} engine)", "", f"engine ready {gw['start_s'][kind]:.0f}s after start", ""]
         for wl, d in by_wl.items():
@@ -558,6 +650,8 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/rr-suite")
     ap.add_argument("--small", action="store_true", help="tiny model on CPU: a smoke test of this script")
     ap.add_argument("--phases", default="parity,gateway,twogpu,raw,transformers,generate", help="which phases to run")
+    ap.add_argument("--twogpu-size", default="0.6b", choices=("0.6b", "4b", "8b"),
+                    help="the model shape of phase twogpu (4b/8b: benchmarks.gpu_qwen3's real configs, random weights)")
     ap.add_argument("--http-engines", default="packed,vllm-score,vllm-generate",
                     help="engine kinds the HTTP gateway serves, one gateway each (comma list)")
     ap.add_argument("--service-rows", default="packed", help="kinds also measured in-process (no HTTP) after HTTP")

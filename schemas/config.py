@@ -386,6 +386,7 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     """Qwen3-Reranker packed without padding into varlen steps filled from every waiting request."""
 
     # One model replica per device, all fed from one queue: ["cuda:0", "cuda:1"]; "auto": cuda:0, else cpu.
+    # With split = "pipeline": the devices one model's layers are divided over, in order.
     devices: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)] = ("auto",)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # "auto": float32 on CPU, bfloat16 on CUDA
     # Tokens computed per step (one forward pass) on a device (with share_prefix a request's shared
@@ -409,6 +410,24 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     # A failed gate: "refuse" the model (one line saying by how much), or "warn": serve it anyway
     # (for an operator who has checked the ranking on their own data); /ready shows the gate's figures.
     precision_gate: Literal["refuse", "warn"] = "refuse"
+    # "pipeline": ONE model split over all of `devices` (two or more, in order), each holding a
+    # contiguous range of the layers, one step in flight per device; for a model that does not fit
+    # one device. "none": a whole replica per device (data parallel: faster whenever it fits).
+    split: Literal["none", "pipeline"] = "none"
+    # With split = "pipeline": decoder layers per device, in the order of `devices` (e.g. [19, 17]
+    # for a faster first GPU); they must add up to the model's layers. None: as even as possible.
+    split_layers: tuple[Positive, ...] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.split == "pipeline" and len(self.devices) < 2:
+            raise ValueError(f"split = 'pipeline' needs at least 2 devices, got devices = {list(self.devices)}; "
+                             f"list them, e.g. [\"cuda:0\", \"cuda:1\"], or drop split")
+        if self.split_layers is not None and self.split != "pipeline":
+            raise ValueError("split_layers is only read with split = 'pipeline'; set split or drop split_layers")
+        if self.split_layers is not None and len(self.split_layers) != len(self.devices):
+            raise ValueError(f"split_layers has {len(self.split_layers)} entries for {len(self.devices)} devices; "
+                             f"give one layer count per device")
 
 
 class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):

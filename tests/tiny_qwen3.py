@@ -29,7 +29,7 @@ _CORPUS = [
 ]
 
 
-def build_tiny_qwen3(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 512) -> Path:
+def build_tiny_qwen3(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 512, layers: int = 2) -> Path:
     """Write tokenizer + random Qwen3ForCausalLM weights to ``out_dir`` and return it."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -64,7 +64,7 @@ def build_tiny_qwen3(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 51
         vocab_size=len(fast),
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,  # more for the pipeline split's stages (tests/test_packed_split.py)
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=64,  # vLLM's CPU attention needs >= 64

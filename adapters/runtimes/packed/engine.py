@@ -3,7 +3,8 @@
 Same prompts as every other Qwen3 engine (``adapters.families.qwen3``), same scores (tests
 check it against the independent reference); what differs is how the work is run:
 ``forward.PackedQwen3Replica`` (varlen, last positions only) on each device of ``devices``,
-fed by ``scheduler.PackedScheduler`` (steps filled from all waiting requests).
+fed by ``scheduler.PackedScheduler`` (steps filled from all waiting requests); with
+``split = "pipeline"`` one replica instead, its layers spread over the devices (``pipeline``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from adapters.base import EngineConfigError, EngineError, EngineUnavailableError
 from adapters.families import resolve_for_runtime
 from adapters.families.base import WEIGHTS_LOCK
 from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
-from adapters.runtimes.packed import gate
+from adapters.runtimes.packed import gate, pipeline
 from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
 from adapters.runtimes.packed.scheduler import PackedScheduler
 from schemas.config import DEFAULT_INSTRUCTION, PackedEngineConfig
@@ -90,6 +91,8 @@ class PackedQwen3Engine:
             base["precision"] = {"mode": self._replicas[0].precision, "gemm": self._replicas[0].mm_kernel,
                                  "gemm_timing": self._replicas[0].mm_timing,
                                  "gate": msgspec.structs.asdict(self._gate) if self._gate else None}
+        if self._config.split == "pipeline" and self._replicas:
+            base["split"] = {"mode": "pipeline", "stages": pipeline.describe(self._replicas[0])}
         errors = [r.compile_error for r in self._replicas if r.compile_error]
         if errors:
             base["compile_error"] = errors[0]
@@ -139,7 +142,14 @@ class PackedQwen3Engine:
         # Compiling fuses the elementwise work between the GEMMs (~2x on an H200); on CPU it only
         # costs start time (the CPU benchmark, docs/benchmarks.md), so "auto" compiles on CUDA only.
         compile_ = cfg.compile == "on" or (cfg.compile == "auto" and on_gpu)
-        replicas = PackedQwen3Replica.replicas(backbone, head, devices, attention=cfg.attention, compile=compile_)
+        if cfg.split == "pipeline":  # one replica whose layers are spread over every device
+            try:
+                replicas = [pipeline.build_pipeline(backbone, head, devices, cfg.split_layers, attention=cfg.attention,
+                                                    compile=compile_)]
+            except pipeline.SplitError as exc:
+                raise EngineConfigError(f"model '{cfg.name}': {exc}") from None
+        else:
+            replicas = PackedQwen3Replica.replicas(backbone, head, devices, attention=cfg.attention, compile=compile_)
         for r in replicas:  # compile and warm every replica before traffic (one at a time)
             _warm_up(r, prompt, cfg.share_prefix)
         share = cfg.share_prefix and all(r.can_share for r in replicas)

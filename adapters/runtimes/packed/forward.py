@@ -167,8 +167,27 @@ class PackedQwen3Replica:
         self.mm_timing: dict[str, Any] = {}
         self._mm: fp8.Mm = fp8.mm_emulated
         self._fp8_regions = (fp8.rms_q, fp8.add_rms_q, fp8.silu_mul_q, fp8.quant)
+        # split = "pipeline" (adapters/runtimes/packed/pipeline.py): this replica holds a range of
+        # the layers and hands the residual stream of each step to the stage holding the next ones.
+        self.next_stage: PackedQwen3Replica | None = None
+        self.layer_range = (0, len(self.backbone.layers))  # [first, end) of the model's layers held here
+        # Steps the scheduler keeps launched and not collected: one more per further stage.
+        self.in_flight = 1
         if compile:
             self._compile()
+
+    @property
+    def label(self) -> str:
+        """The devices this replica runs on, in stage order ("cuda:0>cuda:1" for a split)."""
+        return ">".join(str(s.device) for s in self.chain())
+
+    def chain(self) -> list[PackedQwen3Replica]:
+        """This replica and the pipeline stages after it, in order (just itself without a split)."""
+        out, stage = [], self
+        while stage is not None:
+            out.append(stage)
+            stage = stage.next_stage
+        return out
 
     def to_fp8(self, quantize: Callable[[torch.Tensor], fp8.Fp8Weight] | None = None) -> None:
         """Quantize the four GEMMs of every layer to e4m3 (per-channel scales) and run them in FP8 from now on.
@@ -178,13 +197,15 @@ class PackedQwen3Replica:
         """
         if self.mode != "fused":
             raise ValueError("precision = 'fp8' needs the fused mode")
+        if self.next_stage is not None:
+            self.next_stage.to_fp8(quantize)
         for w, layer in zip(self._layers, self.backbone.layers, strict=True):
             w.quantize(layer, quantize or fp8.quantize_weight)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         k, n = self._layers[0].f8[2].qt.shape
         with torch.inference_mode():
-            self.mm_kernel, self._mm, self.mm_timing = fp8.pick_mm(self.device, (16384, k, n), self.backbone.embed_tokens.weight.dtype)
+            self.mm_kernel, self._mm, self.mm_timing = fp8.pick_mm(self.device, (16384, k, n), self.backbone.norm.weight.dtype)
         self.precision = "fp8 e4m3 GEMMs (per-channel weight, per-token activation scales)"
         self.silu_kernel = "silu·mul + fp8 quantization" + (" (compiled)" if self.compiled else "")
         self._run = self._forward_fp8
@@ -235,11 +256,13 @@ class PackedQwen3Replica:
             if not self.compiled:
                 raise
             self.compile_error = f"{type(exc).__name__}: {exc}"[:500]
-            self._uncompile()
+            for stage in self.chain():
+                stage._uncompile()
             run()
         if batches:
             before = self.score(batches[-1])
-            self._pick_silu()
+            for stage in self.chain():
+                stage._pick_silu()
             try:  # end to end with the kernels picked (q/k/v are then strided views for attention)
                 after = self.score(batches[-1])
                 ok = max(abs(a - b) for a, b in zip(after, before, strict=True)) < 0.05
@@ -249,7 +272,8 @@ class PackedQwen3Replica:
                 self.qk_timing_ms = {"error": f"{type(exc).__name__}: {exc}"[:200]}  # type: ignore[dict-item]
                 ok = False
             if not ok:
-                self._qk_vllm, self.qk_kernel = None, "torch"
+                for stage in self.chain():
+                    stage._qk_vllm, stage.qk_kernel = None, "torch"
 
     @torch.inference_mode()
     def _check_sharing(self) -> None:
@@ -452,11 +476,31 @@ class PackedQwen3Replica:
             k, v = _gather_kv(k, v, step.kv)
         return self._attend(q, k, v, step.cu_q, step.cu_k, step.max_q, step.max_k, step.lens_q, step.lens_k)
 
-    def _forward_fused(self, ids: torch.Tensor, positions: torch.Tensor, step: _Step) -> torch.Tensor:
+    def resume(self, h: torch.Tensor, positions: torch.Tensor, step: _Step) -> torch.Tensor:
+        """Run this stage's layers on the previous stage's residual stream ``h`` (a pipeline split)."""
+        dev = self.device
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            # Into a GPU: queued behind the previous stage's kernels. Into the CPU: blocking, or the
+            # CPU would read the stream before the copy has landed.
+            return None if t is None else t.to(dev, non_blocking=dev.type == "cuda")
+
+        h, positions = move(h), move(positions)
+        step = step._replace(cu_q=move(step.cu_q), cu_k=move(step.cu_k), kv=move(step.kv), last=move(step.last))
+        if self._per_prompt and step.lens_q is None:  # a CPU stage after a GPU one: SDPA needs the lengths
+            step = step._replace(lens_q=step.cu_q.diff().tolist(), lens_k=step.cu_k.diff().tolist())
+        run = self._forward_fp8 if self._run == self._forward_fp8 else self._forward_fused
+        if dev.type != "cuda":
+            return run(None, positions, step, h)
+        with torch.cuda.device(dev):  # kernels that launch on the current device (Triton, FA3) land here
+            return run(None, positions, step, h)
+
+    def _forward_fused(self, ids: torch.Tensor | None, positions: torch.Tensor, step: _Step,
+                       h: torch.Tensor | None = None) -> torch.Tensor:
         rms, add_rms, qkv_rope, silu_mul = self._regions
         bb, eps = self.backbone, self._eps
-        n_tokens = ids.shape[0]
-        h = bb.embed_tokens(ids)
+        h = bb.embed_tokens(ids) if h is None else h
+        n_tokens = h.shape[0]
         qk_vllm = self._qk_vllm
         if qk_vllm is None:
             cos, sin = bb.rotary_emb(h, positions[None])  # (1, T, D), whatever RoPE scaling the config has
@@ -474,24 +518,27 @@ class PackedQwen3Replica:
                 q, k, v = qk_vllm(F.linear(x, w.qkv), w.q_norm, w.k_norm, eps, positions, cos_sin, w.heads, w.kv_heads, dim)
             o = self._attention(q, k, v, step)
             delta = F.linear(o.view(n_tokens, -1), w.o)
-            if i == len(layers) - 1:
+            if i == len(layers) - 1 and self.next_stage is None:
                 # nothing after this attention mixes positions: keep the scored ones
                 h, delta = h[last], delta[last]
             h, x = add_rms(h, delta, w.ln2, eps)
             m = F.linear(silu_mul(F.linear(x, w.gate_up)), w.down)
+            if i + 1 == len(layers) and self.next_stage is not None:  # the next stage's layers
+                return self.next_stage.resume(h + m, positions, step)
             nxt = layers[i + 1].ln1 if i + 1 < len(layers) else bb.norm.weight
             h, x = add_rms(h, m, nxt, eps)
         logits = x.float() @ self.head.T  # (prompts, 2): [no, yes]
         return torch.softmax(logits, dim=-1)[:, 1]
 
-    def _forward_fp8(self, ids: torch.Tensor, positions: torch.Tensor, step: _Step) -> torch.Tensor:
+    def _forward_fp8(self, ids: torch.Tensor | None, positions: torch.Tensor, step: _Step,
+                     h: torch.Tensor | None = None) -> torch.Tensor:
         """``_forward_fused`` with the four GEMMs of each layer in FP8; their inputs are quantized
         by the region that produces them (the attention output by a small one of its own)."""
         rms_q, add_rms_q, silu_mul_q, quant = self._fp8_regions
         qkv_rope, add_rms = self._regions[2], self._regions[1]
         bb, eps, mm = self.backbone, self._eps, self._mm
-        n_tokens = ids.shape[0]
-        h = bb.embed_tokens(ids)
+        h = bb.embed_tokens(ids) if h is None else h
+        n_tokens = h.shape[0]
         dt = h.dtype
         qk_vllm = self._qk_vllm
         if qk_vllm is None:
@@ -510,11 +557,13 @@ class PackedQwen3Replica:
             else:
                 q, k, v = qk_vllm(mm(x, xs, f_qkv, dt), w.q_norm, w.k_norm, eps, positions, cos_sin, w.heads, w.kv_heads, dim)
             o = self._attention(q, k, v, step).reshape(n_tokens, -1)
-            if i == len(layers) - 1:
+            if i == len(layers) - 1 and self.next_stage is None:
                 h, o = h[last], o[last]  # nothing after this attention mixes positions
             delta = mm(*quant(o), f_o, dt)
             h, x, xs = add_rms_q(h, delta, w.ln2, eps)
             m = mm(*silu_mul_q(mm(x, xs, f_gate_up, dt)), f_down, dt)
+            if i + 1 == len(layers) and self.next_stage is not None:  # the next stage's layers
+                return self.next_stage.resume(h + m, positions, step)
             if i + 1 < len(layers):
                 h, x, xs = add_rms_q(h, m, layers[i + 1].ln1, eps)
             else:  # the final norm feeds the two head rows in fp32, not a GEMM: no quantization

@@ -97,14 +97,14 @@ class PackedScheduler:
         # Counters (read by ``stats``; written under the lock).
         self.steps_by_requests: collections.Counter[int] = collections.Counter()
         # tokens: prompt tokens served; computed_tokens: those the steps computed (shared prefixes once)
-        self._dev = [{"device": str(r.device), "steps": 0, "items": 0, "tokens": 0, "computed_tokens": 0, "busy_s": 0.0}
-                     for r in runners]
+        self._dev = [{"device": str(getattr(r, "label", r.device)), "steps": 0, "items": 0, "tokens": 0, "computed_tokens": 0,
+                      "busy_s": 0.0} for r in runners]
         self._requests = 0
         self._queue_s = 0.0
         self._engine_s = 0.0  # submit -> last score, summed over finished requests
         self._finished = 0
         self._dropped = 0
-        self._threads = [threading.Thread(target=self._work, args=(i,), name=f"packed-{r.device}", daemon=True)
+        self._threads = [threading.Thread(target=self._work, args=(i,), name=f"packed-{getattr(r, 'label', r.device)}", daemon=True)
                          for i, r in enumerate(self._runners)]
         for t in self._threads:
             t.start()
@@ -202,33 +202,37 @@ class PackedScheduler:
         # A pipelined runner (CUDA) splits a step into launch (host prep + queued kernels) and
         # collect (wait for the scores): step k+1 is launched before step k is collected, so the
         # host prepares the next step while the device computes. Elsewhere steps run whole.
+        # A runner split over devices (split = "pipeline") keeps one step per stage in flight.
         pipelined = bool(getattr(runner, "pipelined", False))
-        inflight: tuple[list[tuple[PendingRequest, int]], tuple[int, int], Any, BaseException | None, float] | None = None
+        depth = max(1, int(getattr(runner, "in_flight", 1)))
+        inflight: collections.deque[tuple[list[tuple[PendingRequest, int]], tuple[int, int], Any, BaseException | None, float]]
+        inflight = collections.deque()
         while True:
             with self._cond:
-                while not self._queue and not self._stopping and inflight is None:
+                while not self._queue and not self._stopping and not inflight:
                     self._cond.wait()
                 taken = self._take() if self._queue and not self._stopping else []
                 if self._queue:
                     self._cond.notify()  # more work: wake another idle device
-            launched = None
             if taken:
                 work, tokens = self._assemble(taken)
                 t0 = time.perf_counter()
                 if pipelined:
                     launch = runner.launch_groups if self._share else runner.launch  # type: ignore[attr-defined]
                     try:
-                        launched = (taken, tokens, launch(work), None, t0)
+                        inflight.append((taken, tokens, launch(work), None, t0))
                     except Exception as exc:  # noqa: BLE001  # fail this step's requests, keep serving
-                        launched = (taken, tokens, None, exc, t0)
+                        inflight.append((taken, tokens, None, exc, t0))
                 else:
                     score = runner.score_groups if self._share else runner.score
                     try:
                         self._finish(counters, runner, taken, tokens, score(work), None, t0)  # type: ignore[arg-type]
                     except Exception as exc:  # noqa: BLE001
                         self._finish(counters, runner, taken, tokens, None, exc, t0)
-            if inflight is not None:
-                taken_, tokens_, handle, error, t0_ = inflight
+            # Collect the oldest step once more than ``depth`` are out, or one when nothing new came
+            # (one at a time: work queued meanwhile is launched before the next collect).
+            for _ in range(len(inflight) - depth if taken else min(len(inflight), 1)):
+                taken_, tokens_, handle, error, t0_ = inflight.popleft()
                 scores = None
                 if error is None:
                     try:
@@ -236,8 +240,7 @@ class PackedScheduler:
                     except Exception as exc:  # noqa: BLE001
                         error = exc
                 self._finish(counters, runner, taken_, tokens_, scores, error, t0_)
-            inflight = launched
-            if inflight is None and self._stopping:
+            if not inflight and self._stopping:
                 return
 
     def _assemble(self, taken: list[tuple[PendingRequest, int]]) -> tuple[list[Any], tuple[int, int]]:
