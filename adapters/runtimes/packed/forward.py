@@ -266,9 +266,9 @@ class PackedQwen3Replica:
             self._cos_sin = torch.cat((cos[0, :, :half], sin[0, :, :half]), dim=-1).to(w.dtype).contiguous()
         return self._cos_sin
 
-    def score(self, prompts: Sequence[Sequence[int]]) -> list[float]:
-        """P(yes) over {no, yes} at the last position of each prompt."""
-        return self.collect(self.launch(prompts))
+    def score(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> list[float]:
+        """P(yes) over {no, yes} at the last position of each prompt (decoder prompts have no token types)."""
+        return self.collect(self.launch(prompts, segments))
 
     def _pack(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[int]]:
         """ids, positions and cumulative lengths in one int64 host tensor (3 rows' worth, one copy to the device)."""
@@ -300,8 +300,10 @@ class PackedQwen3Replica:
         return self._stage[self._slot]
 
     @torch.inference_mode()
-    def launch(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
-        """Prepare the step on the host and queue its kernels; on CUDA this returns before they ran."""
+    def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> tuple[torch.Tensor, int]:
+        """Prepare the step on the host and queue its kernels; on CUDA this returns before they ran.
+
+        ``segments`` (the scheduler's token-type starts) is None throughout for Qwen3 prompts."""
         n = len(prompts)
         if self.compiled and n == 1:
             # dynamic=True still specializes a size of 1: a 1-token second prompt keeps one graph.

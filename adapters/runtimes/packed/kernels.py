@@ -1,7 +1,8 @@
 """The packed forward's kernels: varlen attention and the pointwise regions between the GEMMs.
 
 Attention on CUDA is the first of vLLM's FlashAttention-3 (native GQA), flash-attn and PyTorch's
-``varlen_attn`` that imports; on CPU one causal SDPA per prompt (exact). The pointwise regions
+``varlen_attn`` that imports; on CPU one SDPA per prompt (exact). Causal for the decoder
+rerankers, bidirectional (``causal=False``) for the encoder cross-encoders (``encoder.py``). The pointwise regions
 (RMSNorm + residual, q/k norm + RoPE, silu·mul) are plain torch that ``torch.compile`` fuses, with
 vLLM's fused kernels as alternatives that :mod:`.forward` times and checks at start. Kept apart
 from the replica so a reader sees the model's arithmetic in one place and its kernels in another.
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = (
+    "PER_SEQUENCE",
     "Attention",
     "add_rms",
     "median_ms",
@@ -27,6 +29,7 @@ __all__ = (
     "rms",
     "rotate_half",
     "sdpa_per_prompt",
+    "sdpa_per_sequence",
     "silu_mul",
     "vllm_qk_norm_rope",
     "vllm_silu_mul",
@@ -35,7 +38,7 @@ __all__ = (
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, list[int] | None], torch.Tensor]
 
 
-def _fa3_attention() -> Attention | None:
+def _fa3_attention(causal: bool = True) -> Attention | None:
     """vLLM's FlashAttention-3 varlen kernel (Hopper; GQA native), when vLLM is importable and has it."""
     try:
         from vllm.vllm_flash_attn import flash_attn_varlen_func
@@ -48,12 +51,12 @@ def _fa3_attention() -> Attention | None:
 
     def fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
             lens: list[int] | None) -> torch.Tensor:
-        return flash_attn_varlen_func(q, k, v, max_len, cu, max_len, cu, causal=True, fa_version=3)
+        return flash_attn_varlen_func(q, k, v, max_len, cu, max_len, cu, causal=causal, fa_version=3)
 
     return fa3
 
 
-def _torch_varlen() -> Attention | None:
+def _torch_varlen(causal: bool = True) -> Attention | None:
     """PyTorch's (>= 2.10) ``varlen_attn``."""
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -62,7 +65,11 @@ def _torch_varlen() -> Attention | None:
     params = set(inspect.signature(varlen_attn).parameters)
     # torch 2.11 (the GPU image) has window_size but no enable_gqa: KV heads are expanded there.
     gqa = "enable_gqa" in params
-    causal_kw: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    # window_size (-1, 0): nothing after the query position; (-1, -1): the whole sequence.
+    if "window_size" in params:
+        causal_kw: dict[str, Any] = {"window_size": (-1, 0) if causal else (-1, -1)}
+    else:
+        causal_kw = {"is_causal": causal}
 
     def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
                      lens: list[int] | None) -> torch.Tensor:
@@ -70,13 +77,15 @@ def _torch_varlen() -> Attention | None:
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         extra = {"enable_gqa": True} if gqa and k.shape[1] != q.shape[1] else {}
+        # The encoders hand strided q/k/v views of the fused projection (no-op when contiguous).
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         return varlen_attn(q, k, v, cu, cu, max_len, max_len, **causal_kw, **extra)
 
     torch_varlen.gqa = gqa  # type: ignore[attr-defined]
     return torch_varlen
 
 
-def _flash_attn() -> Attention | None:
+def _flash_attn(causal: bool = True) -> Attention | None:
     try:
         from flash_attn import flash_attn_varlen_func
     except ImportError:
@@ -84,12 +93,12 @@ def _flash_attn() -> Attention | None:
 
     def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
               lens: list[int] | None) -> torch.Tensor:
-        return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True)  # GQA native
+        return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal)  # GQA native
 
     return flash
 
 
-def _varlen_attention(kernel: str = "auto") -> tuple[str, Attention] | None:
+def _varlen_attention(kernel: str = "auto", causal: bool = True) -> tuple[str, Attention] | None:
     """The first importable varlen kernel of: vLLM's FA3 (GQA native), flash-attn, PyTorch's ``varlen_attn``.
 
     FA3 first: on the H200 it was the fastest (docs/benchmarks/gpu-h200-2026-12-01-b) and needs
@@ -98,7 +107,7 @@ def _varlen_attention(kernel: str = "auto") -> tuple[str, Attention] | None:
     for name, make in (("fa3", _fa3_attention), ("flash_attn", _flash_attn), ("torch", _torch_varlen)):
         if kernel not in ("auto", name):
             continue
-        fn = make()
+        fn = make(causal)
         if fn is not None:
             label = {"fa3": "vLLM FlashAttention-3 varlen", "flash_attn": "flash_attn varlen",
                      "torch": "torch varlen_attn"}[name]
@@ -108,28 +117,48 @@ def _varlen_attention(kernel: str = "auto") -> tuple[str, Attention] | None:
     return None
 
 
-def sdpa_per_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
-                     lens: list[int] | None) -> torch.Tensor:
-    """Exact fallback: causal SDPA over each prompt alone (no T x T mask is ever built)."""
+def _sdpa_each(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int] | None, causal: bool) -> torch.Tensor:
     assert lens is not None
     out = []
     for qi, ki, vi in zip(q.split(lens), k.split(lens), v.split(lens), strict=True):
         # (L, heads, D) -> (1, heads, L, D); GQA by SDPA itself, as transformers does.
         o = F.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
-                                           is_causal=True, enable_gqa=ki.shape[1] != qi.shape[1])
+                                           is_causal=causal, enable_gqa=ki.shape[1] != qi.shape[1])
         out.append(o[0].transpose(0, 1))
     return torch.cat(out)
 
 
-def pick_attention(choice: str, device: torch.device, kernel: str = "auto") -> tuple[str, Attention]:
-    """``kernel`` ("auto", "fa3", "flash_attn", "torch") narrows which varlen kernel may serve."""
-    if choice == "sdpa" or (choice == "auto" and device.type != "cuda"):
-        return "sdpa per prompt", sdpa_per_prompt
-    found = _varlen_attention(kernel) if device.type == "cuda" else None
+def sdpa_per_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
+                    lens: list[int] | None) -> torch.Tensor:
+    """Exact fallback: causal SDPA over each prompt alone (no T x T mask is ever built)."""
+    return _sdpa_each(q, k, v, lens, True)
+
+
+def sdpa_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: Any,
+                      lens: list[int] | None) -> torch.Tensor:
+    """Exact fallback for encoders: bidirectional SDPA over each sequence alone (no padding, no mask)."""
+    return _sdpa_each(q, k, v, lens, False)
+
+
+# The per-sequence fallbacks need the host-side lengths (``lens``); the varlen kernels only ``cu``.
+PER_SEQUENCE: frozenset[Attention] = frozenset({sdpa_per_prompt, sdpa_per_sequence})
+
+
+def pick_attention(choice: str, device: torch.device, kernel: str = "auto", *, causal: bool = True,
+                   dtype: torch.dtype | None = None) -> tuple[str, Attention]:
+    """``kernel`` ("auto", "fa3", "flash_attn", "torch") narrows which varlen kernel may serve.
+
+    ``causal=False``: bidirectional within each sequence (encoders). ``dtype`` float32: the
+    varlen kernels take half precision only, so "auto" keeps the exact per-sequence SDPA.
+    """
+    fallback = ("sdpa per prompt", sdpa_per_prompt) if causal else ("sdpa per sequence", sdpa_per_sequence)
+    if choice == "sdpa" or (choice == "auto" and (device.type != "cuda" or dtype == torch.float32)):
+        return fallback
+    found = _varlen_attention(kernel, causal) if device.type == "cuda" else None
     if found is None:
         if choice == "varlen":
             raise RuntimeError("attention = 'varlen' needs CUDA and vLLM's FA3, flash-attn or torch >= 2.10 (varlen_attn)")
-        return "sdpa per prompt", sdpa_per_prompt
+        return fallback
     return found
 
 

@@ -15,7 +15,9 @@ event loop's thread. Consequences:
 ``shortest-first`` (fewest tokens left first, so small requests overtake large ones).
 
 Pure Python (threads, no torch): a runner is anything with ``device`` and
-``score(prompts) -> list[float]``.
+``score(prompts, segments) -> list``, one output per prompt (a float for Qwen3, a row of logits
+for a cross-encoder). ``segments`` gives, per prompt, where token type 1 starts (a BERT pair's
+document) or None (no token types: Qwen3, XLM-R).
 """
 
 from __future__ import annotations
@@ -33,19 +35,22 @@ __all__ = ("PackedScheduler", "PendingRequest", "Runner")
 class Runner(Protocol):
     device: Any
 
-    def score(self, prompts: Sequence[Sequence[int]]) -> list[float]: ...
+    def score(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> list[Any]: ...
 
 
 class PendingRequest:
-    """One ``score`` call: its prompts are ``shared + item + suffix`` (assembled by the worker)."""
+    """One ``score`` call: its prompts are ``shared + item + suffix`` (assembled by the worker).
 
-    __slots__ = ("_loop", "cancelled", "done", "future", "items", "next", "queued_at", "scores", "shared",
+    ``segment``: where token type 1 starts in every prompt (``len(shared)`` for a BERT pair), or None.
+    """
+
+    __slots__ = ("_loop", "cancelled", "done", "future", "items", "next", "queued_at", "scores", "segment", "shared",
                  "started_at", "suffix", "tokens_left")
 
     def __init__(self, shared: Sequence[int], items: Sequence[Sequence[int]], suffix: Sequence[int],
-                 loop: asyncio.AbstractEventLoop, future: asyncio.Future[list[float]]) -> None:
-        self.shared, self.items, self.suffix = shared, items, suffix
-        self.scores: list[float] = [0.0] * len(items)
+                 loop: asyncio.AbstractEventLoop, future: asyncio.Future[list[Any]], segment: int | None = None) -> None:
+        self.shared, self.items, self.suffix, self.segment = shared, items, suffix, segment
+        self.scores: list[Any] = [0.0] * len(items)
         self.next = 0  # first item no step has taken yet
         self.done = 0  # items scored
         self.tokens_left = sum(len(i) for i in items) + (len(shared) + len(suffix)) * len(items)
@@ -57,7 +62,7 @@ class PendingRequest:
     def prompt_len(self, i: int) -> int:
         return len(self.shared) + len(self.items[i]) + len(self.suffix)
 
-    def resolve(self, result: list[float] | BaseException) -> None:
+    def resolve(self, result: list[Any] | BaseException) -> None:
         """Complete the future from a worker thread (the loop may be gone at shutdown)."""
         try:
             self._loop.call_soon_threadsafe(_complete, self.future, result)
@@ -65,7 +70,7 @@ class PendingRequest:
             pass
 
 
-def _complete(future: asyncio.Future[list[float]], result: list[float] | BaseException) -> None:
+def _complete(future: asyncio.Future[list[Any]], result: list[Any] | BaseException) -> None:
     if future.done():
         return
     if isinstance(result, BaseException):
@@ -97,9 +102,10 @@ class PackedScheduler:
             t.start()
 
     # -- event-loop side --------------------------------------------------------------------
-    def submit(self, shared: Sequence[int], items: Sequence[Sequence[int]], suffix: Sequence[int]) -> PendingRequest:
+    def submit(self, shared: Sequence[int], items: Sequence[Sequence[int]], suffix: Sequence[int],
+               segment: int | None = None) -> PendingRequest:
         loop = asyncio.get_running_loop()
-        req = PendingRequest(shared, items, suffix, loop, loop.create_future())
+        req = PendingRequest(shared, items, suffix, loop, loop.create_future(), segment)
         if not items:
             req.future.set_result([])
             return req
@@ -194,15 +200,16 @@ class PackedScheduler:
             launched = None
             if taken:
                 prompts = [[*r.shared, *r.items[i], *r.suffix] for r, i in taken]
+                segments = [r.segment for r, _ in taken]
                 t0 = time.perf_counter()
                 if pipelined:
                     try:
-                        launched = (taken, prompts, runner.launch(prompts), None, t0)  # type: ignore[attr-defined]
+                        launched = (taken, prompts, runner.launch(prompts, segments), None, t0)  # type: ignore[attr-defined]
                     except Exception as exc:  # noqa: BLE001  # fail this step's requests, keep serving
                         launched = (taken, prompts, None, exc, t0)
                 else:
                     try:
-                        self._finish(counters, runner, taken, prompts, runner.score(prompts), None, t0)
+                        self._finish(counters, runner, taken, prompts, runner.score(prompts, segments), None, t0)
                     except Exception as exc:  # noqa: BLE001
                         self._finish(counters, runner, taken, prompts, None, exc, t0)
             if inflight is not None:
@@ -219,7 +226,7 @@ class PackedScheduler:
                 return
 
     def _finish(self, counters: dict[str, Any], runner: Runner, taken: list[tuple[PendingRequest, int]],
-                prompts: list[list[int]], scores: list[float] | None, error: BaseException | None, t0: float) -> None:
+                prompts: list[list[int]], scores: list[Any] | None, error: BaseException | None, t0: float) -> None:
         """Count one step and hand its scores (or its error) to the requests it served."""
         dt = time.perf_counter() - t0
         finished: list[PendingRequest] = []
