@@ -88,8 +88,11 @@ model.save_pretrained(out)
 
 
 def gpu_mem_mib() -> int:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=False).stdout.split()
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, check=False).stdout.split()
+    except OSError:  # no nvidia-smi: a CPU check run (benchmarks/gpu_encoders.py --tiny)
+        return -1
     return int(out[0]) if out else -1
 
 

@@ -297,6 +297,15 @@ RUNTIME_REFUSALS: dict[tuple[str, str], str] = {
 PACKED_ENCODER_TYPES: frozenset[str] = frozenset({"bert", "electra", "roberta", "xlm-roberta"})
 
 
+def packed_runs_checkpoint(hf_config: dict[str, Any]) -> bool:
+    """Whether engine 'packed' runs this checkpoint (its config.json): Qwen3, or a cross-encoder it supports."""
+    model_type = hf_config.get("model_type")
+    if model_type == "qwen3":
+        return True
+    heads = [a for a in hf_config.get("architectures") or () if str(a).endswith("ForSequenceClassification")]
+    return bool(heads) and packed_encoder_refusal(hf_config) is None
+
+
 def packed_encoder_refusal(hf_config: dict[str, Any]) -> str | None:
     """Why the packed runtime cannot run this cross-encoder checkpoint (its config.json), or None."""
     model_type = str(hf_config.get("model_type") or "?")

@@ -214,8 +214,10 @@ class PackedEncoderReplica:
         add_ln_, act = self._regions
         cu = cu_long.to(torch.int32)
         first = cu_long[:-1]
-        # The checkpoint's own embedding module: word + token type + position, LayerNorm.
-        h = self._emb(input_ids=ids[None], token_type_ids=types[None], position_ids=positions[None])[0]
+        # The embedding module's own tables and norm, in its order: (word + token type) + position,
+        # LayerNorm (called piecewise: its forward's signature changed across transformers versions).
+        e = self._emb
+        h = e.LayerNorm(e.word_embeddings(ids) + e.token_type_embeddings(types) + e.position_embeddings(positions))
         if self._project is not None:
             h = self._project(h)
         n_tokens = h.shape[0]

@@ -1,0 +1,303 @@
+"""Issue 20's GPU run: bge-reranker-v2-m3's shape on every cross-encoder runtime, over HTTP, one H200.
+
+    RR_SKIP_CHECK=1 RR_BUDGET=520 RR_CMD="python3 -m benchmarks.gpu_encoders" bash .gpu/device_run.sh
+
+Each gateway is its own ``python -m gateway serve --config ...`` process (this process never
+touches CUDA: the checkpoint and the matmul rate come from a child process) and
+``python -m gateway bench`` is the load client, a third process, as in ``benchmarks/gpu_qwen3.py``.
+
+Checkpoint: XLM-RoBERTa large's real config (hidden 1,024, 24 layers, 16 heads, MLP 4,096,
+vocabulary 250,002, 8,194 positions, one token type: bge-reranker-v2-m3) with random bf16
+weights and a Unigram tokenizer of the real vocabulary size built offline (the workload's
+English words are single pieces, other text falls back to shorter pieces), so documents are
+cut at exact token counts. Workload d100: 1 query (15 tokens) x 100 documents of U[60,200]
+tokens (~14.9k tokens per request with the pair's 4 special tokens).
+
+Rows, per runtime (``--runtimes``, default packed, vllm-score, transformers; each in its own
+gateway, started one after the other): d100 at 1 client (40 requests: p50 / p99 / max) and at
+16 clients (docs/s). The report adds the compute floor: FLOPs of a d100 request (2 x
+non-embedding weights x tokens + bidirectional attention) over the measured bf16 matmul rate
+(square 8192^3, and the model's own GEMM shapes at 16k tokens), and each row's MFU.
+
+A runtime whose start would pass the deadline (``RR_DEADLINE`` from device_run.sh, else
+``--budget`` seconds from now) is skipped and listed. Writes ``$OUT/encoders_results.json`` and
+``$OUT/encoders_summary.md`` (two files: the device returns at most eight).
+
+``--tiny`` runs the same script on CPU with a tiny XLM-R (hidden 128, 2 layers, vocabulary 2,000)
+and the packed and transformers engines: a check of this script's logic, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu_qwen3 import Gateway, gpu_mem_mib
+
+# XLMRobertaForSequenceClassification, bge-reranker-v2-m3's config.json (XLM-R large, 8k positions).
+REAL_CONFIG: dict[str, Any] = {
+    "vocab_size": 250002, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+    "intermediate_size": 4096, "hidden_act": "gelu", "max_position_embeddings": 8194, "type_vocab_size": 1,
+    "layer_norm_eps": 1e-5, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "num_labels": 1,
+    "initializer_range": 0.02,
+}
+TINY_CONFIG: dict[str, Any] = {**REAL_CONFIG, "vocab_size": 2000, "hidden_size": 128, "num_hidden_layers": 2,
+                               "num_attention_heads": 2, "intermediate_size": 256, "max_position_embeddings": 514,
+                               "initializer_range": 0.2}
+DOC_TOKENS, QUERY_TOKENS, DOCS = "60-200", "15", 100
+COMMON = {"max_length": 1024, "max_query_tokens": 64}
+RUNTIMES: dict[str, dict[str, Any]] = {
+    "packed": {**COMMON, "engine": "packed", "batch_tokens": 65536},
+    "vllm-score": {**COMMON, "engine": "vllm-score", "max_num_batched_tokens": 65536, "max_num_seqs": 512},
+    "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
+}
+# runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
+NEEDS = {"packed": 75, "vllm-score": 170, "transformers": 60}
+
+
+def log(*a: Any) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] [encoders]", *a, flush=True)
+
+
+_BUILD = r'''
+import itertools, json, string, sys, time
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaForSequenceClassification
+from gateway.bench.workload import _WORDS
+
+out, cfg, device = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+# XLM-R's special ids (<s> 0, <pad> 1, </s> 2, <unk> 3, <mask> last); the workload's words whole,
+# characters and letter pairs (word starts and continuations) so any text tokenizes, then
+# three- and four-letter word starts up to the real vocabulary size.
+letters = string.ascii_lowercase
+chars = [c for c in string.printable if not c.isspace()]
+vocab = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -6.0)]
+vocab += [("\u2581" + w, -5.0) for w in dict.fromkeys(_WORDS)]
+vocab += [(c, -10.0) for c in chars] + [("\u2581" + c, -9.0) for c in chars]
+vocab += [("".join(p), -11.0) for p in itertools.product(letters, repeat=2)]
+seen = {p for p, _ in vocab}
+for n in (2, 3, 4):
+    for combo in itertools.product(letters, repeat=n):
+        if len(vocab) >= cfg["vocab_size"] - 1:
+            break
+        piece = "\u2581" + "".join(combo)
+        if piece not in seen:
+            vocab.append((piece, -12.0 - n))
+vocab.append(("<mask>", 0.0))
+assert len(vocab) == cfg["vocab_size"], len(vocab)
+tok = Tokenizer(models.Unigram(vocab, unk_id=3, byte_fallback=False))
+tok.pre_tokenizer = pre_tokenizers.Metaspace()
+tok.decoder = decoders.Metaspace()
+tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+                        cls_token="<s>", sep_token="</s>", mask_token="<mask>",
+                        model_max_length=cfg["max_position_embeddings"] - 2).save_pretrained(out)
+torch.manual_seed(0)
+on_gpu = device == "cuda"
+torch.set_default_dtype(torch.bfloat16 if on_gpu else torch.float32)
+with torch.device(device):
+    model = XLMRobertaForSequenceClassification(XLMRobertaConfig(**cfg))
+model.save_pretrained(out)
+rates = {}
+if on_gpu:  # the bf16 matmul rate MFU is measured against: square, and the model's GEMMs at 16k tokens
+    def rate(m, k, n):
+        a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+        times = []
+        for i in range(30):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record(); a @ b; e1.record(); e1.synchronize()
+            if i >= 5:
+                times.append(e0.elapsed_time(e1) / 1e3)
+        return 2 * m * k * n / sorted(times)[len(times) // 2] / 1e12
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    rates["square_8192_tflops"] = rate(8192, 8192, 8192)
+    shapes = {"qkv": (16384, h, 3 * h), "out": (16384, h, h), "up": (16384, h, i), "down": (16384, i, h)}
+    per = {k: rate(*s) for k, s in shapes.items()}
+    flops = {k: s[1] * s[2] for k, s in shapes.items()}
+    rates["model_gemms_tflops"] = sum(flops.values()) / sum(flops[k] / per[k] for k in per)
+    rates["model_gemms_each"] = per
+    rates["device"] = torch.cuda.get_device_name(0)
+print("RATES " + json.dumps(rates))
+'''
+
+
+def build(out: Path, cfg: dict[str, Any], device: str) -> dict[str, Any]:
+    """Tokenizer + checkpoint (+ matmul rates on CUDA), written by a child process."""
+    proc = subprocess.run([sys.executable, "-c", _BUILD, str(out), json.dumps(cfg), device],
+                          check=True, capture_output=True, text=True)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RATES "))
+    return json.loads(line[6:])
+
+
+def flops_per_request(cfg: dict[str, Any], pair_lens: list[int]) -> float:
+    """2 x non-embedding weights x tokens + bidirectional attention (QK^T and PV: 4 L^2 d per layer)."""
+    h, i, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    weights = layers * (4 * h * h + 2 * h * i)
+    tokens = sum(pair_lens)
+    return 2 * weights * tokens + layers * sum(4 * n * n * h for n in pair_lens)
+
+
+def pair_lengths(model_dir: Path, requests: int = 8) -> list[list[int]]:
+    """Token counts of d100 pairs as the gateway builds them (<s> q </s></s> d </s>), from the bench's own workload."""
+    import msgspec
+
+    from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter
+
+    counter = load_token_counter(str(model_dir))
+    spec = WorkloadSpec(requests=requests, documents=DOCS, doc_tokens=DOC_TOKENS, query_tokens=QUERY_TOKENS, seed=11)
+    out = []
+    for r in build_workload(spec, counter):
+        body = msgspec.json.decode(r.body)
+        (q,) = counter.count([body["query"]])
+        out.append([q + d + 4 for d in counter.count(body["documents"])])
+    return out
+
+
+def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int, out: Path, gpu: bool) -> dict[str, Any]:
+    args = [sys.executable, "-m", "gateway", "bench", gw.url, "--model", model, "--tokenizer", str(model_dir),
+            "--documents", str(DOCS), "--doc-tokens", DOC_TOKENS, "--query-tokens", QUERY_TOKENS,
+            "--concurrency", str(clients), "--requests", str(requests), "--warmup", "4", "--seed", str(11 + clients),
+            "--title", f"{model} d100 {clients} clients", "--no-progress", "--out", str(out)]
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+    (s,) = json.loads((out / "bench.json").read_text())["summaries"]
+    lat = s["latency_ms"]
+    row = {"clients": clients, "requests": requests, "docs_per_s": s["docs_per_s"], "p50_ms": lat["p50"],
+           "p99_ms": lat["p99"], "max_ms": lat["max"], "errors": s["errors"], "first_error": s.get("first_error"),
+           "server_timing_ms": s.get("server_timing_ms"), "gpu_mib": gpu_mem_mib() - gw.base_mib if gpu else None}
+    log(f"{model} d100 x{clients}: {row['docs_per_s']:.0f} docs/s, p50 {row['p50_ms']:.1f}, p99 {row['p99_ms']:.1f}, "
+        f"max {row['max_ms']:.1f} ms, errors {row['errors']}")
+    return row
+
+
+def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Path, levels: dict[int, int],
+                deadline: float, results: dict[str, Any], gpu: bool) -> None:
+    need = NEEDS.get(label, 90)
+    if deadline - time.time() < need:
+        results["skipped"].append(f"{label}: {deadline - time.time():.0f}s left, needs ~{need}s")
+        log("SKIP", results["skipped"][-1])
+        return
+    cfg = {"name": label, "path": str(model_dir), **model_cfg}
+    gw = Gateway(label, [cfg], work)
+    entry: dict[str, Any] = {"model": cfg, "rows": []}
+    results["runs"][label] = entry
+    try:
+        body = gw.ready(timeout=max(30.0, deadline - time.time() - 20))
+        entry["start_s"] = time.time() - gw.t0
+        entry["gpu_ready_mib"] = gpu_mem_mib() - gw.base_mib if gpu else None
+        (status,) = body["models"]
+        entry["engine_stats"] = status.get("engine_stats")
+        entry["describe"] = {k: status.get(k) for k in ("runtime", "device", "dtype", "family")}
+        log(f"{label}: ready in {entry['start_s']:.0f}s; {json.dumps(entry['describe'])}; "
+            f"attention {(entry['engine_stats'] or {}).get('attention')}")
+        for clients, n in levels.items():
+            if deadline - time.time() < 15:
+                results["skipped"].append(f"{label} x{clients}: deadline")
+                continue
+            entry["rows"].append(bench(gw, label, model_dir, clients, n, work / f"{label}-{clients}", gpu))
+        entry["engine_stats_after"] = (gw.status() or {}).get("models", [{}])[0].get("engine_stats")
+    except Exception as exc:  # noqa: BLE001  # one runtime failing must not lose the others' figures
+        entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        log(f"ERROR {label}: {entry['error']}")
+    finally:
+        gw.stop()
+        entry["log_tail"] = (work / f"{label}.log").read_text()[-3000:]
+
+
+def summary(results: dict[str, Any]) -> str:
+    floor = results.get("floor") or {}
+    lines = [f"# bge-reranker-v2-m3 shape (XLM-R large), d100, over HTTP: {results.get('device', '?')} ({results['date_utc']})", "",
+             f"Workload: 1 query x {DOCS} documents of U[{DOC_TOKENS.replace('-', ',')}] tokens, query {QUERY_TOKENS} tokens: "
+             f"{floor.get('tokens_per_request', 0):,.0f} tokens and {floor.get('tflop_per_request', 0):.2f} TFLOP per request.", ""]
+    if floor.get("ms_at_100pct_square"):
+        lines += [f"Compute floor: bf16 matmul {floor['square_tflops']:.0f} TFLOP/s (8192^3), {floor['gemm_tflops']:.0f} TFLOP/s "
+                  f"(the model's GEMMs at 16k tokens) -> {floor['ms_at_100pct_square']:.1f} ms per request at 100 % "
+                  f"({floor['docs_per_s_at_100pct']:,.0f} docs/s).", ""]
+    lines += ["| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for label, e in results["runs"].items():
+        rows = {r["clients"]: r for r in e.get("rows", [])}
+        one, many = rows.get(1), rows.get(16) or rows.get(max(rows) if rows else 0)
+        stats = e.get("engine_stats") or {}
+        idle = f"{one['p50_ms']:.1f} / {one['p99_ms']:.1f} / {one['max_ms']:.1f}" if one else "-"
+        lines.append(f"| {label} | {e.get('start_s', 0):.0f} | {stats.get('attention', '-')} | {e.get('gpu_ready_mib') or '-'} | {idle} | "
+                     f"{many['docs_per_s']:,.0f} | {_pct(e.get('mfu_many'))} | {_pct(e.get('mfu_one'))} | "
+                     f"{sum(sum(r['errors'].values()) for r in rows.values())} |" if many else
+                     f"| {label} | | | | | error: {(e.get('error') or 'no rows')[:300]} | | | |")
+    lines += ["", "skipped: " + json.dumps(results["skipped"])]
+    return "\n".join(lines) + "\n"
+
+
+def _pct(x: float | None) -> str:
+    return f"{100 * x:.0f} %" if x else "-"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runtimes", default="packed,vllm-score,transformers", help="comma list, run in this order")
+    ap.add_argument("--tiny", action="store_true", help="CPU check of this script: tiny XLM-R, cpu devices")
+    ap.add_argument("--idle-requests", type=int, default=40)
+    ap.add_argument("--load-requests", type=int, default=160, help="requests at 16 clients")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--budget", type=float, default=480, help="seconds from now, when RR_DEADLINE is not set")
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench-out/encoders"))
+    ap.add_argument("--work", default="/tmp/rr-encoders")
+    args = ap.parse_args()
+    deadline = float(os.environ.get("RR_DEADLINE") or 0) or time.time() + args.budget
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    gpu = not args.tiny
+    cfg = TINY_CONFIG if args.tiny else REAL_CONFIG
+    results: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": {}, "skipped": [],
+                               "config": cfg, "workload": {"documents": DOCS, "doc_tokens": DOC_TOKENS, "query_tokens": QUERY_TOKENS}}
+
+    def save() -> None:
+        (out / "encoders_results.json").write_text(json.dumps(results, indent=1, default=str))
+        (out / "encoders_summary.md").write_text(summary(results))
+
+    t = time.time()
+    model_dir = work / ("xlmr-tiny" if args.tiny else "xlmr-large")
+    rates = build(model_dir, cfg, "cpu" if args.tiny else "cuda")
+    results["device"] = rates.get("device", "cpu (--tiny: a logic check, not a measurement)")
+    lens = pair_lengths(model_dir)
+    tokens = sum(sum(x) for x in lens) / len(lens)
+    flop = sum(flops_per_request(cfg, x) for x in lens) / len(lens)
+    floor: dict[str, Any] = {"tokens_per_request": tokens, "tflop_per_request": flop / 1e12}
+    if rates.get("square_8192_tflops"):
+        floor.update(square_tflops=rates["square_8192_tflops"], gemm_tflops=rates["model_gemms_tflops"],
+                     gemm_each_tflops=rates["model_gemms_each"],
+                     ms_at_100pct_square=1e3 * flop / (rates["square_8192_tflops"] * 1e12),
+                     ms_at_100pct_gemms=1e3 * flop / (rates["model_gemms_tflops"] * 1e12),
+                     docs_per_s_at_100pct=DOCS * rates["square_8192_tflops"] * 1e12 / flop)
+    results["floor"] = floor
+    log(f"checkpoint + rates in {time.time() - t:.0f}s: {json.dumps(floor)}")
+    save()
+    levels = {1: args.idle_requests, args.clients: args.load_requests}
+    for label in args.runtimes.split(","):
+        model_cfg = dict(RUNTIMES[label])
+        if args.tiny:  # same engines on CPU: packed on "cpu", transformers on "cpu" in float32
+            model_cfg.update({"devices": ["cpu"]} if label == "packed" else {})
+            model_cfg.update({"device": "cpu", "dtype": "float32"} if label == "transformers" else {})
+        run_runtime(label, model_cfg, model_dir, work, levels, deadline, results, gpu)
+        e = results["runs"].get(label, {})
+        rows = {r["clients"]: r for r in e.get("rows", [])}
+        rate = rates.get("square_8192_tflops")
+        if rate and rows:  # MFU against the square bf16 rate: achieved FLOP/s over the measured peak
+            if args.clients in rows:
+                e["mfu_many"] = rows[args.clients]["docs_per_s"] / DOCS * flop / (rate * 1e12)
+            if 1 in rows:
+                e["mfu_one"] = flop / (rows[1]["p50_ms"] / 1e3) / (rate * 1e12)
+        save()
+    save()
+    log("done")
+
+
+if __name__ == "__main__":
+    main()
