@@ -146,11 +146,11 @@ async def test_cancelled_request_drops_its_pending_items(tiny_qwen3_dir):
         calls: list[int] = []
         entered, gate = threading.Event(), threading.Event()
 
-        def gated(prompts):
+        def gated(prompts, segments=None):
             calls.append(len(prompts))
             entered.set()
             gate.wait(10)
-            return real(prompts)
+            return real(prompts, segments)
 
         replica.score = gated  # the scheduler calls the runner's score at each step
         task = asyncio.create_task(eng.score(_job(eng.tokenizer, QUERIES[0], DOCS)))
