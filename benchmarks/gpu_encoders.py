@@ -38,7 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from benchmarks.gpu_qwen3 import Gateway, gpu_mem_mib
+from schemas.config import Settings
 
 # XLMRobertaForSequenceClassification, bge-reranker-v2-m3's config.json (XLM-R large, 8k positions).
 REAL_CONFIG: dict[str, Any] = {
@@ -262,6 +265,9 @@ def main() -> None:
         (out / "encoders_results.json").write_text(json.dumps(results, indent=1, default=str))
         (out / "encoders_summary.md").write_text(summary(results))
 
+    labels = args.runtimes.split(",")
+    for label in labels:  # every runtime's config, typed as the gateway will read it: a typo fails now, not in minutes
+        msgspec.convert({"models": [{"name": label, "path": "/nonexistent", **RUNTIMES[label]}]}, Settings, strict=True)
     t = time.time()
     model_dir = work / ("xlmr-tiny" if args.tiny else "xlmr-large")
     rates = build(model_dir, cfg, "cpu" if args.tiny else "cuda")
@@ -280,7 +286,7 @@ def main() -> None:
     log(f"checkpoint + rates in {time.time() - t:.0f}s: {json.dumps(floor)}")
     save()
     levels = {1: args.idle_requests, args.clients: args.load_requests}
-    for label in args.runtimes.split(","):
+    for label in labels:
         model_cfg = dict(RUNTIMES[label])
         if args.tiny:  # same engines on CPU: packed on "cpu", transformers on "cpu" in float32
             model_cfg.update({"devices": ["cpu"]} if label == "packed" else {})
