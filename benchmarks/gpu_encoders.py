@@ -35,6 +35,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,59 @@ print("RATES " + json.dumps(rates))
 '''
 
 
+_REFERENCE = r'''
+import json, sys
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+model_dir, device, query, docs = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+tok = AutoTokenizer.from_pretrained(model_dir)
+model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+scores = []
+with torch.no_grad():
+    for i in range(0, len(docs), 25):
+        enc = tok([query] * len(docs[i:i + 25]), docs[i:i + 25], padding=True, return_tensors="pt").to(device)
+        scores += torch.sigmoid(model(**enc).logits[:, 0].float()).tolist()
+print("SCORES " + json.dumps(scores))
+'''
+
+
+def reference_scores(model_dir: Path, device: str, query: str, docs: list[str]) -> list[float]:
+    """fp32 scores of the probe request, plain transformers (padded pairs, the tokenizer's own pair encoding)."""
+    proc = subprocess.run([sys.executable, "-c", _REFERENCE, str(model_dir), device, query, json.dumps(docs)],
+                          check=True, capture_output=True, text=True)
+    return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("SCORES "))[7:])
+
+
+def probe_request(model_dir: Path) -> tuple[str, list[str]]:
+    """One d100 request (its own seed) every runtime scores twice, compared with the fp32 reference."""
+    import msgspec
+
+    from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter
+
+    spec = WorkloadSpec(requests=1, documents=DOCS, doc_tokens=DOC_TOKENS, query_tokens=QUERY_TOKENS, seed=99)
+    (r,) = build_workload(spec, load_token_counter(str(model_dir)))
+    body = msgspec.json.decode(r.body)
+    return body["query"], body["documents"]
+
+
+def rerank(url: str, model: str, query: str, docs: list[str]) -> list[float]:
+    req = urllib.request.Request(url + "/v1/rerank", method="POST", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"model": model, "query": query, "documents": docs}).encode())
+    with urllib.request.urlopen(req, timeout=120) as r:
+        results = json.loads(r.read())["results"]
+    by_index = {x["index"]: x["relevance_score"] for x in results}
+    return [by_index[i] for i in range(len(docs))]
+
+
+def agreement(got: list[float], want: list[float]) -> dict[str, Any]:
+    """max |score difference| and how many of the reference's top 10 are in the runtime's top 10 (and in order)."""
+    top = lambda xs: sorted(range(len(xs)), key=lambda i: -xs[i])[:10]  # noqa: E731
+    return {"max_abs_diff": max(abs(a - b) for a, b in zip(got, want, strict=True)),
+            "top10_shared": len(set(top(got)) & set(top(want))), "top10_same_order": top(got) == top(want),
+            "spread": max(want) - min(want)}
+
+
 def build(out: Path, cfg: dict[str, Any], device: str) -> dict[str, Any]:
     """Tokenizer + checkpoint (+ matmul rates on CUDA), written by a child process."""
     proc = subprocess.run([sys.executable, "-c", _BUILD, str(out), json.dumps(cfg), device],
@@ -179,7 +233,7 @@ def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int,
     return row
 
 
-def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Path, levels: dict[int, int],
+def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Path, levels: dict[int, int],  # noqa: PLR0913
                 deadline: float, results: dict[str, Any], gpu: bool) -> None:
     need = NEEDS.get(label, 90)
     if deadline - time.time() < need:
@@ -199,6 +253,13 @@ def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Pa
         entry["describe"] = {k: status.get(k) for k in ("runtime", "device", "dtype", "family")}
         log(f"{label}: ready in {entry['start_s']:.0f}s; {json.dumps(entry['describe'])}; "
             f"attention {(entry['engine_stats'] or {}).get('attention')}")
+        probe = results.get("probe")
+        if probe:  # the same request twice: scores against the fp32 reference, and repeatability
+            first = rerank(gw.url, label, probe["query"], probe["documents"])
+            again = rerank(gw.url, label, probe["query"], probe["documents"])
+            entry["probe"] = {**agreement(first, probe["reference"]),
+                              "repeat_max_abs_diff": max(abs(a - b) for a, b in zip(first, again, strict=True))}
+            log(f"{label}: probe vs fp32 reference {json.dumps(entry['probe'])}")
         for clients, n in levels.items():
             if deadline - time.time() < 15:
                 results["skipped"].append(f"{label} x{clients}: deadline")
@@ -233,6 +294,15 @@ def summary(results: dict[str, Any]) -> str:
                      f"{many['docs_per_s']:,.0f} | {_pct(e.get('mfu_many'))} | {_pct(e.get('mfu_one'))} | "
                      f"{sum(sum(r['errors'].values()) for r in rows.values())} |" if many else
                      f"| {label} | | | | | error: {(e.get('error') or 'no rows')[:300]} | | | |")
+    lines += ["", "Probe: one d100 request scored twice by each runtime, against plain transformers in fp32 "
+              "(random weights bunch the scores: the spread is the reference's max - min).", "",
+              "| runtime | max abs diff vs fp32 | top-10 shared | top-10 same order | repeat max abs diff | spread |",
+              "|---|---|---|---|---|---|"]
+    for label, e in results["runs"].items():
+        p = e.get("probe")
+        if p:
+            lines.append(f"| {label} | {p['max_abs_diff']:.2e} | {p['top10_shared']} | {p['top10_same_order']} | "
+                         f"{p['repeat_max_abs_diff']:.2e} | {p['spread']:.2e} |")
     lines += ["", "skipped: " + json.dumps(results["skipped"])]
     return "\n".join(lines) + "\n"
 
@@ -284,6 +354,9 @@ def main() -> None:
                      docs_per_s_at_100pct=DOCS * rates["square_8192_tflops"] * 1e12 / flop)
     results["floor"] = floor
     log(f"checkpoint + rates in {time.time() - t:.0f}s: {json.dumps(floor)}")
+    query, docs = probe_request(model_dir)
+    results["probe"] = {"query": query, "documents": docs,
+                        "reference": reference_scores(model_dir, "cpu" if args.tiny else "cuda", query, docs)}
     save()
     levels = {1: args.idle_requests, args.clients: args.load_requests}
     for label in labels:
