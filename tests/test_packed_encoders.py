@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -200,3 +201,18 @@ def test_config_error_type():  # load_settings wraps the struct's ValueError in 
     with pytest.raises(ConfigError, match="fp8"):
         load_settings(environ={"RERANK_MODELS__0__FAMILY": "cross-encoder", "RERANK_MODELS__0__ENGINE": "packed",
                                "RERANK_MODELS__0__PRECISION": "fp8"})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="torch.compile on CPU needs a C compiler")
+async def test_compiled_regions_score_as_eager(dirs):
+    """compile = "on" (the CUDA default) on CPU: residual + LayerNorm and GELU compiled, one pair and several."""
+    eng = build_engine(_config(dirs["bert"], compile="on"))
+    await eng.start()
+    try:
+        assert eng.stats()["compiled"] is True and "compile_error" not in eng.stats()
+        for docs in (DOCS, DOCS[:1]):  # a lone pair runs with a 1-token companion (one graph for both)
+            result = await eng.score(_job(eng, Q, docs))
+            assert result.scores == pytest.approx(_st(dirs["bert"], Q, docs), abs=TOL)
+    finally:
+        await eng.stop()
