@@ -19,6 +19,9 @@ gateway, started one after the other): d100 at 1 client (40 requests: p50 / p99 
 non-embedding weights x tokens + bidirectional attention) over the measured bf16 matmul rate
 (square 8192^3, and the model's own GEMM shapes at 16k tokens), and each row's MFU.
 
+Last, if time is left: the packed replica alone in a child process (no gateway, no HTTP), one
+d100 step and one of four requests, to tell the forward's time from the serving overhead.
+
 A runtime whose start would pass the deadline (``RR_DEADLINE`` from device_run.sh, else
 ``--budget`` seconds from now) is skipped and listed. Writes ``$OUT/encoders_results.json`` and
 ``$OUT/encoders_summary.md`` (two files: the device returns at most eight).
@@ -147,6 +150,44 @@ with torch.no_grad():
         scores += torch.sigmoid(model(**enc).logits[:, 0].float()).tolist()
 print("SCORES " + json.dumps(scores))
 '''
+
+
+_FORWARD = r'''
+import json, random, sys, time
+import torch
+from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica, load_cross_encoder
+
+model_dir, device, lens = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+on_gpu = device == "cuda"
+dev = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
+model = load_cross_encoder(model_dir, None, torch.bfloat16 if on_gpu else torch.float32)
+vocab = model.config.vocab_size
+rep = PackedEncoderReplica(model, dev, attention="auto", compile=on_gpu)
+rng = random.Random(0)
+reqs = [[[0] + [rng.randrange(5, vocab - 1) for _ in range(n - 2)] + [2] for n in req] for req in lens]
+rep.warm_up([(reqs[0][:1], [None]), (reqs[0][:3], [None] * 3), (reqs[0], [None] * len(reqs[0]))])
+out = {"attention": rep.attention_name, "compiled": rep.compiled, "compile_error": rep.compile_error}
+for k in (1, 4):
+    prompts = [p for r in reqs[:k] for p in r]
+    for _ in range(3):
+        rep.score(prompts)
+    times = []
+    for _ in range(10):
+        if on_gpu:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        rep.score(prompts)  # launch + collect: the scores are on the host when it returns
+        times.append(time.perf_counter() - t)
+    out[f"x{k}"] = {"tokens": sum(map(len, prompts)), "ms_median": 1e3 * sorted(times)[len(times) // 2], "ms_min": 1e3 * min(times)}
+print("FORWARD " + json.dumps(out))
+'''
+
+
+def forward_probe(model_dir: Path, device: str, lens: list[list[int]], timeout: float) -> dict[str, Any]:
+    """The packed replica alone, no gateway and no HTTP: one d100 step and one of four (child process)."""
+    proc = subprocess.run([sys.executable, "-c", _FORWARD, str(model_dir), device, json.dumps(lens[:4])],
+                          check=True, capture_output=True, text=True, timeout=timeout)
+    return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("FORWARD "))[8:])
 
 
 def reference_scores(model_dir: Path, device: str, query: str, docs: list[str]) -> list[float]:
@@ -283,6 +324,12 @@ def summary(results: dict[str, Any]) -> str:
         lines += [f"Compute floor: bf16 matmul {floor['square_tflops']:.0f} TFLOP/s (8192^3), {floor['gemm_tflops']:.0f} TFLOP/s "
                   f"(the model's GEMMs at 16k tokens) -> {floor['ms_at_100pct_square']:.1f} ms per request at 100 % "
                   f"({floor['docs_per_s_at_100pct']:,.0f} docs/s).", ""]
+    fwd = results.get("forward_probe") or {}
+    if fwd.get("x1"):
+        lines += [f"Packed replica alone (no gateway, no HTTP; {fwd.get('attention')}, compiled {fwd.get('compiled')}): "
+                  f"one d100 step ({fwd['x1']['tokens']:,} tokens) {fwd['x1']['ms_median']:.1f} ms (MFU {_pct(fwd['x1'].get('mfu'))}), "
+                  f"four ({fwd['x4']['tokens']:,} tokens) {fwd['x4']['ms_median']:.1f} ms "
+                  f"= {400 / fwd['x4']['ms_median'] * 1e3:,.0f} docs/s (MFU {_pct(fwd['x4'].get('mfu'))}).", ""]
     lines += ["| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",
               "|---|---|---|---|---|---|---|---|---|"]
     for label, e in results["runs"].items():
@@ -319,6 +366,7 @@ def main() -> None:
     ap.add_argument("--load-requests", type=int, default=160, help="requests at 16 clients")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--budget", type=float, default=480, help="seconds from now, when RR_DEADLINE is not set")
+    ap.add_argument("--no-forward-probe", action="store_true", help="skip timing the packed replica alone (no HTTP)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-out/encoders"))
     ap.add_argument("--work", default="/tmp/rr-encoders")
     args = ap.parse_args()
@@ -374,6 +422,21 @@ def main() -> None:
             if 1 in rows:
                 e["mfu_one"] = flop / (rows[1]["p50_ms"] / 1e3) / (rate * 1e12)
         save()
+    # Last: a diagnostic (where the time goes), after the rows the targets are judged on.
+    if not args.no_forward_probe and deadline - time.time() > 75:
+        try:
+            fwd = forward_probe(model_dir, "cpu" if args.tiny else "cuda", lens, deadline - time.time() - 10)
+            for k in ("x1", "x4"):
+                fwd[k]["mfu"] = (flop * int(k[1:]) / (fwd[k]["ms_median"] / 1e3) / (rates["square_8192_tflops"] * 1e12)
+                                 if rates.get("square_8192_tflops") else None)
+            results["forward_probe"] = fwd
+            log(f"forward probe (packed replica, no HTTP): {json.dumps(fwd)}")
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            err = exc.stderr if isinstance(exc.stderr, str) else (exc.stderr or b"").decode(errors="replace")
+            results["forward_probe"] = {"error": f"{type(exc).__name__}: {err[-2000:]}"}
+            log(f"forward probe failed: {type(exc).__name__}: {err[-500:]}")
+    elif not args.no_forward_probe:
+        results["skipped"].append("forward probe: deadline")
     save()
     log("done")
 
