@@ -168,9 +168,13 @@ async def test_unsupported_architecture_is_refused(dirs):
     await eng.stop()
 
 
-def test_fp8_is_refused_for_cross_encoders():
+async def test_fp8_is_refused_for_cross_encoders(dirs):
     with pytest.raises(ValueError, match="precision = 'fp8' is for Qwen3"):
         PackedEngineConfig(name="x", family="cross-encoder", precision="fp8")
+    eng = build_engine(_config(dirs["bert"], precision="fp8"))  # family "auto": refused once detected, at start
+    with pytest.raises(EngineConfigError, match="precision = 'fp8' is for Qwen3 rerankers"):
+        await eng.start()
+    await eng.stop()
 
 
 def test_default_engine_on_a_gpu_is_packed_where_it_runs(monkeypatch, dirs):
