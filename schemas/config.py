@@ -283,10 +283,40 @@ _PACKED_QWEN3_ONLY = (
     "packed runs Qwen3's layer layout only (no attention biases as Qwen2 has, no Gemma "
     "embedding scale, (1 + w) RMSNorm or GeGLU); use transformers or vllm-score"
 )
+_PACKED_NO_BI_ENCODER = "packed runs Qwen3 rerankers and cross-encoders (BERT, ELECTRA, RoBERTa, XLM-R); use transformers or openvino"
 RUNTIME_REFUSALS: dict[tuple[str, str], str] = {
     ("bge-reranker-v2-gemma", "packed"): _PACKED_QWEN3_ONLY,
     ("mxbai-rerank-v2", "packed"): _PACKED_QWEN3_ONLY,
+    ("bi-encoder", "packed"): _PACKED_NO_BI_ENCODER,
 }
+
+# Cross-encoder architectures (config.json model_type) the packed runtime's encoder layers run
+# (adapters/runtimes/packed/encoder_forward.py): post-norm BERT-style layers with absolute
+# positions. DeBERTa-v2 (disentangled relative attention) and ModernBERT (RoPE, alternating
+# local attention, GeGLU, pre-norm) are other arithmetic.
+PACKED_ENCODER_TYPES: frozenset[str] = frozenset({"bert", "electra", "roberta", "xlm-roberta"})
+
+
+def packed_runs_checkpoint(hf_config: dict[str, Any]) -> bool:
+    """Whether engine 'packed' runs this checkpoint (its config.json): Qwen3, or a cross-encoder it supports."""
+    model_type = hf_config.get("model_type")
+    if model_type == "qwen3":
+        return True
+    heads = [a for a in hf_config.get("architectures") or () if str(a).endswith("ForSequenceClassification")]
+    return bool(heads) and packed_encoder_refusal(hf_config) is None
+
+
+def packed_encoder_refusal(hf_config: dict[str, Any]) -> str | None:
+    """Why the packed runtime cannot run this cross-encoder checkpoint (its config.json), or None."""
+    model_type = str(hf_config.get("model_type") or "?")
+    if model_type not in PACKED_ENCODER_TYPES:
+        return (f"engine 'packed' runs BERT, ELECTRA, RoBERTa and XLM-R cross-encoders, not model_type "
+                f"'{model_type}'; use engine = 'transformers' (or 'openvino' on CPU, 'vllm-score')")
+    position = hf_config.get("position_embedding_type", "absolute")
+    if position not in (None, "absolute"):
+        return (f"engine 'packed' runs absolute position embeddings, not position_embedding_type "
+                f"'{position}'; use engine = 'transformers'")
+    return None
 
 # Which runtimes (the `engine` tag) can run which family. "auto" is checked once the family is
 # detected from the checkpoint (at start, and by `rerank-gateway check-config`).
@@ -301,7 +331,8 @@ FAMILY_RUNTIMES: dict[str, frozenset[str]] = {
     # Sequence-classification heads: vLLM serves BERT/XLM-R classifiers on its pooling runner;
     # llama.cpp runs GGUF conversions that kept the head (rank pooling).
     # "openvino": the CPU runtime exported from the checkpoint (adapters/runtimes/cpu).
-    "cross-encoder": frozenset({"transformers", "vllm-score", "gguf", "openvino"}),
+    # "packed": BERT / ELECTRA / RoBERTa / XLM-R pairs packed without padding (PACKED_ENCODER_TYPES).
+    "cross-encoder": frozenset({"transformers", "vllm-score", "gguf", "openvino", "packed"}),
     # Embeddings + cosine: no prompt, nothing to generate.
     "bi-encoder": frozenset({"transformers", "openvino"}),
     # Listwise remote code (model.rerank); provided by the jina-v3 family.
@@ -383,7 +414,8 @@ class TransformersEngineConfig(LocalModelConfig, tag="transformers"):
 
 
 class PackedEngineConfig(LocalModelConfig, tag="packed"):
-    """Qwen3-Reranker packed without padding into varlen steps filled from every waiting request."""
+    """Qwen3-Reranker or a cross-encoder (BERT, ELECTRA, RoBERTa, XLM-R) packed without padding
+    into varlen steps filled from every waiting request."""
 
     # One model replica per device, all fed from one queue: ["cuda:0", "cuda:1"]; "auto": cuda:0, else cpu.
     # With split = "pipeline": the devices one model's layers are divided over, in order.
@@ -428,6 +460,11 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
         if self.split_layers is not None and len(self.split_layers) != len(self.devices):
             raise ValueError(f"split_layers has {len(self.split_layers)} entries for {len(self.devices)} devices; "
                              f"give one layer count per device")
+        if self.family == "cross-encoder" and self.split != "none":
+            raise ValueError("split = 'pipeline' is for Qwen3 rerankers on engine 'packed'; a cross-encoder fits one "
+                             "device: list several devices for one replica each")
+        if self.family == "cross-encoder" and self.precision != "auto":
+            raise ValueError("precision = 'fp8' is for Qwen3 rerankers on engine 'packed'; cross-encoders run in `dtype`")
 
 
 class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):

@@ -120,7 +120,7 @@ class _GatedRunner:
         self.gate = threading.Event()
         self.steps: list[int] = []
 
-    def score(self, prompts):
+    def score(self, prompts, segments=None):
         self.steps.append(len(prompts))
         self.entered.set()
         assert self.gate.wait(10), "test never opened the gate"
@@ -227,7 +227,7 @@ class _PipelinedRunner:
         self.launched: list[int] = []
         self.collected = 0
 
-    def launch(self, prompts):
+    def launch(self, prompts, segments=None):
         self.launched.append(len(prompts))
         return [float(len(p)) / 100 for p in prompts]
 

@@ -152,7 +152,7 @@ class _Recorder:
         self.steps.append([(tuple(pre), len(tails)) for pre, tails in groups])
         return [_value(pre, t) for pre, tails in groups for t in tails]
 
-    def score(self, prompts):
+    def score(self, prompts, segments=None):
         self.queued.wait(5)
         self.steps.append([((), len(prompts))])
         return [_value([], p) for p in prompts]

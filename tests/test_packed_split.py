@@ -178,7 +178,7 @@ class _StageRunner:
         self.outstanding = self.most_outstanding = 0
         self.lock = threading.Lock()
 
-    def launch(self, prompts):
+    def launch(self, prompts, segments=None):
         with self.lock:
             k = sum(1 for e in self.events if e[0] == "launch")
             self.events.append(("launch", k))

@@ -100,7 +100,7 @@ def build_tiny_cross_encoder(
     seed: int = 0,
     config_extra: dict[str, Any] | None = None,
 ) -> Path:
-    """A ``BertForSequenceClassification`` (kind "bert") or XLM-R one (kind "xlmr") in ``out_dir``."""
+    """A ``BertForSequenceClassification`` (kind "bert"), ELECTRA ("electra") or XLM-R one ("xlmr") in ``out_dir``."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification, XLMRobertaConfig, XLMRobertaForSequenceClassification
 
@@ -115,6 +115,13 @@ def build_tiny_cross_encoder(
         cfg = BertConfig(vocab_size=len(fast), max_position_embeddings=512, type_vocab_size=2,
                          pad_token_id=fast.pad_token_id, **_ENCODER, **labels)
         model: Any = BertForSequenceClassification(cfg)
+    elif kind == "electra":  # ms-marco-electra's layout: embeddings narrower than the layers (a projection)
+        from transformers import ElectraConfig, ElectraForSequenceClassification
+
+        fast = _bert_tokenizer(out)
+        cfg = ElectraConfig(vocab_size=len(fast), embedding_size=64, max_position_embeddings=512, type_vocab_size=2,
+                            pad_token_id=fast.pad_token_id, **_ENCODER, **labels)
+        model = ElectraForSequenceClassification(cfg)
     elif kind == "xlmr":
         fast = _xlmr_tokenizer(out)
         cfg = XLMRobertaConfig(vocab_size=len(fast), max_position_embeddings=514, type_vocab_size=1,

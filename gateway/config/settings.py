@@ -49,16 +49,18 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message is one line naming the field."""
 
 
-def default_engine_kind(cuda: bool | None = None) -> str:
+def default_engine_kind(cuda: bool | None = None, path: str | None = None) -> str:
     """The best engine installed for the default model (checked without importing it).
 
     With a GPU: ``packed`` (torch + transformers), fastest on every figure measured on an H200
-    (docs/benchmarks/gpu-h200-2026-12-01-c); without one: ``vllm-score`` when vLLM is
-    installed, else ``transformers``. ``cuda`` None: :func:`cuda_present`.
+    (Qwen3: docs/benchmarks/gpu-h200-2026-12-01-c; cross-encoders: docs/engines-packed.md),
+    unless ``path`` is a local checkpoint it cannot run (a DeBERTa or ModernBERT cross-encoder,
+    a bi-encoder); otherwise: ``vllm-score`` when vLLM is installed, else ``transformers``.
+    ``cuda`` None: :func:`cuda_present`. A hub id is not read here: it keeps the GPU's default.
     """
     cuda = cuda_present() if cuda is None else cuda
     # vLLM's engines register under these kinds when they are available (see adapters.registry).
-    choices = (("packed", "transformers"),) if cuda else ()
+    choices = (("packed", "transformers"),) if cuda and _packed_runs(path) else ()
     for kind, module in (*choices, ("vllm-score", "vllm"), ("transformers", "transformers")):
         if importlib.util.find_spec(module) is not None and _engine_registered(kind):
             return kind
@@ -80,6 +82,14 @@ def cuda_present(environ: Mapping[str, str] | None = None, dev: str = "/dev") ->
         return any(n.startswith("nvidia") and n[6:].isdigit() for n in os.listdir(dev))
     except OSError:
         return False
+
+
+def _packed_runs(path: str | None) -> bool:
+    from adapters.families.checkpoint import local_checkpoint_config
+    from schemas.config import packed_runs_checkpoint
+
+    hf_config = local_checkpoint_config(path) if path else None
+    return hf_config is None or packed_runs_checkpoint(hf_config)
 
 
 def _engine_registered(kind: str) -> bool:
@@ -104,14 +114,17 @@ def load_settings(
             raise ConfigError(f"config file not found: {path}") from None
         except msgspec.DecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    if not raw.get("models"):
-        raw["models"] = [
-            {"name": DEFAULT_MODEL_NAME, "engine": default_engine_kind(), "path": DEFAULT_MODEL_PATH}
-        ]
+    defaulted = not raw.get("models")
+    if defaulted:
+        raw["models"] = [{"name": DEFAULT_MODEL_NAME, "path": DEFAULT_MODEL_PATH}]
     from_env: dict[FieldPath, str] = {}
     for key, value in sorted(environ.items()):
         if key.startswith(ENV_PREFIX) and key not in _NOT_OVERRIDES:
             from_env[_apply_override(raw, key, value)] = key
+    if defaulted and isinstance(raw["models"][0], dict) and "engine" not in raw["models"][0]:
+        # Chosen once overrides are in: RERANK_MODELS__0__PATH may name a checkpoint packed cannot run.
+        model = raw["models"][0]
+        model["engine"] = default_engine_kind(path=str(model.get("path") or DEFAULT_MODEL_PATH))
     _add_env_key(raw, environ)
     try:
         type_env_values(raw)  # env text -> each field's type; unknown fields and engines, in words

@@ -140,6 +140,12 @@ def _local_family(i: int, model: LocalModelConfig) -> str:
             f"models[{i}].engine: '{model.path}' is a {detection.family} model ({detection.reason}), "
             f"which engine {kind!r} cannot run{f' ({why})' if why else ''}; use one of {runtimes}"
         )
+    if kind == "packed" and detection.family == "cross-encoder":
+        from schemas.config import packed_encoder_refusal
+
+        why = packed_encoder_refusal(files.config)
+        if why is not None:
+            raise ConfigError(f"models[{i}].engine: '{model.path}': {why}")
     if detection.family == "qwen3":
         # Encoder families cap their window at the checkpoint's; a Qwen3 window over the
         # checkpoint's positions is refused (a hub checkpoint: when the engine starts).

@@ -1,5 +1,8 @@
-"""The ``packed`` runtime for the Qwen3 family: varlen steps, continuous batching, several devices.
+"""The ``packed`` runtime: varlen steps without padding, continuous batching, several devices.
 
-``forward`` (one model replica, packed forward), ``kernels`` (its attention and pointwise
-kernels), ``scheduler`` (one queue, one worker thread per device), ``engine`` (the :class:`adapters.base.RerankEngine`). Imported through the registry only.
+Qwen3: ``forward`` (one model replica, causal, last positions only). Cross-encoders (BERT,
+ELECTRA, RoBERTa, XLM-R): ``encoder_forward`` (bidirectional, first positions only) and
+``encoder`` (their engine). Shared: ``kernels`` (attention and pointwise kernels), ``scheduler``
+(one queue, one worker thread per device), ``engine`` (the Qwen3 engine and
+``build_packed_engine``, which picks by family). Imported through the registry only.
 """

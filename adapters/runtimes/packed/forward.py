@@ -350,9 +350,9 @@ class PackedQwen3Replica:
             self._cos_sin = torch.cat((cos[0, :, :half], sin[0, :, :half]), dim=-1).to(w.dtype).contiguous()
         return self._cos_sin
 
-    def score(self, prompts: Sequence[Sequence[int]]) -> list[float]:
-        """P(yes) over {no, yes} at the last position of each prompt."""
-        return self.collect(self.launch(prompts))
+    def score(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> list[float]:
+        """P(yes) over {no, yes} at the last position of each prompt (decoder prompts have no token types)."""
+        return self.collect(self.launch(prompts, segments))
 
     def score_groups(self, groups: Sequence[Group]) -> list[float]:
         """P(yes) of each prompt prefix + tail, every group's prefix computed once (flattened in order)."""
@@ -429,8 +429,10 @@ class PackedQwen3Replica:
             self._stage[self._slot] = torch.empty(max(n, 1 << 18), dtype=torch.long, pin_memory=True)
         return self._stage[self._slot]
 
-    def launch(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
-        """Prepare the step on the host and queue its kernels; on CUDA this returns before they ran."""
+    def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> tuple[torch.Tensor, int]:
+        """Prepare the step on the host and queue its kernels; on CUDA this returns before they ran.
+
+        ``segments`` (the scheduler's token-type starts) is None throughout for Qwen3 prompts."""
         return self.launch_groups([((), [p]) for p in prompts])
 
     @torch.inference_mode()

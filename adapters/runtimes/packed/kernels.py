@@ -1,7 +1,8 @@
 """The packed forward's kernels: varlen attention and the pointwise regions between the GEMMs.
 
 Attention on CUDA is the first of vLLM's FlashAttention-3 (native GQA), flash-attn and PyTorch's
-``varlen_attn`` that imports; on CPU one causal SDPA per prompt (exact). Query and key sequences
+``varlen_attn`` that imports; on CPU one SDPA per prompt (exact). Causal for the decoder
+rerankers, bidirectional (``causal=False``) for the encoder cross-encoders (``encoder.py``). Query and key sequences
 may differ in length (a document's tail attends to its request's shared prefix and itself): the
 causal mask is then aligned bottom-right, as the flash kernels define it (flash-attn >= 2.1, FA3,
 PyTorch's flash op), and :func:`bottom_right_error` checks a kernel does so before it is trusted. The pointwise regions
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = (
+    "PER_SEQUENCE",
     "Attention",
     "add_rms",
     "bottom_right_error",
@@ -32,6 +34,7 @@ __all__ = (
     "rms",
     "rotate_half",
     "sdpa_per_prompt",
+    "sdpa_per_sequence",
     "silu_mul",
     "vllm_qk_norm_rope",
     "vllm_silu_mul",
@@ -43,7 +46,7 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, to
                       list[int] | None, list[int] | None], torch.Tensor]
 
 
-def _fa3_attention() -> Attention | None:
+def _fa3_attention(causal: bool = True) -> Attention | None:
     """vLLM's FlashAttention-3 varlen kernel (Hopper; GQA native), when vLLM is importable and has it."""
     try:
         from vllm.vllm_flash_attn import flash_attn_varlen_func
@@ -56,12 +59,12 @@ def _fa3_attention() -> Attention | None:
 
     def fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: Any,
             max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
-        return flash_attn_varlen_func(q, k, v, max_q, cu_q, max_k, cu_k, causal=True, fa_version=3)
+        return flash_attn_varlen_func(q, k, v, max_q, cu_q, max_k, cu_k, causal=causal, fa_version=3)
 
     return fa3
 
 
-def _torch_varlen() -> Attention | None:
+def _torch_varlen(causal: bool = True) -> Attention | None:
     """PyTorch's (>= 2.10) ``varlen_attn``."""
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -70,7 +73,11 @@ def _torch_varlen() -> Attention | None:
     params = set(inspect.signature(varlen_attn).parameters)
     # torch 2.11 (the GPU image) has window_size but no enable_gqa: KV heads are expanded there.
     gqa = "enable_gqa" in params
-    causal_kw: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    # window_size (-1, 0): nothing after the query position; (-1, -1): the whole sequence.
+    if "window_size" in params:
+        causal_kw: dict[str, Any] = {"window_size": (-1, 0) if causal else (-1, -1)}
+    else:
+        causal_kw = {"is_causal": causal}
 
     # window_size (-1, 0) / is_causal reach aten._flash_attention_forward, FA2's kernel: bottom-right
     # aligned when a key sequence is longer (torch.nn.attention.bias relies on the same for LOWER_RIGHT).
@@ -80,13 +87,15 @@ def _torch_varlen() -> Attention | None:
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         extra = {"enable_gqa": True} if gqa and k.shape[1] != q.shape[1] else {}
+        # The encoders hand strided q/k/v views of the fused projection (no-op when contiguous).
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **causal_kw, **extra)
 
     torch_varlen.gqa = gqa  # type: ignore[attr-defined]
     return torch_varlen
 
 
-def _flash_attn() -> Attention | None:
+def _flash_attn(causal: bool = True) -> Attention | None:
     try:
         from flash_attn import flash_attn_varlen_func
     except ImportError:
@@ -94,12 +103,12 @@ def _flash_attn() -> Attention | None:
 
     def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: Any,
               max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
-        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)  # GQA native
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal)  # GQA native
 
     return flash
 
 
-def _varlen_attention(kernel: str = "auto") -> tuple[str, Attention] | None:
+def _varlen_attention(kernel: str = "auto", causal: bool = True) -> tuple[str, Attention] | None:
     """The first importable varlen kernel of: vLLM's FA3 (GQA native), flash-attn, PyTorch's ``varlen_attn``.
 
     FA3 first: on the H200 it was the fastest (docs/benchmarks/gpu-h200-2026-12-01-b) and needs
@@ -108,7 +117,7 @@ def _varlen_attention(kernel: str = "auto") -> tuple[str, Attention] | None:
     for name, make in (("fa3", _fa3_attention), ("flash_attn", _flash_attn), ("torch", _torch_varlen)):
         if kernel not in ("auto", name):
             continue
-        fn = make()
+        fn = make(causal)
         if fn is not None:
             label = {"fa3": "vLLM FlashAttention-3 varlen", "flash_attn": "flash_attn varlen",
                      "torch": "torch varlen_attn"}[name]
@@ -116,6 +125,18 @@ def _varlen_attention(kernel: str = "auto") -> tuple[str, Attention] | None:
                 label += " (KV heads expanded)"
             return label, fn
     return None
+
+
+def sdpa_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                      max_q: Any, max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
+    """Exact fallback for encoders: bidirectional SDPA over each sequence alone (no padding, no mask)."""
+    assert lens_q is not None and lens_k is not None
+    out = []
+    for qi, ki, vi in zip(q.split(lens_q), k.split(lens_k), v.split(lens_k), strict=True):
+        o = F.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
+                                           enable_gqa=ki.shape[1] != qi.shape[1])
+        out.append(o[0].transpose(0, 1))
+    return torch.cat(out)
 
 
 def sdpa_per_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
@@ -160,15 +181,25 @@ def bottom_right_error(attend: Attention, device: torch.device, dtype: torch.dty
     return ((got - ref).norm() / ref.norm()).item()
 
 
-def pick_attention(choice: str, device: torch.device, kernel: str = "auto") -> tuple[str, Attention]:
-    """``kernel`` ("auto", "fa3", "flash_attn", "torch") narrows which varlen kernel may serve."""
-    if choice == "sdpa" or (choice == "auto" and device.type != "cuda"):
-        return "sdpa per prompt", sdpa_per_prompt
-    found = _varlen_attention(kernel) if device.type == "cuda" else None
+# The per-sequence fallbacks need the host-side lengths (``lens_q``/``lens_k``); the varlen kernels only ``cu``.
+PER_SEQUENCE: frozenset[Attention] = frozenset({sdpa_per_prompt, sdpa_per_sequence})
+
+
+def pick_attention(choice: str, device: torch.device, kernel: str = "auto", *, causal: bool = True,
+                   dtype: torch.dtype | None = None) -> tuple[str, Attention]:
+    """``kernel`` ("auto", "fa3", "flash_attn", "torch") narrows which varlen kernel may serve.
+
+    ``causal=False``: bidirectional within each sequence (encoders). ``dtype`` float32: the
+    varlen kernels take half precision only, so "auto" keeps the exact per-sequence SDPA.
+    """
+    fallback = ("sdpa per prompt", sdpa_per_prompt) if causal else ("sdpa per sequence", sdpa_per_sequence)
+    if choice == "sdpa" or (choice == "auto" and (device.type != "cuda" or dtype == torch.float32)):
+        return fallback
+    found = _varlen_attention(kernel, causal) if device.type == "cuda" else None
     if found is None:
         if choice == "varlen":
             raise RuntimeError("attention = 'varlen' needs CUDA and vLLM's FA3, flash-attn or torch >= 2.10 (varlen_attn)")
-        return "sdpa per prompt", sdpa_per_prompt
+        return fallback
     return found
 
 

@@ -19,7 +19,9 @@ by its documents' tails (``score_groups``), and the token budget counts the toke
 prefix once per request per step, plus every tail -- so a step holds more documents.
 
 Pure Python (threads, no torch): a runner is anything with ``device`` and
-``score(prompts) -> list[float]`` (and ``score_groups(groups)`` for ``share_prefix``).
+``score(prompts, segments) -> list``, one output per prompt (a float for Qwen3, a row of logits
+for a cross-encoder; ``segments`` gives, per prompt, where token type 1 starts -- a BERT pair's
+document -- or None), and ``score_groups(groups)`` for ``share_prefix`` (Qwen3 only).
 """
 
 from __future__ import annotations
@@ -37,22 +39,25 @@ __all__ = ("PackedScheduler", "PendingRequest", "Runner")
 class Runner(Protocol):
     device: Any
 
-    def score(self, prompts: Sequence[Sequence[int]]) -> list[float]: ...
+    def score(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> list[Any]: ...
 
     # Only with share_prefix: [(shared, [item + suffix, ...]), ...] -> one score per tail, in order.
     def score_groups(self, groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]) -> list[float]: ...
 
 
 class PendingRequest:
-    """One ``score`` call: its prompts are ``shared + item + suffix`` (assembled by the worker)."""
+    """One ``score`` call: its prompts are ``shared + item + suffix`` (assembled by the worker).
 
-    __slots__ = ("_loop", "cancelled", "done", "future", "items", "next", "queued_at", "scores", "shared",
+    ``segment``: where token type 1 starts in every prompt (``len(shared)`` for a BERT pair), or None.
+    """
+
+    __slots__ = ("_loop", "cancelled", "done", "future", "items", "next", "queued_at", "scores", "segment", "shared",
                  "started_at", "suffix", "tokens_left")
 
     def __init__(self, shared: Sequence[int], items: Sequence[Sequence[int]], suffix: Sequence[int],
-                 loop: asyncio.AbstractEventLoop, future: asyncio.Future[list[float]]) -> None:
-        self.shared, self.items, self.suffix = shared, items, suffix
-        self.scores: list[float] = [0.0] * len(items)
+                 loop: asyncio.AbstractEventLoop, future: asyncio.Future[list[Any]], segment: int | None = None) -> None:
+        self.shared, self.items, self.suffix, self.segment = shared, items, suffix, segment
+        self.scores: list[Any] = [0.0] * len(items)
         self.next = 0  # first item no step has taken yet
         self.done = 0  # items scored
         self.tokens_left = sum(len(i) for i in items) + (len(shared) + len(suffix)) * len(items)
@@ -67,7 +72,7 @@ class PendingRequest:
     def tail(self, i: int) -> list[int]:
         return [*self.items[i], *self.suffix]
 
-    def resolve(self, result: list[float] | BaseException) -> None:
+    def resolve(self, result: list[Any] | BaseException) -> None:
         """Complete the future from a worker thread (the loop may be gone at shutdown)."""
         try:
             self._loop.call_soon_threadsafe(_complete, self.future, result)
@@ -75,7 +80,7 @@ class PendingRequest:
             pass
 
 
-def _complete(future: asyncio.Future[list[float]], result: list[float] | BaseException) -> None:
+def _complete(future: asyncio.Future[list[Any]], result: list[Any] | BaseException) -> None:
     if future.done():
         return
     if isinstance(result, BaseException):
@@ -110,9 +115,10 @@ class PackedScheduler:
             t.start()
 
     # -- event-loop side --------------------------------------------------------------------
-    def submit(self, shared: Sequence[int], items: Sequence[Sequence[int]], suffix: Sequence[int]) -> PendingRequest:
+    def submit(self, shared: Sequence[int], items: Sequence[Sequence[int]], suffix: Sequence[int],
+               segment: int | None = None) -> PendingRequest:
         loop = asyncio.get_running_loop()
-        req = PendingRequest(shared, items, suffix, loop, loop.create_future())
+        req = PendingRequest(shared, items, suffix, loop, loop.create_future(), segment)
         if not items:
             req.future.set_result([])
             return req
@@ -215,18 +221,18 @@ class PackedScheduler:
                 if self._queue:
                     self._cond.notify()  # more work: wake another idle device
             if taken:
-                work, tokens = self._assemble(taken)
+                work, segments, tokens = self._assemble(taken)
                 t0 = time.perf_counter()
                 if pipelined:
                     launch = runner.launch_groups if self._share else runner.launch  # type: ignore[attr-defined]
                     try:
-                        inflight.append((taken, tokens, launch(work), None, t0))
+                        inflight.append((taken, tokens, launch(work) if self._share else launch(work, segments), None, t0))
                     except Exception as exc:  # noqa: BLE001  # fail this step's requests, keep serving
                         inflight.append((taken, tokens, None, exc, t0))
                 else:
                     score = runner.score_groups if self._share else runner.score
                     try:
-                        self._finish(counters, runner, taken, tokens, score(work), None, t0)  # type: ignore[arg-type]
+                        self._finish(counters, runner, taken, tokens, score(work) if self._share else score(work, segments), None, t0)  # type: ignore[arg-type]
                     except Exception as exc:  # noqa: BLE001
                         self._finish(counters, runner, taken, tokens, None, exc, t0)
             # Collect the oldest step once more than ``depth`` are out, or one when nothing new came
@@ -243,12 +249,14 @@ class PackedScheduler:
             if not inflight and self._stopping:
                 return
 
-    def _assemble(self, taken: list[tuple[PendingRequest, int]]) -> tuple[list[Any], tuple[int, int]]:
-        """The step's work for the runner -- whole prompts, or (shared, tails) per request (``_take``
-        keeps each request's items together) -- and its (prompt, computed) token counts."""
+    def _assemble(self, taken: list[tuple[PendingRequest, int]]) -> tuple[list[Any], list[int | None] | None, tuple[int, int]]:
+        """The step's work for the runner -- whole prompts with their token-type starts, or (shared,
+        tails) per request (``_take`` keeps each request's items together) -- and its (prompt,
+        computed) token counts."""
         prompt_tokens = sum(r.prompt_len(i) for r, i in taken)
         if not self._share:
-            return [[*r.shared, *r.items[i], *r.suffix] for r, i in taken], (prompt_tokens, prompt_tokens)
+            return ([[*r.shared, *r.items[i], *r.suffix] for r, i in taken], [r.segment for r, _ in taken],
+                    (prompt_tokens, prompt_tokens))
         groups: list[tuple[Any, list[list[int]]]] = []
         last: PendingRequest | None = None
         for r, i in taken:
@@ -257,10 +265,10 @@ class PackedScheduler:
                 last = r
             groups[-1][1].append(r.tail(i))
         computed = sum(len(p) + sum(map(len, tails)) for p, tails in groups)
-        return groups, (prompt_tokens, computed)
+        return groups, None, (prompt_tokens, computed)
 
     def _finish(self, counters: dict[str, Any], runner: Runner, taken: list[tuple[PendingRequest, int]],
-                tokens: tuple[int, int], scores: list[float] | None, error: BaseException | None, t0: float) -> None:
+                tokens: tuple[int, int], scores: list[Any] | None, error: BaseException | None, t0: float) -> None:
         """Count one step and hand its scores (or its error) to the requests it served."""
         dt = time.perf_counter() - t0
         finished: list[PendingRequest] = []

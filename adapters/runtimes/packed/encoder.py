@@ -1,0 +1,153 @@
+"""The ``packed`` engine for cross-encoders: (query, document) pairs packed without padding.
+
+Same pairs, truncation, chunking and score rule as every other cross-encoder runtime: the
+family (``adapters.families.cross_encoder``) tokenizes (``[CLS] q [SEP] d [SEP]`` or
+``<s> q </s></s> d </s>``) and turns the head's logits into scores (sigmoid / softmax, or raw).
+What differs is how the work runs: ``encoder_forward.PackedEncoderReplica`` (varlen,
+bidirectional, no padding) on each device of ``devices``, fed by the same
+``scheduler.PackedScheduler`` as Qwen3 (steps filled from every waiting request up to
+``batch_tokens``, host preparation of step k+1 overlapping step k on CUDA).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import anyio.to_thread
+import torch
+
+from adapters.base import EngineConfigError, EngineError, EngineUnavailableError, ScoreJob, ScoreResult
+from adapters.families import create_family
+from adapters.families.base import WEIGHTS_LOCK
+from adapters.families.cross_encoder import CrossEncoderFamily, PairTokenizer
+from adapters.runtimes.packed.engine import resolve_devices
+from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica, load_cross_encoder
+from adapters.runtimes.packed.scheduler import PackedScheduler
+from schemas.config import PackedEngineConfig, packed_encoder_refusal
+
+__all__ = ("PackedEncoderEngine",)
+
+
+class PackedEncoderEngine:
+    """:class:`adapters.base.RerankEngine` for a cross-encoder, one model replica per configured device."""
+
+    runtime = "packed"
+    supports_raw_scores = True
+
+    def __init__(self, config: PackedEngineConfig) -> None:
+        self._config = config
+        self._family: CrossEncoderFamily | None = None
+        self._scheduler: PackedScheduler | None = None
+        self._replicas: list[PackedEncoderReplica] = []
+        self._dtype: torch.dtype | None = None
+
+    @property
+    def tokenizer(self) -> PairTokenizer | None:
+        return self._family.tokenizer if self._scheduler is not None and self._family is not None else None
+
+    def describe(self) -> dict[str, str]:
+        """Family, runtime, device and dtype for /ready and /v1/models."""
+        out = {"runtime": self.runtime, "device": ",".join(str(r.device) for r in self._replicas) or "unloaded"}
+        if self._dtype is not None:
+            out["dtype"] = str(self._dtype).removeprefix("torch.")
+        if self._family is not None:
+            out["family"] = self._family.name
+            out["family_reason"] = self._family.detection.reason
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """Shown by ``/ready`` per model: the attention kernel, compilation, and the scheduler's counters."""
+        base: dict[str, Any] = {
+            "attention": self._replicas[0].attention_name if self._replicas else None,
+            "compiled": bool(self._replicas and self._replicas[0].compiled),
+        }
+        errors = [r.compile_error for r in self._replicas if r.compile_error]
+        if errors:
+            base["compile_error"] = errors[0]
+        if self._scheduler is not None:
+            base.update(self._scheduler.stats())
+        return base
+
+    async def start(self) -> None:
+        await anyio.to_thread.run_sync(self._load)
+
+    async def stop(self) -> None:
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            await anyio.to_thread.run_sync(scheduler.stop)
+        self._replicas = []
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    async def check_health(self) -> None:
+        if self._scheduler is None:
+            raise EngineUnavailableError("model is not loaded")
+
+    async def score(self, job: ScoreJob) -> ScoreResult:
+        family, scheduler = self._family, self._scheduler
+        if family is None or scheduler is None:
+            raise EngineUnavailableError("model is not loaded")
+        if not job.item_ids:
+            return ScoreResult(scores=[], input_tokens=0)
+        pair = family.tokenizer
+        # BERT pairs: token type 1 from the document on (the family's Row.segment_start rule).
+        segment = len(job.shared_ids) if pair.typed else None
+        req = scheduler.submit(job.shared_ids, job.item_ids, pair.layout.tail, segment)
+        try:
+            logits = await req.future
+        except asyncio.CancelledError:
+            scheduler.cancel(req)  # timeout or client gone: the items no step has taken are dropped
+            raise
+        tokens = sum(req.prompt_len(i) for i in range(len(job.item_ids)))
+        queue_s = (req.started_at - req.queued_at) if req.started_at is not None else 0.0
+        return ScoreResult(scores=family.scores(job, logits), input_tokens=tokens, queue_s=queue_s)
+
+    # -- worker-thread code ----------------------------------------------------------------
+    def _load(self) -> None:
+        cfg = self._config
+        if cfg.precision != "auto":
+            raise EngineConfigError(f"model '{cfg.name}': precision = '{cfg.precision}' is for Qwen3 rerankers; "
+                                    "a cross-encoder on engine 'packed' runs in `dtype`")
+        if cfg.split != "none":
+            raise EngineConfigError(f"model '{cfg.name}': split = '{cfg.split}' is for Qwen3 rerankers; a cross-encoder "
+                                    "fits one device: list several devices for one replica each")
+        family = create_family(cfg, "packed")
+        if not isinstance(family, CrossEncoderFamily):
+            raise EngineConfigError(f"model '{cfg.name}': the packed encoder path runs cross-encoders, not {family.name}")
+        why = packed_encoder_refusal(family.files.config)
+        if why is not None:
+            raise EngineConfigError(f"model '{cfg.name}': {why}")
+        family.load_tokenizer()
+        devices = resolve_devices(cfg.devices)
+        on_gpu = devices[0].type == "cuda"
+        if cfg.dtype != "auto":
+            dtype = getattr(torch, cfg.dtype)
+        elif on_gpu:
+            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        else:
+            dtype = torch.float32
+        with WEIGHTS_LOCK:  # transformers' init contexts are process-wide (see engine.py)
+            model = load_cross_encoder(cfg.path, cfg.revision, dtype)
+        compile_ = cfg.compile == "on" or (cfg.compile == "auto" and on_gpu)
+        replicas = [PackedEncoderReplica(model if i == len(devices) - 1 else copy.deepcopy(model), dev,
+                                         attention=cfg.attention, compile=compile_)
+                    for i, dev in enumerate(devices)]
+        for r in replicas:  # compile and warm every replica before traffic
+            _warm_up(r, family)
+        self._family, self._replicas, self._dtype = family, replicas, dtype
+        self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
+                                          policy=cfg.policy, error_type=EngineError)
+
+
+def _warm_up(replica: PackedEncoderReplica, family: CrossEncoderFamily) -> None:
+    """One pair and several: both shape specializations get compiled now, not on a request."""
+    pair = family.tokenizer
+    shared = pair.encode_shared("warm-up query", "")
+    docs = pair.encode_documents(["a short document", "a somewhat longer document " * 4, "x"])
+    rows = [pair.row(shared, d) for d in docs]
+    prompts = [r.ids for r in rows]
+    segments = [r.segment_start for r in rows]
+    replica.warm_up([(prompts[:1], segments[:1]), (prompts, segments), (prompts[1:], segments[1:]),
+                     (prompts[:1], segments[:1])])

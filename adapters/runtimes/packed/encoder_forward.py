@@ -1,0 +1,234 @@
+"""One cross-encoder replica run packed, without padding: BERT, ELECTRA, RoBERTa and XLM-R heads.
+
+The (query, document) pairs of a step are concatenated into one token sequence (``T`` tokens);
+``cu`` holds the cumulative pair lengths. Each pair gets its own positions (from 0, or from
+``padding_idx + 1`` for RoBERTa / XLM-R, as their embeddings number non-pad tokens) and its
+own token types (1 from the document on, BERT pairs only). Attention is bidirectional *within*
+each pair only:
+
+- CUDA: varlen flash attention with ``causal=False`` (``kernels.pick_attention``);
+- CPU, or float32 (the varlen kernels take half precision only): one SDPA per pair over exactly
+  its tokens, hence equal to the padded model's masked attention within float rounding.
+
+Each layer runs as transformers' module does, with q/k/v as one GEMM (the modules keep views of
+the fused weight): post-norm ``LayerNorm(x + dense(attention))``, then
+``LayerNorm(h + down(act(up(h))))``. Only each pair's first token goes through the last layer's
+output projection and MLP, and the head is the checkpoint's own modules on those rows
+(``RobertaClassificationHead``: dense + tanh + out_proj; BERT: pooler dense + tanh, then the
+classifier; ELECTRA: dense + gelu + out_proj), so the logits are the model's. The family
+(``adapters.families.cross_encoder``) turns them into scores, as for every other runtime.
+
+Imported only through ``adapters.registry`` (pulls in torch and transformers).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from adapters.runtimes.packed import kernels
+
+__all__ = ("PackedEncoderReplica", "load_cross_encoder", "position_offset")
+
+
+def load_cross_encoder(path: str, revision: str | None, dtype: torch.dtype) -> Any:
+    """The checkpoint's ``*ForSequenceClassification`` model on CPU, eval mode, no gradients."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(path, revision=revision, dtype=dtype)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def position_offset(model_type: str, pad_token_id: int | None) -> int:
+    """First position id of a sequence: RoBERTa-style embeddings count from ``padding_idx + 1``."""
+    if model_type in ("roberta", "xlm-roberta"):
+        return int(pad_token_id if pad_token_id is not None else 1) + 1
+    return 0
+
+
+class _Layer:
+    """One encoder layer's tensors, q/k/v fused into one GEMM (weights and biases)."""
+
+    __slots__ = ("act", "dim", "down_b", "down_w", "heads", "ln1", "ln2", "o_b", "o_w", "qkv_b", "qkv_w", "up_b", "up_w")
+
+    def __init__(self, layer: Any) -> None:
+        a, out = layer.attention.self, layer.attention.output
+        lins = (a.query, a.key, a.value)
+        self.qkv_w = torch.cat([lin.weight for lin in lins]).contiguous()
+        self.qkv_b = torch.cat([lin.bias for lin in lins]).contiguous()
+        rows = 0
+        for lin in lins:  # the modules keep views: no second copy of the weights in memory
+            n = lin.weight.shape[0]
+            lin.weight = torch.nn.Parameter(self.qkv_w[rows:rows + n], requires_grad=False)
+            lin.bias = torch.nn.Parameter(self.qkv_b[rows:rows + n], requires_grad=False)
+            rows += n
+        self.heads, self.dim = a.num_attention_heads, a.attention_head_size
+        self.o_w, self.o_b = out.dense.weight, out.dense.bias
+        self.ln1 = (out.LayerNorm.weight, out.LayerNorm.bias, float(out.LayerNorm.eps))
+        self.up_w, self.up_b = layer.intermediate.dense.weight, layer.intermediate.dense.bias
+        self.act: Callable[[torch.Tensor], torch.Tensor] = layer.intermediate.intermediate_act_fn
+        self.down_w, self.down_b = layer.output.dense.weight, layer.output.dense.bias
+        self.ln2 = (layer.output.LayerNorm.weight, layer.output.LayerNorm.bias, float(layer.output.LayerNorm.eps))
+
+
+def add_ln(delta: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    """``LayerNorm(delta + h)``: the residual add and the post-norm in one pointwise region."""
+    return F.layer_norm(delta + h, (h.shape[-1],), w, b, eps)
+
+
+class PackedEncoderReplica:
+    """The model on one device; ``score`` runs one packed step. Not thread-safe: one worker uses it."""
+
+    def __init__(self, model: Any, device: torch.device, *, attention: str, compile: bool, kernel: str = "auto") -> None:
+        cfg = model.config
+        self.device = device
+        self.model = model.to(device)
+        base = getattr(self.model, self.model.base_model_prefix)
+        self.model_type = str(cfg.model_type)
+        self._emb = base.embeddings
+        self._project = getattr(base, "embeddings_project", None)  # ELECTRA: embedding_size -> hidden_size
+        self._layers = [_Layer(layer) for layer in base.encoder.layer]
+        # BERT scores pooler(first token) through ``classifier``; the others' ``classifier`` is a
+        # head module that takes the (rows, seq, hidden) features and reads position 0 itself.
+        pooler = getattr(base, "pooler", None) if self.model_type == "bert" else None
+        classifier = self.model.classifier
+        if pooler is not None:
+            self._head: Callable[[torch.Tensor], torch.Tensor] = lambda h: classifier(pooler(h[:, None, :]))
+        else:
+            self._head = lambda h: classifier(h[:, None, :])
+        self._offset = position_offset(self.model_type, cfg.pad_token_id)
+        dtype = self._layers[0].qkv_w.dtype
+        self.attention_name, self._attend = kernels.pick_attention(attention, device, kernel, causal=False, dtype=dtype)
+        self._per_sequence = self._attend in kernels.PER_SEQUENCE
+        self.pipelined = device.type == "cuda"  # see PackedQwen3Replica: host prep overlaps the device
+        self.compiled = compile
+        self.compile_error: str | None = None
+        # Every layer's activation is the config's hidden_act (gelu): one module serves them all.
+        self._act_fn: Callable[[torch.Tensor], torch.Tensor] = self._layers[0].act
+        self._regions: tuple[Callable[..., torch.Tensor], ...] = (add_ln, self._act_fn)
+        self._stage = [torch.empty(0, dtype=torch.long)] * 2
+        self._stage_done: list[Any] = [None, None]
+        self._slot = 0
+        self._arange = torch.arange(0)
+        if compile:
+            self._compile()
+
+    def _compile(self) -> None:
+        import torch._dynamo
+
+        # The GEMMs and attention stay eager (cuBLAS, FlashAttention); the pointwise work between
+        # them is what compiling fuses, one small graph each (as the Qwen3 replica does).
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        self._regions = (torch.compile(add_ln, dynamic=True), torch.compile(self._act_fn, dynamic=True))
+
+    def _uncompile(self) -> None:
+        self.compiled = False
+        self._regions = (add_ln, self._act_fn)
+
+    def warm_up(self, batches: Sequence[tuple[Sequence[Sequence[int]], Sequence[int | None]]]) -> None:
+        """Run ``batches`` now so compilation happens before traffic; an uncompilable graph falls back to eager."""
+        try:
+            for prompts, segments in batches:
+                self.score(prompts, segments)
+        except Exception as exc:
+            if not self.compiled:
+                raise
+            self.compile_error = f"{type(exc).__name__}: {exc}"[:500]
+            self._uncompile()
+            for prompts, segments in batches:
+                self.score(prompts, segments)
+
+    def score(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> list[list[float]]:
+        """The head's logits (one row per pair)."""
+        return self.collect(self.launch(prompts, segments))
+
+    def _pack(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None]) -> tuple[torch.Tensor, list[int]]:
+        """ids, positions, token types and cumulative lengths in one int64 host tensor (one copy to the device)."""
+        lens = [len(p) for p in prompts]
+        total, n = sum(lens), len(lens)
+        if self._arange.numel() < max(lens):
+            self._arange = torch.arange(max(max(lens), 4096), dtype=torch.long)
+        buf = self._host_buffer(3 * total + n + 1)
+        arr = buf.numpy()
+        arr[:total] = np.fromiter(itertools.chain.from_iterable(prompts), dtype=np.int64, count=total)
+        ar = self._arange.numpy()
+        arr[total:2 * total] = np.concatenate([ar[:k] for k in lens]) + self._offset
+        types = arr[2 * total:3 * total]
+        types[:] = 0
+        start = 0
+        for k, seg in zip(lens, segments, strict=True):
+            if seg is not None:
+                types[start + seg:start + k] = 1
+            start += k
+        arr[3 * total] = 0
+        np.cumsum(lens, out=arr[3 * total + 1:3 * total + 1 + n])
+        return buf[:3 * total + n + 1], lens
+
+    def _host_buffer(self, n: int) -> torch.Tensor:
+        """Pinned on CUDA (async copy); two alternate so step k+1 is filled while step k's copy may run."""
+        if self.device.type != "cuda":
+            return torch.empty(n, dtype=torch.long)
+        self._slot ^= 1
+        done = self._stage_done[self._slot]
+        if done is not None:
+            done.synchronize()
+        if self._stage[self._slot].numel() < n:
+            self._stage[self._slot] = torch.empty(max(n, 1 << 18), dtype=torch.long, pin_memory=True)
+        return self._stage[self._slot]
+
+    @torch.inference_mode()
+    def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> tuple[torch.Tensor, int]:
+        """Prepare the step on the host and queue its kernels; on CUDA this returns before they ran."""
+        n = len(prompts)
+        segments = list(segments) if segments is not None else [None] * n
+        if self.compiled and n == 1:
+            # dynamic=True still specializes a size of 1: a 1-token second pair keeps one graph.
+            prompts, segments = [prompts[0], prompts[0][:1]], [segments[0], None]
+        host, lens = self._pack(prompts, segments)
+        total = sum(lens)
+        per_seq = lens if self._per_sequence else None
+        if self.device.type != "cuda":
+            return self._forward(host[:total], host[total:2 * total], host[2 * total:3 * total],
+                                 host[3 * total:], max(lens), per_seq), n
+        with torch.cuda.device(self.device):
+            d = host.to(self.device, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self._stage_done[self._slot] = ev
+            return self._forward(d[:total], d[total:2 * total], d[2 * total:3 * total], d[3 * total:], max(lens), per_seq), n
+
+    def collect(self, handle: tuple[torch.Tensor, int]) -> list[list[float]]:
+        logits, n = handle
+        return logits[:n].float().tolist()  # waits for the device
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor, cu_long: torch.Tensor,
+                 max_len: int, lens: list[int] | None) -> torch.Tensor:
+        add_ln_, act = self._regions
+        cu = cu_long.to(torch.int32)
+        first = cu_long[:-1]
+        # The embedding module's own tables and norm, in its order: (word + token type) + position,
+        # LayerNorm (called piecewise: its forward's signature changed across transformers versions).
+        e = self._emb
+        h = e.LayerNorm(e.word_embeddings(ids) + e.token_type_embeddings(types) + e.position_embeddings(positions))
+        if self._project is not None:
+            h = self._project(h)
+        n_tokens = h.shape[0]
+        last = len(self._layers) - 1
+        for i, w in enumerate(self._layers):
+            qkv = F.linear(h, w.qkv_w, w.qkv_b).view(n_tokens, 3, w.heads, w.dim)
+            q, k, v = qkv.unbind(1)
+            o = self._attend(q, k, v, cu, cu, max_len, max_len, lens, lens).reshape(n_tokens, -1)
+            if i == last:
+                # nothing after this attention mixes positions: keep each pair's first token
+                h, o = h[first], o[first]
+            h = add_ln_(F.linear(o, w.o_w, w.o_b), h, *w.ln1)
+            h = add_ln_(F.linear(act(F.linear(h, w.up_w, w.up_b)), w.down_w, w.down_b), h, *w.ln2)
+        return self._head(h)
