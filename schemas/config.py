@@ -386,6 +386,7 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     """Qwen3-Reranker packed without padding into varlen steps filled from every waiting request."""
 
     # One model replica per device, all fed from one queue: ["cuda:0", "cuda:1"]; "auto": cuda:0, else cpu.
+    # With split = "pipeline": the devices one model's layers are divided over, in order.
     devices: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)] = ("auto",)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # "auto": float32 on CPU, bfloat16 on CUDA
     # Prompt tokens per step (one forward pass) on a device; a longer prompt gets a step alone.
