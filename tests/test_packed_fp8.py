@@ -177,3 +177,109 @@ def test_fp8_needs_bf16_for_the_rest(tiny_qwen3_dir):
     eng = PackedQwen3Engine(_cfg(tiny_qwen3_dir, precision="fp8", dtype="float32"))
     with pytest.raises(EngineConfigError, match="bfloat16"):
         eng._load()
+
+
+# -- the quantizing regions' kernels: Triton's arithmetic, and which kernel the engine picks ---------
+
+@pytest.mark.slow
+def test_triton_kernels_compute_the_torch_regions_bit_for_bit():
+    """fp8_triton's kernels under Triton's interpreter (own process: TRITON_INTERPRET must precede the import)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    p = subprocess.run([sys.executable, "-m", "tests.fp8_triton_check"], capture_output=True, text=True, timeout=300, check=False,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert set(got) == {"rms_q", "add_rms_q", "silu_mul_q", "quant", "quant_strided"}
+    for region, r in got.items():
+        assert r["values_differing"] == 0 and r["scale_max_rel"] == 0 and r["nonfinite"] == 0, (region, r)
+        assert r.get("residual_max_abs", 0) == 0, (region, r)
+
+
+def _region_inputs(tokens: int = 48) -> dict[str, torch.Tensor]:
+    w = (torch.rand(64) + 0.5).to(torch.bfloat16)
+    return fp8.region_inputs(tokens, 64, 96, 128, w, torch.device("cpu"), torch.bfloat16)
+
+
+def test_pick_regions_takes_the_fastest_kernel_that_computes_the_reference():
+    calls: list[str] = []
+
+    def named(name: str, fn):
+        def f(*a):
+            calls.append(name)
+            return fn(*a)
+        return f
+
+    def wrong_scale(x):  # a kernel that forgot the /448: every value saturates or rounds away
+        q, s = fp8.quant(x)
+        return q, s * 448
+
+    def raises(x):
+        raise RuntimeError("no kernel image for this GPU")
+
+    ms = {"ref": 3.0, "fast": 2.0, "wrong": 0.5, "raises": 0.1}
+    cands = {
+        "norm": {"ref": fp8.REFERENCE[:2], "fast": (named("fast", fp8.rms_q), named("fast", fp8.add_rms_q))},
+        "silu_mul": {"ref": fp8.silu_mul_q, "wrong": lambda x: wrong_scale(kernels.silu_mul(x))},
+        "quant": {"raises": raises, "ref": named("ref", fp8.quant), "wrong": named("wrong", wrong_scale)},
+    }
+
+    def timer(call) -> float:
+        calls.clear()
+        call()
+        return ms[calls[0]] if calls else ms["ref"]
+
+    regions, info = fp8.pick_regions(cands, _region_inputs(), 1e-6, timer)
+    assert [info[r]["kernel"] for r in ("norm", "silu_mul", "quant")] == ["fast", "ref", "ref"]
+    assert regions[0] is cands["norm"]["fast"][0] and regions[3] is cands["quant"]["ref"]
+    assert info["quant"]["candidates"]["wrong"]["rel_err"] > 0.5 and "ms" not in info["quant"]["candidates"]["wrong"]
+    assert "RuntimeError" in info["quant"]["candidates"]["raises"]["error"]
+    assert info["norm"]["candidates"]["fast"]["rel_err"] == 0 and info["norm"]["candidates"]["fast"]["ms"] == 2.0
+    # a preferred family wins even when slower; one that has no correct kernel falls back, and says so
+    _, info = fp8.pick_regions(cands, _region_inputs(), 1e-6, timer, choice="wrong")
+    assert info["quant"]["kernel"] == "ref" and "no correct 'wrong' kernel" in info["quant"]["note"]
+    _, info = fp8.pick_regions({k: v for k, v in cands.items() if k != "norm"} | {"norm": {"ref": fp8.REFERENCE[:2]}},
+                               _region_inputs(), 1e-6, timer, choice="ref")
+    assert info["quant"]["kernel"] == "ref" and "note" not in info["quant"]
+    with pytest.raises(RuntimeError, match="no kernel computes the quant region"):
+        fp8.pick_regions({"quant": {"wrong": wrong_scale}}, _region_inputs(), 1e-6, timer)
+
+
+def test_vllm_in_place_residual_is_checked_on_a_copy():
+    """vLLM's fused norm adds the residual in place: the check must not corrupt its own inputs."""
+    inputs = _region_inputs()
+    before = inputs["h"].clone()
+
+    def in_place(h, delta, w, eps):
+        h += delta
+        return (h, *fp8.rms_q(h, w, eps))
+
+    assert fp8.region_error("norm", (fp8.rms_q, in_place), inputs, 1e-6) == 0
+    assert torch.equal(inputs["h"], before)
+
+
+@pytest.mark.slow
+def test_fp8_profile_script_runs_every_variant_on_the_tiny_checkpoint(tmp_path):
+    """benchmarks.packed_fp8_profile's logic on CPU (the GPU run times the 0.6B shape the same way)."""
+    import json
+
+    from benchmarks import packed_fp8_profile
+
+    packed_fp8_profile.main(["--device", "cpu", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+                             "--docs", "4", "--reps", "2"])
+    res = json.loads((tmp_path / "out" / "fp8_profile.json").read_text())
+    names = ["bf16", "fp8 compiled", "fp8 triton", "fp8 vLLM", "fp8 auto"]
+    assert list(res["variants"]) == names and res["step_prompts"] == 4 and "bf16_scores" not in res
+    for name in names:
+        v = res["variants"][name]
+        assert v["wall_p50_ms"] > 0 and v["profile"]["top"] and v["profile"]["total_ms"] > 0, name
+        if name != "bf16":  # FP8 moved the scores, a little
+            assert 0 < v["max_abs_diff_vs_bf16"] < 0.05, name
+            assert set(v["picks"]["regions"]) == {"norm", "silu_mul", "quant"}
+    assert res["variants"]["fp8 auto"]["profile"]["by_category_ms"]["gemm"] > 0
+    md = (tmp_path / "out" / "fp8_profile.md").read_text()
+    assert all(f"| {n} |" in md for n in names) and "top kernels of one step" in md

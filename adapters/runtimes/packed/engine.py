@@ -115,6 +115,7 @@ class PackedQwen3Engine:
         if self._replicas and self._replicas[0].mm_kernel:
             base["precision"] = {"mode": self._replicas[0].precision, "gemm": self._replicas[0].mm_kernel,
                                  "gemm_timing": self._replicas[0].mm_timing,
+                                 "quantizing_regions": self._replicas[0].fp8_kernels,
                                  "gate": msgspec.structs.asdict(self._gate) if self._gate else None}
         if self._config.split == "pipeline" and self._replicas:
             base["split"] = {"mode": "pipeline", "stages": pipeline.describe(self._replicas[0])}

@@ -166,7 +166,9 @@ class PackedQwen3Replica:
         self.mm_kernel: str | None = None
         self.mm_timing: dict[str, Any] = {}
         self._mm: fp8.Mm = fp8.mm_emulated
-        self._fp8_regions = (fp8.rms_q, fp8.add_rms_q, fp8.silu_mul_q, fp8.quant)
+        self._fp8_regions: fp8.Regions = fp8.REFERENCE
+        self.fp8_kernels: dict[str, Any] = {}  # per quantizing region: the kernel picked, each candidate's error / ms
+        self._fp8_choice = "auto"
         # split = "pipeline" (adapters/runtimes/packed/pipeline.py): this replica holds a range of
         # the layers and hands the residual stream of each step to the stage holding the next ones.
         self.next_stage: PackedQwen3Replica | None = None
@@ -189,16 +191,17 @@ class PackedQwen3Replica:
             stage = stage.next_stage
         return out
 
-    def to_fp8(self, quantize: Callable[[torch.Tensor], fp8.Fp8Weight] | None = None) -> None:
+    def to_fp8(self, quantize: Callable[[torch.Tensor], fp8.Fp8Weight] | None = None, regions: str = "auto") -> None:
         """Quantize the four GEMMs of every layer to e4m3 (per-channel scales) and run them in FP8 from now on.
 
         Attention, norms, RoPE, the residual stream and the head stay in the model dtype. The GEMM
-        kernel is picked now (timed on a d100 step's gate/up shape). ``warm_up`` again afterwards.
+        kernel and each quantizing region's kernel are picked now (timed on a d100 step's shapes;
+        ``regions`` = "triton", "vLLM", "compiled" prefers one family, for the profile). ``warm_up`` again afterwards.
         """
         if self.mode != "fused":
             raise ValueError("precision = 'fp8' needs the fused mode")
         if self.next_stage is not None:
-            self.next_stage.to_fp8(quantize)
+            self.next_stage.to_fp8(quantize, regions)
         for w, layer in zip(self._layers, self.backbone.layers, strict=True):
             w.quantize(layer, quantize or fp8.quantize_weight)
         if self.device.type == "cuda":
@@ -207,10 +210,20 @@ class PackedQwen3Replica:
         with torch.inference_mode():
             self.mm_kernel, self._mm, self.mm_timing = fp8.pick_mm(self.device, (16384, k, n), self.backbone.norm.weight.dtype)
         self.precision = "fp8 e4m3 GEMMs (per-channel weight, per-token activation scales)"
-        self.silu_kernel = "silu·mul + fp8 quantization" + (" (compiled)" if self.compiled else "")
         self._run = self._forward_fp8
-        if self.compiled:
-            self._fp8_regions = tuple(torch.compile(f, dynamic=True) for f in (fp8.rms_q, fp8.add_rms_q, fp8.silu_mul_q, fp8.quant))
+        self.pick_fp8_regions(regions)
+
+    @torch.inference_mode()
+    def pick_fp8_regions(self, choice: str = "auto") -> None:
+        """Each quantizing region's kernel: the fastest on a 16k-token step's shapes that computes fp8.REFERENCE's result."""
+        self._fp8_choice = choice
+        w, cuda = self._layers[0], self.device.type == "cuda"
+        inputs = fp8.region_inputs(16384 if cuda else 64, w.ln1.shape[0], w.f8[2].out_features // 2, w.f8[1].qt.shape[0],
+                                   w.ln2, self.device, self.backbone.norm.weight.dtype)
+        with torch.cuda.device(self.device) if cuda else contextlib.nullcontext():
+            self._fp8_regions, self.fp8_kernels = fp8.pick_regions(fp8.candidates(self.compiled, cuda), inputs, self._eps,
+                                                                   kernels.median_ms if cuda else None, choice)
+        self.silu_kernel = f"silu·mul + fp8 quantization: {self.fp8_kernels['silu_mul']['kernel']}"
 
     def _compile(self) -> None:
         import torch._dynamo
@@ -225,8 +238,9 @@ class PackedQwen3Replica:
     def _uncompile(self) -> None:
         self.compiled = False
         self._regions = (kernels.rms, kernels.add_rms, kernels.qkv_rope, kernels.silu_mul)
-        self._fp8_regions = (fp8.rms_q, fp8.add_rms_q, fp8.silu_mul_q, fp8.quant)
-        if self._run != self._forward_fp8:
+        if self._run == self._forward_fp8:  # the Triton / vLLM kernels picked stay; compiled ones go
+            self.pick_fp8_regions(self._fp8_choice)
+        else:
             self._run = self._forward if self.mode == "modules" else self._forward_fused
 
     @classmethod

@@ -3,7 +3,11 @@
 Weights are quantized once at load from the bf16 checkpoint, one scale per output channel
 (``amax / 448``); activations per token (row), inside the pointwise region that produces them
 (RMSNorm, silu·mul) so the quantization costs no extra pass over memory: on the H200 separate
-quantization kernels cost 9.8 ms of a d100 step's 15.2 ms of FP8 GEMMs (issue 24). The GEMM
+quantization kernels cost 9.8 ms of a d100 step's 15.2 ms of FP8 GEMMs (issue 24), and Inductor's
+compiled regions still left the FP8 step slower than bf16 (docs/benchmarks/gpu-h200-2026-12-01-c).
+Each region therefore has several kernels -- the torch functions below compiled by Inductor, one
+Triton kernel per region (:mod:`.fp8_triton`), vLLM's fused ops -- and :func:`pick_regions` keeps,
+per region, the fastest that computes the torch functions' result (timed on the model's shapes). The GEMM
 computes ``(xq @ wq.T) * sx * sw`` in fp32 and writes bf16: ``torch._scaled_mm`` (rowwise
 scales, fast accumulation) or vLLM's CUTLASS kernel, whichever times faster at start; on CPU an
 emulation of the same arithmetic (fp8 values, fp32 products). Attention, norms, RoPE, the
@@ -28,6 +32,7 @@ __all__ = (
     "mm_emulated",
     "mm_torch",
     "mm_vllm",
+    "pick_regions",
     "quant",
     "quantize_rows",
     "quantize_weight",
@@ -155,3 +160,185 @@ def silu_mul_q(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention output: FA3 is opaque to Inductor, so this one is its own (small) kernel."""
     return quantize_rows(x)
+
+
+# -- picking each region's kernel at start -----------------------------------------------------------
+# The regions' tuple everywhere: (rms_q, add_rms_q, silu_mul_q, quant). "norm" covers the first two
+# (one kernel family, timed on add_rms_q: 55 of a 28-layer step's 57 norms).
+
+Regions = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any], Callable[..., Any]]
+REFERENCE: Regions = (rms_q, add_rms_q, silu_mul_q, quant)
+# Two correct kernels differ only where a value sits on an e4m3 rounding boundary after another
+# (equally valid) order of bf16 roundings or rsqrt: measured <= ~2e-3 relative. The quantization's
+# own error is ~2.5e-2, and a wrong scale, weight or layout is far above; 1e-2 separates them.
+REGION_TOL = 1e-2
+
+
+def triton_regions() -> Regions | None:
+    """The Triton kernels (:mod:`.fp8_triton`) when Triton imports; compiled on first call."""
+    try:
+        from adapters.runtimes.packed import fp8_triton
+
+        return fp8_triton.build()
+    except Exception:  # noqa: BLE001  # no Triton in this install
+        return None
+
+
+def vllm_regions() -> dict[str, Any]:
+    """vLLM's fused FP8 ops, those this build has: {"norm": (rms_q, add_rms_q), "silu_mul": {name: fn}, "quant": fn}.
+
+    ``rms_norm_dynamic_per_token_quant`` adds the residual in place (``h`` becomes ``h + delta``,
+    which the forward reassigns anyway); silu·mul + per-token quantization is one op only as
+    ``silu_and_mul_per_block_quant`` with one group per row, else ``silu_and_mul`` then the quant.
+    """
+    try:
+        from vllm import _custom_ops  # noqa: F401  # registers torch.ops._C
+
+        try:
+            import vllm._C_stable_libtorch  # noqa: F401  # silu_and_mul lives here in some builds
+        except ImportError:
+            pass
+        ops = torch.ops._C
+    except Exception:  # noqa: BLE001  # no vLLM, or not its CUDA build
+        return {}
+
+    def _out(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.empty(x.shape[0], n, dtype=E4M3, device=x.device),
+                torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device))
+
+    found: dict[str, Any] = {}
+    if hasattr(ops, "rms_norm_dynamic_per_token_quant"):
+        def v_rms_q(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+            q, s = _out(x, x.shape[1])
+            ops.rms_norm_dynamic_per_token_quant(q, x.contiguous(), w, s, eps, None, None)
+            return q, s
+
+        def v_add_rms_q(h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
+            q, s = _out(h, h.shape[1])
+            ops.rms_norm_dynamic_per_token_quant(q, delta.contiguous(), w, s, eps, None, h)
+            return h, q, s
+
+        found["norm"] = (v_rms_q, v_add_rms_q)
+    if hasattr(ops, "dynamic_per_token_scaled_fp8_quant"):
+        def v_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            q, s = _out(x, x.shape[1])
+            ops.dynamic_per_token_scaled_fp8_quant(q, x.contiguous(), s, None)
+            return q, s
+
+        found["quant"] = v_quant
+        silu: dict[str, Any] = {}
+        if hasattr(ops, "silu_and_mul"):
+            def v_silu_then_quant(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                y = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype, device=gate_up.device)
+                ops.silu_and_mul(y, gate_up)
+                return v_quant(y)
+
+            silu["vLLM silu_and_mul + per-token quant"] = v_silu_then_quant
+        if hasattr(ops, "silu_and_mul_per_block_quant"):
+            def v_silu_q(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                n = gate_up.shape[1] // 2
+                q, s = _out(gate_up, n)
+                ops.silu_and_mul_per_block_quant(q, gate_up.contiguous(), s, n, None, False)
+                return q, s
+
+            silu["vLLM silu_and_mul_per_block_quant (one block per row)"] = v_silu_q
+        found["silu_mul"] = silu
+    return found
+
+
+def candidates(compiled: bool, cuda: bool) -> dict[str, dict[str, Any]]:
+    """Per region ("norm", "silu_mul", "quant"), the kernels this process has, by name."""
+    out: dict[str, dict[str, Any]] = {"norm": {}, "silu_mul": {}, "quant": {}}
+    if compiled:
+        c = tuple(torch.compile(f, dynamic=True) for f in REFERENCE)
+        out["norm"]["compiled (Inductor)"] = (c[0], c[1])
+        out["silu_mul"]["compiled (Inductor)"], out["quant"]["compiled (Inductor)"] = c[2], c[3]
+    else:
+        out["norm"]["eager"] = REFERENCE[:2]
+        out["silu_mul"]["eager"], out["quant"]["eager"] = REFERENCE[2], REFERENCE[3]
+    if not cuda:
+        return out
+    t = triton_regions()
+    if t is not None:
+        out["norm"]["triton"] = t[:2]
+        out["silu_mul"]["triton"], out["quant"]["triton"] = t[2], t[3]
+    v = vllm_regions()
+    if "norm" in v:
+        out["norm"]["vLLM rms_norm_dynamic_per_token_quant"] = v["norm"]
+    out["silu_mul"].update(v.get("silu_mul", {}))
+    if "quant" in v:
+        out["quant"]["vLLM dynamic_per_token_scaled_fp8_quant"] = v["quant"]
+    return out
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def region_error(region: str, fn: Any, inputs: dict[str, torch.Tensor], eps: float) -> float:
+    """Largest relative difference (dequantized values, and the residual stream for "norm") from the torch functions'."""
+    def deq(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return q.double() * s.double()
+
+    if region == "norm":
+        h, delta, w = inputs["h"], inputs["delta"], inputs["w"]
+        errs = [_rel(deq(*fn[0](h, w, eps)), deq(*rms_q(h, w, eps)))]
+        want_h, *want = add_rms_q(h, delta, w, eps)
+        got_h, *got = fn[1](h.clone(), delta, w, eps)  # a clone: vLLM's op adds in place
+        errs += [_rel(deq(*got), deq(*want)), _rel(got_h, want_h)]
+        return max(errs)
+    x = inputs["gate_up"] if region == "silu_mul" else inputs["o"]
+    ref = silu_mul_q if region == "silu_mul" else quant
+    return _rel(deq(*fn(x)), deq(*ref(x)))
+
+
+def pick_regions(cands: dict[str, dict[str, Any]], inputs: dict[str, torch.Tensor], eps: float,
+                 timer: Callable[[Callable[[], Any]], float] | None, choice: str = "auto") -> tuple[Regions, dict[str, Any]]:
+    """Per region the fastest kernel (``timer(fn) -> ms``) within :data:`REGION_TOL` of the torch functions.
+
+    ``choice`` other than "auto" prefers the kernels whose name starts with it (the profile's
+    variants); a region without such a kernel that passes takes the fastest that does. Without a
+    timer (CPU) the first correct kernel serves. A kernel that raises or differs is recorded, never used.
+    """
+    picked: dict[str, Any] = {}
+    info: dict[str, Any] = {}
+    for region, named in cands.items():
+        rows: dict[str, dict[str, Any]] = {}
+        for name, fn in named.items():
+            try:
+                err = region_error(region, fn, inputs, eps)
+            except Exception as exc:  # noqa: BLE001  # a kernel this GPU or build lacks
+                rows[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+                continue
+            rows[name] = {"rel_err": err}
+            if not err <= REGION_TOL:  # nan fails too
+                continue
+            if timer is not None:
+                h, delta, w = inputs["h"].clone(), inputs["delta"], inputs["w"]
+                call = ((lambda fn=fn: fn[1](h, delta, w, eps)) if region == "norm" else
+                        (lambda fn=fn: fn(inputs["gate_up"] if region == "silu_mul" else inputs["o"])))
+                rows[name]["ms"] = timer(call)
+        ok = [n for n, r in rows.items() if "rel_err" in r and r["rel_err"] <= REGION_TOL]
+        preferred = [n for n in ok if n.startswith(choice)] if choice != "auto" else []
+        pool = preferred or ok
+        if not pool:
+            raise RuntimeError(f"precision = 'fp8': no kernel computes the {region} region ({rows})")
+        best = min(pool, key=lambda n: rows[n].get("ms", 0.0))
+        picked[region] = named[best]
+        info[region] = {"kernel": best, "candidates": rows}
+        if choice != "auto" and not preferred:
+            info[region]["note"] = f"no correct {choice!r} kernel: the fastest correct one serves"
+    return (*picked["norm"], picked["silu_mul"], picked["quant"]), info
+
+
+def region_inputs(tokens: int, hidden: int, inter: int, attn: int, w: torch.Tensor, device: torch.device,
+                  dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random activations of a step's shapes; the residual and its update spread like a real stream's."""
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, device=device, generator=g) * scale).to(dtype)
+
+    return {"h": rnd(tokens, hidden, scale=4.0), "delta": rnd(tokens, hidden), "w": w,
+            "gate_up": rnd(tokens, 2 * inter, scale=2.0), "o": rnd(tokens, attn)}
