@@ -151,6 +151,7 @@ async def test_fp8_engine_scores_near_bf16_and_reports_its_gate(tiny_qwen3_dir, 
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 0.03
     assert got != want  # the GEMMs really ran in FP8
     assert stats["gemm"].startswith("emulated") and stats["gate"]["queries"] == gate.GOLDEN_QUERIES
+    assert {r: v["kernel"] for r, v in stats["quantizing_regions"].items()} == {"norm": "eager", "silu_mul": "eager", "quant": "eager"}
     assert 0 < stats["gate"]["max_abs_diff"] < 0.05
     print("tiny checkpoint, fp8 gate:", stats["gate"])
 
