@@ -1,5 +1,7 @@
 """The FP8 Triton kernels on CPU under Triton's interpreter, against the torch reference regions.
 
+``--compile-sm90`` (without the interpreter) compiles each kernel for the H200 instead.
+
 Run as ``TRITON_INTERPRET=1 python -m tests.fp8_triton_check`` (the variable must be set before
 Triton is imported, hence a process of its own: tests/test_packed_fp8.py starts it). Prints one
 JSON line: per region, how many e4m3 values differ from the reference and the largest scale
@@ -77,6 +79,35 @@ def main() -> dict[str, dict[str, float]]:
     }
 
 
+def compile_sm90() -> dict[str, dict[str, int]]:
+    """Each kernel compiled to PTX and cubin for sm_90 (H100/H200) with the wheel's own ptxas: no GPU needed.
+
+    Counts what the PTX must hold: e4m3 conversions (cvt ... e4m3x2) and IEEE divisions, no approximate one.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from adapters.runtimes.packed import fp8_triton as ft
+
+    rows = {"stride_x": "i32", "stride_q": "i32", "N": "i32", "BLOCK": "constexpr"}
+    norm = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "H": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", "stride_x": "i32",
+            "stride_r": "i32", "stride_h": "i32", "stride_q": "i32", "N": "i32", "eps": "fp32", "HAS_RES": "constexpr",
+            "BLOCK": "constexpr"}
+    cases = {"add_rms_q": (ft._norm_q, norm, {"HAS_RES": True, "BLOCK": 1024}, 2),
+             "rms_q": (ft._norm_q, norm, {"HAS_RES": False, "BLOCK": 1024}, 2),
+             "silu_mul_q": (ft._silu_mul_q, {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", **rows}, {"BLOCK": 4096}, 8),
+             "quant": (ft._quant, {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", **rows}, {"BLOCK": 2048}, 4)}
+    out = {}
+    for name, (fn, sig, consts, warps) in cases.items():
+        k = triton.compile(ASTSource(fn=triton.jit(fn), signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": warps})
+        ptx = k.asm["ptx"]
+        out[name] = {"cubin_bytes": len(k.asm["cubin"]), "cvt_e4m3": ptx.count("e4m3x2"), "div_rn": ptx.count("div.rn.f32"),
+                     "div_approx": ptx.count("div.full.f32") + ptx.count("div.approx.f32")}
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps(main()))
+    print(json.dumps(compile_sm90() if sys.argv[1:] == ["--compile-sm90"] else main()))
     sys.stdout.flush()

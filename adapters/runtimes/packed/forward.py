@@ -175,6 +175,7 @@ class PackedQwen3Replica:
         self.layer_range = (0, len(self.backbone.layers))  # [first, end) of the model's layers held here
         # Steps the scheduler keeps launched and not collected: one more per further stage.
         self.in_flight = 1
+        self._fp8_cands: tuple[bool, dict[str, dict[str, Any]]] | None = None
         if compile:
             self._compile()
 
@@ -220,8 +221,10 @@ class PackedQwen3Replica:
         w, cuda = self._layers[0], self.device.type == "cuda"
         inputs = fp8.region_inputs(16384 if cuda else 64, w.ln1.shape[0], w.f8[2].out_features // 2, w.f8[1].qt.shape[0],
                                    w.ln2, self.device, self.backbone.norm.weight.dtype)
+        if self._fp8_cands is None or self._fp8_cands[0] != self.compiled:  # compiled once, not per pick
+            self._fp8_cands = (self.compiled, fp8.candidates(self.compiled, cuda))
         with torch.cuda.device(self.device) if cuda else contextlib.nullcontext():
-            self._fp8_regions, self.fp8_kernels = fp8.pick_regions(fp8.candidates(self.compiled, cuda), inputs, self._eps,
+            self._fp8_regions, self.fp8_kernels = fp8.pick_regions(self._fp8_cands[1], inputs, self._eps,
                                                                    kernels.median_ms if cuda else None, choice)
         self.silu_kernel = f"silu·mul + fp8 quantization: {self.fp8_kernels['silu_mul']['kernel']}"
 

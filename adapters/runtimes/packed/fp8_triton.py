@@ -36,7 +36,7 @@ def _norm_q(X, R, W, H, Q, S, stride_x, stride_r, stride_h, stride_q, N, eps,  #
         x = (x.to(tl.float32) + tl.load(R + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
         tl.store(H + row * stride_h + cols, x, mask=mask)
     xf = x.to(tl.float32)
-    inv = tl.math.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    inv = tl.math.rsqrt(tl.math.div_rn(tl.sum(xf * xf, axis=0), N.to(tl.float32)) + eps)  # IEEE /, as torch.mean
     y = (xf * inv).to(x.dtype)  # Qwen3RMSNorm: normalized in fp32, rounded, then times the weight
     w = tl.load(W + cols, mask=mask, other=0.0)
     y = (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype).to(tl.float32)
