@@ -98,6 +98,7 @@ class RowBatcher:
         self._stopping = False
         # Counters (``stats``), written under the lock.
         self.batches = self.rows = self.tokens = self.padded_tokens = self.dropped_rows = 0
+        self.busy_s = 0.0  # summed over the workers: inference time (idle gaps are what is left)
         self.batches_by_requests: collections.Counter[int] = collections.Counter()
         self._threads = [threading.Thread(target=self._work, args=(run,), name=f"{name}-{i}", daemon=True)
                          for i, run in enumerate(self._runners)]
@@ -149,6 +150,10 @@ class RowBatcher:
                 "rows": self.rows,
                 # Share of the computed tokens that were padding (rows padded to their batch's width).
                 "padding": round(1 - self.tokens / self.padded_tokens, 4) if self.padded_tokens else 0.0,
+                "tokens": self.tokens,
+                "padded_tokens": self.padded_tokens,
+                "busy_s": round(self.busy_s, 3),
+                "streams": len(self._runners),
                 "dropped_rows": self.dropped_rows,
                 # {requests with rows in one batch: number of such batches}
                 "batches_by_requests": {str(k): v for k, v in sorted(self.batches_by_requests.items())},
@@ -190,19 +195,22 @@ class RowBatcher:
                 taken = self._take()
                 if self._queue:
                     self._cond.notify()  # more work: wake another idle stream
+            started = time.perf_counter()
             try:
                 result: np.ndarray | None = run([job.payloads[i] for job, i in taken])
                 error: BaseException | None = None
             except Exception as exc:  # noqa: BLE001  # fail this batch's requests, keep serving
                 result, error = None, exc
-            self._finish(taken, result, error)
+            self._finish(taken, result, error, time.perf_counter() - started)
 
-    def _finish(self, taken: list[tuple[BatchJob, int]], result: np.ndarray | None, error: BaseException | None) -> None:
+    def _finish(self, taken: list[tuple[BatchJob, int]], result: np.ndarray | None, error: BaseException | None,
+                busy: float) -> None:
         finished: list[BatchJob] = []
         failed: list[BatchJob] = []
         width = max(job.lengths[i] for job, i in taken)
         with self._cond:
             self.batches += 1
+            self.busy_s += busy
             self.rows += len(taken)
             self.tokens += sum(job.lengths[i] for job, i in taken)
             self.padded_tokens += width * len(taken)
