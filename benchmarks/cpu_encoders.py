@@ -52,6 +52,8 @@ DOCS, DOC_TOKENS, CLIENTS = 50, "60-140", 4
 GATEWAY_VARIANTS = {  # contestant -> extra TOML lines of its model entry
     "gateway transformers (fp32)": ['engine = "transformers"', 'device = "cpu"', 'dtype = "float32"'],
     "gateway openvino fp32": ['engine = "openvino"', 'precision = "fp32"'],
+    # The same with batches that never mix requests: what shared batches gain at 4 clients.
+    "gateway openvino fp32 (per-request batches)": ['engine = "openvino"', 'precision = "fp32"', 'batching = "per-request"'],
     # Reduced precisions serve whatever the gate measures (parity_min_agreement lowered), so
     # their speed is reported beside the verdict the default gate (99 %) gives ("gate" column).
     "gateway openvino bf16": ['engine = "openvino"', 'precision = "bf16"', "parity_min_agreement = 0.001"],
@@ -147,6 +149,10 @@ class Gateway:
     def describe(self) -> dict[str, dict[str, Any]]:
         models = {m["name"]: m for m in self.client.get("/ready").json()["models"]}
         return {n: models[m] for n, m in self.models.items()}
+
+    def engine_stats(self, name: str) -> dict[str, Any]:
+        models = {m["name"]: m for m in self.client.get("/ready").json()["models"]}
+        return models[self.models[name]].get("engine_stats") or {}
 
     def scorer(self, name: str) -> ScoreFn:
         model = self.models[name]
@@ -275,14 +281,13 @@ def _cpu_s(pid: int) -> float:
     return t.user + t.system
 
 
-def docs_per_s(fn: ScoreFn, requests: list[tuple[str, list[str]]], clients: int, pid: int | None = None) -> float:
-    """Docs/s over the wall clock; with ``pid``, docs per CPU-second that process used instead
-    (the scorer's own CPU: on a shared machine it moves far less with the neighbours' load)."""
+def measure(fn: ScoreFn, requests: list[tuple[str, list[str]]], clients: int, pid: int) -> tuple[float, float]:
+    """(docs/s over the wall clock, docs per CPU-second of process ``pid``) of one timed run."""
     def run(mine: list[tuple[str, list[str]]]) -> None:
         for q, d in mine:
             fn(q, d)
 
-    cpu = _cpu_s(pid) if pid is not None else 0.0
+    cpu = _cpu_s(pid)
     started = time.perf_counter()
     if clients == 1:
         run(requests)
@@ -290,9 +295,19 @@ def docs_per_s(fn: ScoreFn, requests: list[tuple[str, list[str]]], clients: int,
         with ThreadPoolExecutor(clients) as pool:
             list(pool.map(run, [requests] * clients))
     wall = time.perf_counter() - started
-    if pid is not None:
-        wall = _cpu_s(pid) - cpu
-    return sum(len(d) for _, d in requests) * (1 if clients == 1 else clients) / wall
+    cpu = _cpu_s(pid) - cpu
+    docs = sum(len(d) for _, d in requests) * (1 if clients == 1 else clients)
+    return docs / wall, docs / cpu
+
+
+def _engine_delta(before: dict[str, Any], after: dict[str, Any], wall: float) -> dict[str, float]:
+    """What the engine did between two /ready snapshots: its streams' busy share of the wall
+    clock (1.0: every stream always inferring), the padding share, rows per batch."""
+    batches = after["batches"] - before["batches"]
+    padded = after["padded_tokens"] - before["padded_tokens"]
+    return {"streams_busy": (after["busy_s"] - before["busy_s"]) / (wall * after["streams"]),
+            "padding": 1 - (after["tokens"] - before["tokens"]) / padded if padded else 0.0,
+            "rows_per_batch": (after["rows"] - before["rows"]) / batches if batches else 0.0}
 
 
 def agreement(ref: list[list[float]], got: list[list[float]], tie: float = 1e-3) -> dict[str, float]:
@@ -336,10 +351,21 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
             row: dict[str, Any] = {"round": r, "order": order, "load_before": os.getloadavg()[0]}
             for name in order:
                 pid = gateway.proc.pid if gateway is not None and name in GATEWAY_VARIANTS else os.getpid()
-                row[name] = {"1": docs_per_s(fns[name], timed, 1), "4": docs_per_s(fns[name], timed[: max(1, args.requests // 2)], CLIENTS),
-                             "cpu": docs_per_s(fns[name], timed[:1], 1, pid=pid)}
-                print(f"[{shape}] round {r} {name}: {row[name]['1']:.1f} docs/s 1 client, {row[name]['4']:.1f} at {CLIENTS}, "
-                      f"{row[name]['cpu']:.1f} docs per CPU-second", flush=True)
+                # 1 client then 4 (each client half the requests), one after the other: the pair
+                # sees nearly the same neighbours' load; CPU-seconds of the scoring process besides.
+                stats = gateway.engine_stats if gateway is not None and name in GATEWAY_VARIANTS else None
+                s0 = stats(name) if stats else {}
+                t0 = time.perf_counter()
+                one, cpu = measure(fns[name], timed, 1, pid)
+                s1, t1 = (stats(name) if stats else {}), time.perf_counter()
+                four, cpu4 = measure(fns[name], timed[: max(1, args.requests // 2)], CLIENTS, pid)
+                s2, t2 = (stats(name) if stats else {}), time.perf_counter()
+                row[name] = {"1": one, "4": four, "cpu": cpu, "cpu4": cpu4}
+                if "busy_s" in s0:  # the openvino batcher: streams busy, padding, requests per batch
+                    row[name]["engine_1"] = _engine_delta(s0, s1, t1 - t0)
+                    row[name]["engine_4"] = _engine_delta(s1, s2, t2 - t1)
+                print(f"[{shape}] round {r} {name}: {one:.1f} docs/s 1 client, {four:.1f} at {CLIENTS} ({four / one:.2f}x), "
+                      f"{cpu:.1f} / {cpu4:.1f} docs per CPU-second, load {os.getloadavg()[0]:.2f}", flush=True)
             row["load_after"] = os.getloadavg()[0]
             rounds.append(row)
     finally:
@@ -354,14 +380,18 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
             "docs_s_1": statistics.median(one),
             "docs_s_4": statistics.median(four),
             "four_vs_one": statistics.median(f / o for f, o in zip(four, one, strict=True)),
-            "docs_per_cpu_s": statistics.median(rd[name]["cpu"] for rd in rounds if "cpu" in rd[name]) if all("cpu" in rd[name] for rd in rounds) else None,
+            "docs_per_cpu_s": statistics.median(rd[name]["cpu"] for rd in rounds),
+            "docs_per_cpu_s_4": statistics.median(rd[name]["cpu4"] for rd in rounds),
+            "four_vs_one_cpu": statistics.median(rd[name]["cpu4"] / rd[name]["cpu"] for rd in rounds),
         }
         if BASELINE in fns:
             entry["vs_transformers"] = statistics.median(rd[name]["1"] / rd[BASELINE]["1"] for rd in rounds)
             entry["vs_transformers_4"] = statistics.median(rd[name]["4"] / rd[BASELINE]["4"] for rd in rounds)
-            if entry["docs_per_cpu_s"] is not None:
-                entry["cpu_vs_transformers"] = statistics.median(rd[name]["cpu"] / rd[BASELINE]["cpu"] for rd in rounds)
+            entry["cpu_vs_transformers"] = statistics.median(rd[name]["cpu"] / rd[BASELINE]["cpu"] for rd in rounds)
             entry["agreement"] = agreement(scores[BASELINE], scores[name])
+        if all("engine_1" in rd[name] for rd in rounds):
+            entry["engine"] = {f"{k}_{c}": statistics.median(rd[name][f"engine_{c}"][k] for rd in rounds)
+                               for k in ("streams_busy", "padding", "rows_per_batch") for c in ("1", "4")}
         if name in described:
             entry["gateway_model"] = {k: described[name].get(k) for k in ("precision", "inference_precision", "threads", "streams", "parity_kept")}
         table.append(entry)
@@ -377,15 +407,27 @@ def markdown(report: dict[str, Any]) -> str:
         loads = [rd["load_before"] for rd in shape["rounds"]] + [rd["load_after"] for rd in shape["rounds"]]
         out += [f"## {shape['shape']} ({shape['checkpoint']})", "",
                 f"Load average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}.", "",
-                "| contestant | docs/s, 1 client | vs transformers | docs/s, 4 clients | 4 clients vs 1 | docs per CPU-s | vs transformers (CPU) | top-10 order kept | top-10 shared | max abs Δ | parity gate (golden set) |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+                "Per round (1-minute load average before / after): " + ", ".join(
+                    f"{rd['round']}: {rd['load_before']:.2f} / {rd['load_after']:.2f}" for rd in shape["rounds"]) + ".", "",
+                "| contestant | docs/s, 1 client | vs transformers | docs/s, 4 clients | 4 clients vs 1 | docs per CPU-s | vs transformers (CPU) | docs per CPU-s, 4 clients | 4 vs 1 (CPU) | top-10 order kept | top-10 shared | max abs Δ | parity gate (golden set) |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for e in shape["table"]:
             a = e.get("agreement", {})
             kept = f"{a['queries_kept']}/{a['queries']}" if a else "-"
-            cpu = f"{e['docs_per_cpu_s']:.1f} | {e.get('cpu_vs_transformers', float('nan')):.2f}x" if e.get("docs_per_cpu_s") else "- | -"
+            cpu = f"{e['docs_per_cpu_s']:.1f} | {e.get('cpu_vs_transformers', float('nan')):.2f}x"
             out.append(f"| {e['contestant']} | {e['docs_s_1']:.1f} | {e.get('vs_transformers', float('nan')):.2f}x | "
-                       f"{e['docs_s_4']:.1f} | {e['four_vs_one']:.2f}x | {cpu} | {kept} | {a.get('mean_shared_top10', float('nan')):.1f} | "
+                       f"{e['docs_s_4']:.1f} | {e['four_vs_one']:.2f}x | {cpu} | {e['docs_per_cpu_s_4']:.1f} | {e['four_vs_one_cpu']:.2f}x | {kept} | {a.get('mean_shared_top10', float('nan')):.1f} | "
                        f"{a.get('max_abs_delta', float('nan')):.1e} | {_gate(e)} |")
+        engines = [e for e in shape["table"] if "engine" in e]
+        if engines:
+            out += ["", "Inside the openvino engine (medians over rounds): the streams' busy share of the wall clock, "
+                    "the padding share of the computed tokens, rows per batch.", "",
+                    "| contestant | streams busy, 1 client | 4 clients | padding, 1 client | 4 clients | rows per batch, 1 client | 4 clients |",
+                    "|---|---|---|---|---|---|---|"]
+            for e in engines:
+                g = e["engine"]
+                out.append(f"| {e['contestant']} | {g['streams_busy_1']:.0%} | {g['streams_busy_4']:.0%} | {g['padding_1']:.1%} | "
+                           f"{g['padding_4']:.1%} | {g['rows_per_batch_1']:.1f} | {g['rows_per_batch_4']:.1f} |")
         for name, why in shape["skipped"].items():
             out.append(f"\nSkipped: {name}: {why}")
         out.append("")

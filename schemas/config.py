@@ -490,6 +490,10 @@ class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
     batch_tokens: Positive = 2048
     # ... and at most this many rows per batch.
     max_batch_size: Positive = 16
+    # "shared": a free stream's batch takes rows of neighbouring lengths from the oldest waiting
+    # requests together (less padding under concurrency; a row's score may move ~1e-7 with its
+    # batch). "per-request": batches never mix requests (scores repeat exactly whatever else runs).
+    batching: Literal["shared", "per-request"] = "shared"
     # Parity gate of bf16 / int8, run at start: a golden set of this many queries is scored in
     # fp32 and in the reduced precision.
     parity_queries: Positive = 32

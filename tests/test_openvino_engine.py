@@ -107,6 +107,49 @@ async def test_scores_do_not_depend_on_the_batching(dirs):
     assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < EXACT
 
 
+
+@pytest.mark.parametrize("batching", ["shared", "per-request"])
+async def test_concurrent_requests_each_get_their_own_scores(dirs, batching):
+    """Eight requests at once through the batcher (different queries and documents, so a row
+    routed to the wrong request shows) score what each scores alone; per-request repeats exactly."""
+    import anyio
+
+    engine = await _engine(dirs["xlmr"], dirs["cache"], streams=2, threads=2, max_batch_size=4, batching=batching)
+    jobs = [_job(engine, f"{Q} {k}" * (1 + k % 3), DOCS[k % 3 :] + DOCS[: k % 3]) for k in range(8)]
+    alone = [(await engine.score(j)).scores for j in jobs]
+    together: list[list[float]] = [[] for _ in jobs]
+
+    async def one(k: int) -> None:
+        together[k] = (await engine.score(jobs[k])).scores
+
+    async with anyio.create_task_group() as tg:
+        for k in range(len(jobs)):
+            tg.start_soon(one, k)
+    for a, b in zip(alone, together, strict=True):
+        if batching == "per-request":
+            assert a == b
+        else:
+            assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
+    mixed = engine.stats()["batches_by_requests"]
+    assert (set(mixed) == {"1"}) == (batching == "per-request")
+    await engine.stop()
+
+
+async def test_a_cancelled_request_leaves_the_engine_serving(dirs):
+    import anyio
+
+    engine = await _engine(dirs["bert"], dirs["cache"], streams=1, threads=1, max_batch_size=1)
+    job = _job(engine, Q, DOCS * 4)
+    with anyio.move_on_after(0.01):
+        await engine.score(job)  # cancelled while its first rows run
+    assert engine.stats()["dropped_rows"] > 0 and engine.queue_depth() == 0
+    small = _job(engine, Q, DOCS[:2])
+    want = _st_cross(dirs["bert"], Q, DOCS[:2])
+    got = (await engine.score(small)).scores
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < EXACT
+    await engine.stop()
+
+
 # -- reduced precisions and the parity gate --------------------------------------------------------
 SENTENCES = [
     "Mix flour, water, yeast and salt, let the dough rise, then bake it in a hot oven.",

@@ -5,18 +5,18 @@ deduplicating), the checkpoint is exported to OpenVINO IR or read from the expor
 (``export``), compiled for the configured precision, and -- for bf16 / int8 -- admitted only if
 the parity gate (``parity``) finds the fp32 ranking kept.
 
-Serving: a job's rows are sorted by length and cut into batches of near-equal length (padding
-costs a few tokens per row), in a count that is a multiple of the streams so every stream gets
-work; each batch runs on one of ``streams`` infer requests in a worker thread (OpenVINO releases
-the GIL), so one request's batches, and several requests' batches, run side by side, each
-stream on its share of the cores.
+Serving: one worker thread per stream (``batcher.RowBatcher``; OpenVINO releases the GIL), each
+with its own infer request on its share of the cores. A free worker plans the rows of the
+waiting requests into batches of near-equal length and runs the one holding the oldest
+request's shortest row, so a lone request's batches spread over every stream and concurrent
+requests' rows of one length share a batch (less padding); ``batching = "per-request"`` never
+mixes requests in a batch.
 
 Imported only through ``adapters.registry``: importing it pulls in OpenVINO and torch.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import queue
 import threading
@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import anyio
+import asyncio
+
 import anyio.to_thread
 import numpy as np
 import openvino as ov
@@ -34,6 +35,7 @@ from adapters.base import EngineConfigError, EngineObserver, EngineUnavailableEr
 from adapters.families import create_family
 from adapters.families.base import Row
 from adapters.families.encoder import EncoderFamily
+from adapters.runtimes.cpu.batcher import RowBatcher, bucket_batches
 from adapters.runtimes.cpu.export import ModelCache, cache_key, checkpoint_digest, checkpoint_dir, default_cache_dir, export_family
 from adapters.runtimes.cpu.parity import GoldenQuery, compare_rankings, generate_golden_set, read_golden_set
 from schemas.config import OpenVinoEngineConfig
@@ -52,24 +54,6 @@ _EXPORT_LOCK = threading.Lock()
 # activations; attention and head kept in fp32) and ran faster; neither kept the strict top-10.
 _INT8_RECIPE = "weights-int8-sym-per-channel+dynamic-activations-32"
 _INT8_GROUP = 32
-
-
-def bucket_batches(lengths: Sequence[int], *, batch_tokens: int, max_batch_size: int, parts: int) -> list[list[int]]:
-    """Row indices in batches of neighbouring lengths (sorted), the fewest that keep every batch
-    within ``batch_tokens`` padded tokens and ``max_batch_size`` rows, rounded up to a multiple
-    of ``parts`` (the streams) when there are rows enough."""
-    n = len(lengths)
-    if n == 0:
-        return []
-    order = sorted(range(n), key=lambda i: lengths[i])
-    count = max(math.ceil(n / max_batch_size), math.ceil(sum(lengths) / batch_tokens))
-    count = min(n, math.ceil(count / parts) * parts)
-    while True:
-        bounds = [round(k * n / count) for k in range(count + 1)]
-        batches = [order[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
-        if count >= n or all(len(b) * lengths[b[-1]] <= batch_tokens for b in batches):
-            return batches
-        count += 1
 
 
 def _cores() -> int:
@@ -92,15 +76,12 @@ class OpenVinoEngine:
         self.threads = config.threads or _cores()
         # None: OpenVINO's throughput hint picks the streams for these threads (set at compile).
         self.streams = config.streams or 1
-        self._limiter = anyio.CapacityLimiter(self.streams)
         self._inputs: list[str] = []
         self._info: dict[str, str] = {}
         self.parity: dict[str, Any] | None = None  # the gate's measurement (reduced precisions)
         self.cache_hit: bool | None = None  # whether the fp32 export came from the cache
-        self._batches = self._rows = 0
         self.observer: EngineObserver | None = None
-        self.queued_jobs = 0
-        self._queue_lock = threading.Lock()
+        self._batcher: RowBatcher | None = None
 
     # -- protocol ---------------------------------------------------------------------------
     @property
@@ -120,16 +101,26 @@ class OpenVinoEngine:
             out["family_reason"] = self._family.detection.reason
         return out
 
-    def stats(self) -> dict[str, int]:
-        return {"batches": self._batches, "rows": self._rows}
+    def stats(self) -> dict[str, Any]:
+        return self._batcher.stats() if self._batcher is not None else {"batches": 0, "rows": 0}
 
     def queue_depth(self) -> int:
-        return self.queued_jobs
+        return self._batcher.waiting() if self._batcher is not None else 0
 
     async def start(self) -> None:
         await anyio.to_thread.run_sync(self._load)
+        cfg = self._config
+        # One worker per infer request; "shared" plans the oldest requests' rows together,
+        # up to a few batches per stream beyond the oldest request ("per-request": that one alone).
+        window = 0 if cfg.batching == "per-request" else 2 * self.streams * cfg.batch_tokens
+        runners = [self._runner(self._requests.get_nowait()) for _ in range(self.streams)]
+        self._batcher = RowBatcher(runners, batch_tokens=cfg.batch_tokens, max_batch_size=cfg.max_batch_size,
+                                   window_tokens=window, on_batch=self._counted, name=f"openvino-{cfg.name}")
 
     async def stop(self) -> None:
+        batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            await anyio.to_thread.run_sync(batcher.stop)
         self._compiled = None
         self._requests = queue.SimpleQueue()
 
@@ -138,49 +129,29 @@ class OpenVinoEngine:
             raise EngineUnavailableError("model is not loaded")
 
     async def score(self, job: ScoreJob) -> ScoreResult:
-        family, compiled = self._family, self._compiled
-        if family is None or compiled is None:
+        family, batcher = self._family, self._batcher
+        if family is None or batcher is None or self._compiled is None:
             raise EngineUnavailableError("model is not loaded")
         rows = family.rows(job)
-        outputs = await self._run(rows)
+        pending = batcher.submit(rows, [len(r.ids) for r in rows])
+        try:
+            outputs = await pending.future
+        except asyncio.CancelledError:
+            # Timeout or client gone: the rows no batch has taken are dropped.
+            batcher.cancel(pending)
+            raise
         return ScoreResult(scores=family.scores(job, outputs), input_tokens=sum(len(r.ids) for r in rows))
 
-    async def _run(self, rows: list[Row]) -> np.ndarray:
-        """(len(rows), k) outputs; the batches run side by side on the free streams."""
-        cfg = self._config
-        batches = bucket_batches(
-            [len(r.ids) for r in rows], batch_tokens=cfg.batch_tokens, max_batch_size=cfg.max_batch_size, parts=self.streams
-        )
-        results: list[np.ndarray | None] = [None] * len(batches)
-        with self._queue_lock:
-            self.queued_jobs += 1
-        waiting = [True]
+    def _runner(self, request: Any) -> Any:
+        """A worker's batch function: its own infer request, right-padded arrays in, outputs out."""
+        def run(rows: list[Row]) -> np.ndarray:
+            result = request.infer(self._arrays(rows))
+            return np.array(result[0], dtype=np.float32, copy=True)  # the request's buffer is reused
+        return run
 
-        async def one(k: int, batch: list[int]) -> None:
-            arrays = self._arrays([rows[i] for i in batch])
-            results[k] = await anyio.to_thread.run_sync(self._infer, arrays, waiting, limiter=self._limiter)
-            self._batches += 1
-            self._rows += len(batch)
-            if self.observer is not None:
-                self.observer.step(rows=len(batch), tokens=arrays["input_ids"].size)
-
-        try:
-            async with anyio.create_task_group() as tg:
-                for k, batch in enumerate(batches):
-                    tg.start_soon(one, k, batch)
-        finally:
-            self._leave_queue(waiting)
-        out = np.empty((len(rows), results[0].shape[1] if results else 1), dtype=np.float32)
-        for batch, res in zip(batches, results, strict=True):
-            assert res is not None
-            out[batch] = res
-        return out
-
-    def _leave_queue(self, waiting: list[bool]) -> None:
-        with self._queue_lock:
-            if waiting[0]:
-                waiting[0] = False
-                self.queued_jobs -= 1
+    def _counted(self, rows: int, tokens: int) -> None:
+        if self.observer is not None:  # Prometheus metrics: safe from the worker threads
+            self.observer.step(rows=rows, tokens=tokens)
 
     def _arrays(self, rows: list[Row]) -> dict[str, np.ndarray]:
         """Right-padded model inputs (the pad id; positions of RoBERTa-style models skip pads)."""
@@ -199,10 +170,8 @@ class OpenVinoEngine:
             out["token_type_ids"] = types
         return out
 
-    def _infer(self, arrays: dict[str, np.ndarray], waiting: list[bool] | None = None) -> np.ndarray:
-        # The limiter admits at most `streams` callers, so a request is always free here.
-        if waiting is not None:
-            self._leave_queue(waiting)
+    def _infer(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        # The parity gate's scoring at start, one batch at a time, before the workers own the requests.
         request = self._requests.get_nowait()
         try:
             result = request.infer(arrays)
@@ -276,7 +245,6 @@ class OpenVinoEngine:
             "DYNAMIC_QUANTIZATION_GROUP_SIZE": dynamic_group,
         })
         self.streams = int(compiled.get_property("NUM_STREAMS"))
-        self._limiter.total_tokens = self.streams
         requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(self.streams):
             requests.put(compiled.create_infer_request())
