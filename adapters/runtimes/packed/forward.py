@@ -24,54 +24,27 @@ default "fused" mode concatenates each layer's q/k/v and gate/up weights (one GE
 modules keep views) and runs the same arithmetic as those modules, so it serves any
 Qwen3ForCausalLM checkpoint without biases, GQA included.
 
+The host side of a step (its layout in one buffer, staged for one copy) is ``step``; the
+kernels picked at start (silu·mul, q/k norm + RoPE, FP8 regions, the prefix-sharing check) are
+chosen by ``picks``. This module keeps the model: its weights, the forwards and their set-up.
+
 Imported only through ``adapters.registry`` (pulls in torch and transformers).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import itertools
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from adapters.runtimes.packed import fp8, kernels
+from adapters.runtimes.packed import fp8, kernels, picks
+from adapters.runtimes.packed.step import Group, HostStaging, Step, pack, unpack
+from adapters.runtimes.packed.step import gather_kv as _gather_kv  # the name tests/test_packed_prefix.py imports
 
 __all__ = ("Group", "PackedQwen3Replica", "load_backbone")
-
-# (shared prefix, tails): the prompts prefix + tail for each tail, scored in order.
-Group = tuple[Sequence[int], Sequence[Sequence[int]]]
-
-
-class _Step(NamedTuple):
-    """One packed step's layout on the device (built by ``_pack`` on the host, copied in one go)."""
-
-    cu_q: torch.Tensor  # int32 (sequences + 1): query tokens per sequence (prefixes and tails)
-    cu_k: torch.Tensor  # int32: key tokens per sequence (= cu_q without shared prefixes)
-    max_q: int
-    max_k: int  # also 1 + the step's largest position
-    kv: torch.Tensor | None  # int64 rows of k/v making each sequence's keys ([P; T_i]); None: k/v as they are
-    last: torch.Tensor  # int64 rows scored: the last token of each tail
-    lens_q: list[int] | None  # host lengths, for the per-sequence SDPA only
-    lens_k: list[int] | None
-
-
-def _gather_kv(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``k[rows], v[rows]``; when v follows k in each row of one buffer (vLLM's in-place q/k norm +
-    RoPE leaves them as views of the q/k/v projection) one gather copies both: one kernel, whole rows."""
-    n, heads, dim = k.shape
-    width = heads * dim
-    if (v.shape == k.shape and k.stride() == v.stride() and k.stride()[1:] == (dim, 1)
-            and k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
-            and v.data_ptr() == k.data_ptr() + width * k.element_size()):
-        kv = k.as_strided((n, 2 * width), (k.stride(0), 1)).index_select(0, rows)
-        return kv[:, :width].view(-1, heads, dim), kv[:, width:].view(-1, heads, dim)
-    return k.index_select(0, rows), v.index_select(0, rows)
-
 
 def load_backbone(path: str, revision: str | None, dtype: torch.dtype, rows: Sequence[int]) -> tuple[Any, torch.Tensor]:
     """The checkpoint's backbone (embeddings, layers, final norm) and the LM-head ``rows`` in fp32, on CPU."""
@@ -156,9 +129,7 @@ class PackedQwen3Replica:
         self._cos_sin: torch.Tensor | None = None
         self._layers = [_FusedLayer(layer) for layer in self.backbone.layers] if mode == "fused" else []
         self._eps = float(self.backbone.norm.variance_epsilon)
-        self._stage = [torch.empty(0, dtype=torch.long)] * 2  # pinned host buffers, alternated between steps
-        self._stage_done: list[Any] = [None, None]  # each one's last copy to the device
-        self._slot = 0
+        self._staging = HostStaging(device)  # the host buffers each step is packed into
         self.share_error: str | None = None  # why prefixes are not shared (set by warm_up's kernel check)
         self._regions = (kernels.rms, kernels.add_rms, kernels.qkv_rope, kernels.silu_mul)
         self._run: Callable[..., torch.Tensor] = self._forward if mode == "modules" else self._forward_fused
@@ -218,14 +189,10 @@ class PackedQwen3Replica:
     def pick_fp8_regions(self, choice: str = "auto") -> None:
         """Each quantizing region's kernel: the fastest on a 16k-token step's shapes that computes fp8.REFERENCE's result."""
         self._fp8_choice = choice
-        w, cuda = self._layers[0], self.device.type == "cuda"
-        inputs = fp8.region_inputs(16384 if cuda else 64, w.ln1.shape[0], w.f8[2].out_features // 2, w.f8[1].qt.shape[0],
-                                   w.ln2, self.device, self.backbone.norm.weight.dtype)
         if self._fp8_cands is None or self._fp8_cands[0] != self.compiled:  # compiled once, not per pick
-            self._fp8_cands = (self.compiled, fp8.candidates(self.compiled, cuda))
-        with torch.cuda.device(self.device) if cuda else contextlib.nullcontext():
-            self._fp8_regions, self.fp8_kernels = fp8.pick_regions(self._fp8_cands[1], inputs, self._eps,
-                                                                   kernels.median_ms if cuda else None, choice)
+            self._fp8_cands = (self.compiled, fp8.candidates(self.compiled, self.device.type == "cuda"))
+        self._fp8_regions, self.fp8_kernels = picks.pick_fp8_regions(self._fp8_cands[1], self._layers[0], self._eps, self.device,
+                                                                     self.backbone.norm.weight.dtype, choice)
         self.silu_kernel = f"silu·mul + fp8 quantization: {self.fp8_kernels['silu_mul']['kernel']}"
 
     def _compile(self) -> None:
@@ -292,25 +259,18 @@ class PackedQwen3Replica:
                 for stage in self.chain():
                     stage._qk_vllm, stage.qk_kernel = None, "torch"
 
-    @torch.inference_mode()
     def _check_sharing(self) -> None:
-        """Tails attend to [P; T_i]: a kernel whose causal mask is top-left there would hide the prefix."""
-        try:
-            with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
-                err = kernels.bottom_right_error(self._attend, self.device, self.backbone.embed_tokens.weight.dtype)
-        except Exception as exc:  # noqa: BLE001  # a kernel that refuses seqlen_q != seqlen_k
-            self.share_error = f"{self.attention_name}: {type(exc).__name__}: {exc}"[:300]
-            return
-        if not err < 2e-2:  # bf16: ~3e-3; a top-left mask: ~1
-            self.share_error = f"{self.attention_name}: not bottom-right aligned (relative error {err:.3g})"
+        """Tails attend to [P; T_i]: prefixes are shared only with a kernel that aligns causal masks bottom-right."""
+        err = picks.sharing_error(self._attend, self.attention_name, self.device, self.backbone.embed_tokens.weight.dtype)
+        if err is not None:
+            self.share_error = err
 
     @torch.inference_mode()
     def _pick_silu(self) -> None:
         """vLLM's CUDA kernels or the compiled regions, whichever is faster here, timed now (~20 ms).
 
-        silu(gate) * up: Inductor's kernel ran at ~1.5 TB/s on the H200, vLLM's ~3x faster
-        (docs/benchmarks/gpu-h200-2026-12-01-b). q/k norm + RoPE likewise. A kernel that does
-        not compute the same function (checked on random data first) is never used.
+        silu(gate) * up, and q/k norm + RoPE likewise (``picks``). A kernel that does not compute
+        the same function (checked on random data first) is never used.
         """
         if not self.vllm_ops or self.mode != "fused" or self.device.type != "cuda":
             return
@@ -322,39 +282,18 @@ class PackedQwen3Replica:
         with torch.cuda.device(self.device):
             x = torch.randn(16384, w.gate_up.shape[0], dtype=w.gate_up.dtype, device=self.device)
             if silu_op is not None:
-                try:
-                    if (silu_op(x[:64]).float() - kernels.silu_mul(x[:64]).float()).abs().max().item() < 0.05:
-                        current = self._regions[3]
-                        self.silu_timing_ms = {"compiled": kernels.median_ms(lambda: current(x)), "vllm": kernels.median_ms(lambda: silu_op(x))}
-                        if self.silu_timing_ms["vllm"] < self.silu_timing_ms["compiled"]:
-                            self._regions = (*self._regions[:3], silu_op)
-                            self.silu_kernel = "vLLM silu_and_mul"
-                except Exception as exc:  # noqa: BLE001  # keep the compiled region
-                    self.silu_timing_ms = {"error": f"{type(exc).__name__}: {exc}"[:200]}  # type: ignore[dict-item]
+                op, timing = picks.pick_silu_mul(silu_op, self._regions[3], x)
+                if timing is not None:
+                    self.silu_timing_ms = timing
+                if op is not None:
+                    self._regions = (*self._regions[:3], op)
+                    self.silu_kernel = "vLLM silu_and_mul"
             if qk_op is not None:
-                try:
-                    n = 16384
-                    qkv = torch.randn(n, w.qkv.shape[0], dtype=w.qkv.dtype, device=self.device)
-                    pos = torch.arange(n, device=self.device) % 300
-                    cos_sin = self._cos_sin_cache(300)
-                    cos, sin = self.backbone.rotary_emb(qkv[:, :dim], pos[None])
-                    cos, sin = cos[0, :, None, :], sin[0, :, None, :]
-                    region = self._regions[2]
-                    want = region(qkv, w.q_norm, w.k_norm, self._eps, cos, sin, w.heads, w.kv_heads, dim)
-                    got = qk_op(qkv.clone(), w.q_norm, w.k_norm, self._eps, pos, cos_sin, w.heads, w.kv_heads, dim)
-                    err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, want, strict=True))
-                    if err < 1e-2:
-                        self.qk_timing_ms = {
-                            "compiled": kernels.median_ms(lambda: region(qkv, w.q_norm, w.k_norm, self._eps, cos, sin, w.heads, w.kv_heads, dim)),
-                            "vllm": kernels.median_ms(lambda: qk_op(qkv, w.q_norm, w.k_norm, self._eps, pos, cos_sin, w.heads, w.kv_heads, dim)),
-                            "rel_err": err}
-                        if self.qk_timing_ms["vllm"] < self.qk_timing_ms["compiled"]:
-                            self._qk_vllm = qk_op
-                            self.qk_kernel = "vLLM fused_qk_norm_rope"
-                    else:
-                        self.qk_timing_ms = {"rel_err": err}
-                except Exception as exc:  # noqa: BLE001
-                    self.qk_timing_ms = {"error": f"{type(exc).__name__}: {exc}"[:200]}  # type: ignore[dict-item]
+                op, self.qk_timing_ms = picks.pick_qk_norm_rope(qk_op, self._regions[2], w, self._eps, dim,
+                                                                self.backbone.rotary_emb, self._cos_sin_cache, self.device)
+                if op is not None:
+                    self._qk_vllm = op
+                    self.qk_kernel = "vLLM fused_qk_norm_rope"
 
     def _cos_sin_cache(self, n: int) -> torch.Tensor:
         """vLLM's RoPE table layout: (positions, [cos | sin] of the rotary half), from the model's own rotary_emb."""
@@ -382,69 +321,8 @@ class PackedQwen3Replica:
         return self.mode == "fused" and self.share_error is None
 
     def _pack(self, groups: Sequence[Group]) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The step in one int64 host tensor (one copy to the device), in this order: token ids,
-        positions, cu_q, [cu_k], rows scored, [k/v gather index] -- the bracketed parts only when a
-        group has a prefix. Per-sequence lists in Python, per-token arrays in numpy (~10x faster
-        than building tensors from lists)."""
-        qlen: list[int] = []  # per sequence: query tokens,
-        pos0: list[int] = []  # position of its first token,
-        kpre: list[int] = []  # prefix keys before its own (0 for a prefix, len(P) for a tail),
-        pstart: list[int] = []  # first row of those prefix keys
-        last: list[int] = []
-        t = 0
-        for prefix, tails in groups:
-            p, ps = len(prefix), t
-            if p:
-                qlen.append(p), pos0.append(0), kpre.append(0), pstart.append(ps)
-                t += p
-            for tail in tails:
-                qlen.append(len(tail)), pos0.append(p), kpre.append(p), pstart.append(ps)
-                t += len(tail)
-                last.append(t - 1)
-        n_seq, n_last = len(qlen), len(last)
-        shared = any(kpre)
-        lens = np.array(qlen, dtype=np.int64)
-        qstart = np.cumsum(lens) - lens
-        klen = lens + np.array(kpre, dtype=np.int64) if shared else lens
-        n_kv = int(klen.sum()) if shared else 0
-        size = 2 * t + (n_seq + 1) * (2 if shared else 1) + n_last + n_kv
-        buf = self._host_buffer(size)
-        arr = buf.numpy()
-        arr[:t] = np.fromiter(itertools.chain.from_iterable(itertools.chain(pre, *tails) for pre, tails in groups),
-                              dtype=np.int64, count=t)
-        # positions: 0.. within a prefix, len(P).. within each of its tails
-        arr[t:2 * t] = np.arange(t) + np.repeat(np.array(pos0, dtype=np.int64) - qstart, lens)
-        o = 2 * t
-        arr[o] = 0
-        np.cumsum(lens, out=arr[o + 1:o + 1 + n_seq])
-        o += n_seq + 1
-        if shared:
-            arr[o] = 0
-            np.cumsum(klen, out=arr[o + 1:o + 1 + n_seq])
-            o += n_seq + 1
-        arr[o:o + n_last] = last
-        o += n_last
-        if shared:
-            # each sequence's keys: rows [pstart, pstart + kpre) then its own [qstart, qstart + qlen)
-            seg_start = np.stack((np.array(pstart, dtype=np.int64), qstart), axis=1).ravel()
-            seg_len = np.stack((np.array(kpre, dtype=np.int64), lens), axis=1).ravel()
-            arr[o:o + n_kv] = np.arange(n_kv) + np.repeat(seg_start - (np.cumsum(seg_len) - seg_len), seg_len)
-        meta = {"tokens": t, "sequences": n_seq, "scored": n_last, "kv": n_kv, "max_q": int(lens.max()),
-                "max_k": int(klen.max()), "lens_q": qlen, "lens_k": klen.tolist() if shared else qlen}
-        return buf[:size], meta
-
-    def _host_buffer(self, n: int) -> torch.Tensor:
-        """A staging buffer: pinned on CUDA (async copy), reused once its last copy has finished."""
-        if self.device.type != "cuda":
-            return torch.empty(n, dtype=torch.long)
-        # Two buffers: the pipelined scheduler fills step k+1's while step k's copy may be in flight.
-        self._slot ^= 1
-        done = self._stage_done[self._slot]
-        if done is not None:
-            done.synchronize()
-        if self._stage[self._slot].numel() < n:
-            self._stage[self._slot] = torch.empty(max(n, 1 << 18), dtype=torch.long, pin_memory=True)
-        return self._stage[self._slot]
+        """The step in one int64 host tensor (``step.pack``) and its layout."""
+        return pack(groups, self._staging)
 
     def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> tuple[torch.Tensor, int]:
         """Prepare the step on the host and queue its kernels; on CUDA this returns before they ran.
@@ -467,35 +345,23 @@ class PackedQwen3Replica:
         if dev.type != "cuda":
             return self._run_packed(host, meta), n
         with torch.cuda.device(dev):  # this worker thread launches on its own GPU
-            d = host.to(dev, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record()
-            self._stage_done[self._slot] = ev
-            return self._run_packed(d, meta), n
+            return self._run_packed(self._staging.to_device(host), meta), n
 
     def _run_packed(self, d: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
         """Split ``_pack``'s buffer (on the device) into the forward's inputs and run it."""
-        t, n_seq, n_last, n_kv = meta["tokens"], meta["sequences"], meta["scored"], meta["kv"]
-        n_cu = (n_seq + 1) * (2 if n_kv else 1)
-        cu = d[2 * t:2 * t + n_cu].to(torch.int32)  # one conversion for cu_q and cu_k
-        o = 2 * t + n_cu
-        per_seq = self._per_prompt
-        step = _Step(cu_q=cu[:n_seq + 1], cu_k=cu[n_seq + 1:] if n_kv else cu, max_q=meta["max_q"], max_k=meta["max_k"],
-                     kv=d[o + n_last:o + n_last + n_kv] if n_kv else None, last=d[o:o + n_last],
-                     lens_q=meta["lens_q"] if per_seq else None, lens_k=meta["lens_k"] if per_seq else None)
-        return self._run(d[:t], d[t:2 * t], step)
+        return self._run(*unpack(d, meta, self._per_prompt))
 
     def collect(self, handle: tuple[torch.Tensor, int]) -> list[float]:
         probs, n = handle
         return probs[:n].tolist()  # waits for the device
 
-    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: _Step) -> torch.Tensor:
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Step) -> torch.Tensor:
         """Varlen attention of the step; with shared prefixes each tail's keys are [P; T_i], gathered here."""
         if step.kv is not None:
             k, v = _gather_kv(k, v, step.kv)
         return self._attend(q, k, v, step.cu_q, step.cu_k, step.max_q, step.max_k, step.lens_q, step.lens_k)
 
-    def resume(self, h: torch.Tensor, positions: torch.Tensor, step: _Step) -> torch.Tensor:
+    def resume(self, h: torch.Tensor, positions: torch.Tensor, step: Step) -> torch.Tensor:
         """Run this stage's layers on the previous stage's residual stream ``h`` (a pipeline split)."""
         dev = self.device
 
@@ -514,7 +380,7 @@ class PackedQwen3Replica:
         with torch.cuda.device(dev):  # kernels that launch on the current device (Triton, FA3) land here
             return run(None, positions, step, h)
 
-    def _forward_fused(self, ids: torch.Tensor | None, positions: torch.Tensor, step: _Step,
+    def _forward_fused(self, ids: torch.Tensor | None, positions: torch.Tensor, step: Step,
                        h: torch.Tensor | None = None) -> torch.Tensor:
         rms, add_rms, qkv_rope, silu_mul = self._regions
         bb, eps = self.backbone, self._eps
@@ -549,7 +415,7 @@ class PackedQwen3Replica:
         logits = x.float() @ self.head.T  # (prompts, 2): [no, yes]
         return torch.softmax(logits, dim=-1)[:, 1]
 
-    def _forward_fp8(self, ids: torch.Tensor | None, positions: torch.Tensor, step: _Step,
+    def _forward_fp8(self, ids: torch.Tensor | None, positions: torch.Tensor, step: Step,
                      h: torch.Tensor | None = None) -> torch.Tensor:
         """``_forward_fused`` with the four GEMMs of each layer in FP8; their inputs are quantized
         by the region that produces them (the attention output by a small one of its own)."""
@@ -590,7 +456,7 @@ class PackedQwen3Replica:
         logits = x.float() @ self.head.T
         return torch.softmax(logits, dim=-1)[:, 1]
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, step: _Step) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, step: Step) -> torch.Tensor:
         bb = self.backbone
         n_tokens = ids.shape[0]
         h = bb.embed_tokens(ids)
