@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from adapters.runtimes.packed import kernels
+from adapters.runtimes.packed.step import HostStaging
 
 __all__ = ("PackedEncoderReplica", "load_cross_encoder", "position_offset")
 
@@ -114,9 +115,7 @@ class PackedEncoderReplica:
         # Every layer's activation is the config's hidden_act (gelu): one module serves them all.
         self._act_fn: Callable[[torch.Tensor], torch.Tensor] = self._layers[0].act
         self._regions: tuple[Callable[..., torch.Tensor], ...] = (add_ln, self._act_fn)
-        self._stage = [torch.empty(0, dtype=torch.long)] * 2
-        self._stage_done: list[Any] = [None, None]
-        self._slot = 0
+        self._staging = HostStaging(device)  # pinned on CUDA; two alternate so step k+1 is filled while step k's copy may run
         self._arange = torch.arange(0)
         if compile:
             self._compile()
@@ -156,7 +155,7 @@ class PackedEncoderReplica:
         total, n = sum(lens), len(lens)
         if self._arange.numel() < max(lens):
             self._arange = torch.arange(max(max(lens), 4096), dtype=torch.long)
-        buf = self._host_buffer(3 * total + n + 1)
+        buf = self._staging.buffer(3 * total + n + 1)
         arr = buf.numpy()
         arr[:total] = np.fromiter(itertools.chain.from_iterable(prompts), dtype=np.int64, count=total)
         ar = self._arange.numpy()
@@ -171,18 +170,6 @@ class PackedEncoderReplica:
         arr[3 * total] = 0
         np.cumsum(lens, out=arr[3 * total + 1:3 * total + 1 + n])
         return buf[:3 * total + n + 1], lens
-
-    def _host_buffer(self, n: int) -> torch.Tensor:
-        """Pinned on CUDA (async copy); two alternate so step k+1 is filled while step k's copy may run."""
-        if self.device.type != "cuda":
-            return torch.empty(n, dtype=torch.long)
-        self._slot ^= 1
-        done = self._stage_done[self._slot]
-        if done is not None:
-            done.synchronize()
-        if self._stage[self._slot].numel() < n:
-            self._stage[self._slot] = torch.empty(max(n, 1 << 18), dtype=torch.long, pin_memory=True)
-        return self._stage[self._slot]
 
     @torch.inference_mode()
     def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> tuple[torch.Tensor, int]:
@@ -199,10 +186,7 @@ class PackedEncoderReplica:
             return self._forward(host[:total], host[total:2 * total], host[2 * total:3 * total],
                                  host[3 * total:], max(lens), per_seq), n
         with torch.cuda.device(self.device):
-            d = host.to(self.device, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record()
-            self._stage_done[self._slot] = ev
+            d = self._staging.to_device(host)
             return self._forward(d[:total], d[total:2 * total], d[2 * total:3 * total], d[3 * total:], max(lens), per_seq), n
 
     def collect(self, handle: tuple[torch.Tensor, int]) -> list[list[float]]:

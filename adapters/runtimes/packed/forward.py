@@ -24,9 +24,10 @@ default "fused" mode concatenates each layer's q/k/v and gate/up weights (one GE
 modules keep views) and runs the same arithmetic as those modules, so it serves any
 Qwen3ForCausalLM checkpoint without biases, GQA included.
 
-The host side of a step (its layout in one buffer, staged for one copy) is ``step``; the
-kernels picked at start (silu·mul, q/k norm + RoPE, FP8 regions, the prefix-sharing check) are
-chosen by ``picks``. This module keeps the model: its weights, the forwards and their set-up.
+The checkpoint's loading and its fused / FP8 weight layout are ``weights``; the host side of a
+step (its layout in one buffer, staged for one copy) is ``step``; the kernels picked at start
+(silu·mul, q/k norm + RoPE, FP8 regions, the prefix-sharing check) are chosen by ``picks``. This
+module keeps the model's arithmetic: the forwards and their set-up on one device.
 
 Imported only through ``adapters.registry`` (pulls in torch and transformers).
 """
@@ -43,56 +44,9 @@ import torch.nn.functional as F
 from adapters.runtimes.packed import fp8, kernels, picks
 from adapters.runtimes.packed.step import Group, HostStaging, Step, pack, unpack
 from adapters.runtimes.packed.step import gather_kv as _gather_kv  # the name tests/test_packed_prefix.py imports
+from adapters.runtimes.packed.weights import FusedLayer, load_backbone
 
 __all__ = ("Group", "PackedQwen3Replica", "load_backbone")
-
-def load_backbone(path: str, revision: str | None, dtype: torch.dtype, rows: Sequence[int]) -> tuple[Any, torch.Tensor]:
-    """The checkpoint's backbone (embeddings, layers, final norm) and the LM-head ``rows`` in fp32, on CPU."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, revision=revision, dtype=dtype)
-    model.eval()
-    head = model.get_output_embeddings().weight[list(rows)].detach().to(torch.float32).clone()
-    backbone = getattr(model, model.base_model_prefix)
-    for p in backbone.parameters():
-        p.requires_grad_(False)
-    return backbone, head
-
-
-class _FusedLayer:
-    """One decoder layer's weights with q/k/v and gate/up each concatenated into one GEMM (as vLLM does)."""
-
-    __slots__ = ("down", "f8", "gate_up", "heads", "k_norm", "kv_heads", "ln1", "ln2", "o", "q_norm", "qkv")
-
-    def __init__(self, layer: Any) -> None:
-        a, m = layer.self_attn, layer.mlp
-        self.qkv = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)).contiguous()
-        self.gate_up = torch.cat((m.gate_proj.weight, m.up_proj.weight)).contiguous()
-        self.o, self.down = a.o_proj.weight, m.down_proj.weight
-        self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-        self.q_norm, self.k_norm = a.q_norm.weight, a.k_norm.weight
-        # The modules keep views of the fused weights: no second copy in memory.
-        rows = 0
-        for lin in (a.q_proj, a.k_proj, a.v_proj):
-            lin.weight = torch.nn.Parameter(self.qkv[rows:rows + lin.weight.shape[0]], requires_grad=False)
-            rows += lin.weight.shape[0]
-        half = m.gate_proj.weight.shape[0]
-        m.gate_proj.weight = torch.nn.Parameter(self.gate_up[:half], requires_grad=False)
-        m.up_proj.weight = torch.nn.Parameter(self.gate_up[half:], requires_grad=False)
-        self.heads = a.q_proj.weight.shape[0] // a.head_dim
-        self.kv_heads = a.k_proj.weight.shape[0] // a.head_dim
-        # Biases would need adding to the fused GEMMs; Qwen3 has none (attention_bias=False).
-        if any(p.bias is not None for p in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)):
-            raise ValueError("fused projections: this checkpoint's projections have biases")
-        self.f8: tuple[fp8.Fp8Weight, ...] = ()  # (qkv, o, gate_up, down) once quantized
-
-    def quantize(self, layer: Any, quantize: Callable[[torch.Tensor], fp8.Fp8Weight]) -> None:
-        """FP8 copies of the four GEMMs' weights; the bf16 ones are freed (shapes kept for the kernel checks)."""
-        self.f8 = tuple(quantize(t) for t in (self.qkv, self.o, self.gate_up, self.down))
-        a, m = layer.self_attn, layer.mlp
-        for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
-            lin.weight = torch.nn.Parameter(lin.weight.new_empty(lin.weight.shape[0], 0), requires_grad=False)
-        self.qkv, self.o, self.gate_up, self.down = (t.new_empty(t.shape[0], 0) for t in (self.qkv, self.o, self.gate_up, self.down))
 
 
 class PackedQwen3Replica:
@@ -127,7 +81,7 @@ class PackedQwen3Replica:
         self.qk_timing_ms: dict[str, float] = {}
         self._qk_vllm: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self._cos_sin: torch.Tensor | None = None
-        self._layers = [_FusedLayer(layer) for layer in self.backbone.layers] if mode == "fused" else []
+        self._layers = [FusedLayer(layer) for layer in self.backbone.layers] if mode == "fused" else []
         self._eps = float(self.backbone.norm.variance_epsilon)
         self._staging = HostStaging(device)  # the host buffers each step is packed into
         self.share_error: str | None = None  # why prefixes are not shared (set by warm_up's kernel check)
