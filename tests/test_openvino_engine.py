@@ -184,6 +184,20 @@ def test_compare_rankings_counts_swaps_within_the_tie_as_kept():
     assert report.kept == 0 and report.mean_shared == 9
 
 
+def test_gate_counts_a_document_that_sinks_through_a_run_of_near_ties_as_changed():
+    """A top document that falls out of the top-10 is a change, even when every position's
+    neighbours are near-ties (a run of scores 6e-4 apart): only swaps of two documents whose fp32
+    scores differ by < tie are set aside, not a chain of them (the first rule compared positions)."""
+    ref = [1.0 - 6e-4 * i for i in range(12)]
+    sunk = list(ref)
+    sunk[0] = 0.0  # the fp32 first document drops to last; everyone else moves up one place
+    assert not keeps_top_k(ref, sunk, tie=1e-3)
+    assert compare_rankings([ref], [sunk], tie=1e-3).kept == 0
+    neighbours = list(ref)
+    neighbours[0], neighbours[1] = ref[1], ref[0]  # one swap of a near-tied pair: kept
+    assert keeps_top_k(ref, neighbours, tie=1e-3)
+
+
 # -- export cache -------------------------------------------------------------------------------
 async def test_export_cache_is_reused_and_a_corrupted_entry_rebuilt(dirs, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
