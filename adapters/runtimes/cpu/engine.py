@@ -193,15 +193,33 @@ class OpenVinoEngine:
         return [to_score(v) for v in values]
 
     def _infer_all(self, rows: list[Row], requests: queue.SimpleQueue[Any] | None = None) -> np.ndarray:
-        """(len(rows), k) outputs, one batch after another in this thread."""
+        """(len(rows), k) outputs from this thread: the batches run side by side on the free
+        infer requests of ``requests`` (default: the serving model's), started asynchronously,
+        so a few rows re-scored in fp32 still use every stream's cores."""
         cfg = self._config
+        pool = self._requests if requests is None else requests
         batches = bucket_batches([len(r.ids) for r in rows], batch_tokens=cfg.batch_tokens,
-                                 max_batch_size=cfg.max_batch_size, parts=1)
-        out = np.empty((len(rows), 0), dtype=np.float32)
-        for batch in batches:
-            res = self._infer(self._arrays([rows[i] for i in batch]), requests=requests)
-            if out.shape[1] == 0:
-                out = np.empty((len(rows), res.shape[1]), dtype=np.float32)
+                                 max_batch_size=cfg.max_batch_size, parts=self.streams)
+        held = [pool.get()]  # waits only while another caller holds every request
+        try:
+            while len(held) < len(batches):
+                try:
+                    held.append(pool.get_nowait())
+                except queue.Empty:
+                    break
+            results: list[np.ndarray] = []
+            for start in range(0, len(batches), len(held)):
+                wave = list(zip(held, batches[start : start + len(held)], strict=False))
+                for request, batch in wave:
+                    request.start_async(self._arrays([rows[i] for i in batch]))
+                for request, _ in wave:
+                    request.wait()
+                    results.append(np.array(request.get_output_tensor(0).data, dtype=np.float32, copy=True))
+        finally:
+            for request in held:
+                pool.put(request)
+        out = np.empty((len(rows), results[0].shape[1] if results else 1), dtype=np.float32)
+        for batch, res in zip(batches, results, strict=True):
             out[batch] = res
         return out
 
@@ -259,18 +277,16 @@ class OpenVinoEngine:
             out["token_type_ids"] = types
         return out
 
-    def _infer(self, arrays: dict[str, np.ndarray], waiting: list[bool] | None = None,
-               requests: queue.SimpleQueue[Any] | None = None) -> np.ndarray:
+    def _infer(self, arrays: dict[str, np.ndarray], waiting: list[bool] | None = None) -> np.ndarray:
         # The limiter admits at most `streams` callers, so a request is always free here.
         if waiting is not None:
             self._leave_queue(waiting)
-        pool = self._requests if requests is None else requests  # fp32's, when refining
-        request = pool.get_nowait()
+        request = self._requests.get_nowait()
         try:
             result = request.infer(arrays)
             return np.array(result[0], dtype=np.float32, copy=True)  # the request's buffer is reused
         finally:
-            pool.put(request)
+            self._requests.put(request)
 
     # -- start (worker thread) ----------------------------------------------------------------
     def _load(self) -> None:
