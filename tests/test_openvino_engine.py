@@ -182,19 +182,21 @@ def _st_logits(path: Path, query: str, docs: list[str]) -> list[float]:
     return [float(s) for s in model.predict([(query, d) for d in docs], activation_fn=torch.nn.Identity())]
 
 
+# 8 golden queries x 12 documents (+ 4 calibration queries): the 99 % rule then needs all 8.
+SMALL_GATE = {"parity_queries": 8, "parity_documents": 12}
 RERANK_QUERY = "bake bread oven dough"
 RERANK_DOCS = [*SENTENCES, *DOCS, *(f"{s} Bake the bread dough in the oven." for s in SENTENCES[:6])]
 
 
-@pytest.mark.slow  # real MiniLM weights; two starts, each a 12 x 20 golden set and 4 x 20 calibration
+@pytest.mark.slow  # real MiniLM weights; two starts, each an 8 x 12 golden set and 4 x 12 calibration
 async def test_gate_refuses_bf16_alone_on_a_spread_reranker_and_admits_it_refined(dirs, reranker):
     """bf16 moves a trained reranker's logits by a fraction of the gap between some top-10
     neighbours: alone it is refused. With refine_top the top-10 order is fp32's (the gate admits
     it), and each score is within the error bound the engine measured of sentence-transformers'."""
-    with pytest.raises(EngineConfigError, match=r"precision 'bf16' keeps the fp32 top-10 order of \d+ of 12"):
-        await _engine(reranker, dirs["cache"], precision="bf16")
-    engine = await _engine(reranker, dirs["cache"], precision="bf16", refine_top=10)
-    assert engine.parity is not None and engine.parity["kept"] == 12
+    with pytest.raises(EngineConfigError, match=r"precision 'bf16' keeps the fp32 top-10 order of \d+ of 8"):
+        await _engine(reranker, dirs["cache"], precision="bf16", **SMALL_GATE)
+    engine = await _engine(reranker, dirs["cache"], precision="bf16", refine_top=10, **SMALL_GATE)
+    assert engine.parity is not None and engine.parity["kept"] == SMALL_GATE["parity_queries"]
     assert 0 < engine.parity["refined_share"] < 0.6  # fp32 re-scored some documents, not all
     got = (await engine.score(_job(engine, RERANK_QUERY, RERANK_DOCS, raw=True))).scores
     want = _st_logits(reranker, RERANK_QUERY, RERANK_DOCS)
@@ -210,13 +212,13 @@ async def test_int8_refined_keeps_the_order_and_a_bound_too_small_is_refused(dir
     """int8 refined passes like bf16 (more re-scoring: its error is larger); with no margin
     (refine_margin = 0: nothing but exact ties re-scored) the same mode no longer keeps the order,
     and the gate refuses it, saying so."""
-    engine = await _engine(reranker, dirs["cache"], precision="int8", refine_top=10)
-    assert engine.parity is not None and engine.parity["kept"] == 12
+    engine = await _engine(reranker, dirs["cache"], precision="int8", refine_top=10, **SMALL_GATE)
+    assert engine.parity is not None and engine.parity["kept"] == SMALL_GATE["parity_queries"]
     got = (await engine.score(_job(engine, RERANK_QUERY, RERANK_DOCS))).scores
     want = [1 / (1 + math.exp(-x)) for x in _st_logits(reranker, RERANK_QUERY, RERANK_DOCS)]
     assert keeps_top_k(want, got, tie=1e-3)
     with pytest.raises(EngineConfigError, match=r"'int8, fp32 refining its top-10' keeps the fp32 top-10 order of"):
-        await _engine(reranker, dirs["cache"], precision="int8", refine_top=10, refine_margin=0.0)
+        await _engine(reranker, dirs["cache"], precision="int8", refine_top=10, refine_margin=0.0, **SMALL_GATE)
 
 
 def test_uncertain_picks_the_close_neighbours_of_the_top_only():
