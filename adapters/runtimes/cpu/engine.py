@@ -17,27 +17,44 @@ Imported only through ``adapters.registry``: importing it pulls in OpenVINO and 
 
 from __future__ import annotations
 
+import asyncio
+import math
 import os
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import asyncio
-
 import anyio.to_thread
+import msgspec
 import numpy as np
 import openvino as ov
 import structlog
 
-from adapters.base import EngineConfigError, EngineObserver, EngineUnavailableError, PromptTokenizer, ScoreJob, ScoreResult
+from adapters.base import (
+    EngineConfigError,
+    EngineObserver,
+    EngineUnavailableError,
+    PromptTokenizer,
+    ScoreJob,
+    ScoreResult,
+)
 from adapters.families import create_family
 from adapters.families.base import Row
+from adapters.families.cross_encoder import CrossEncoderFamily
 from adapters.families.encoder import EncoderFamily
 from adapters.runtimes.cpu.batcher import RowBatcher, bucket_batches
-from adapters.runtimes.cpu.export import ModelCache, cache_key, checkpoint_digest, checkpoint_dir, default_cache_dir, export_family
+from adapters.runtimes.cpu.export import (
+    ModelCache,
+    cache_key,
+    checkpoint_digest,
+    checkpoint_dir,
+    default_cache_dir,
+    export_family,
+)
 from adapters.runtimes.cpu.parity import GoldenQuery, compare_rankings, generate_golden_set, read_golden_set
+from adapters.runtimes.cpu.refine import uncertain
 from schemas.config import OpenVinoEngineConfig
 
 __all__ = ("OpenVinoEngine", "bucket_batches")
@@ -80,6 +97,11 @@ class OpenVinoEngine:
         self._info: dict[str, str] = {}
         self.parity: dict[str, Any] | None = None  # the gate's measurement (reduced precisions)
         self.cache_hit: bool | None = None  # whether the fp32 export came from the cache
+        # Refinement (refine_top > 0): the fp32 model's infer requests and the error bound.
+        self._exact: queue.SimpleQueue[Any] | None = None
+        self._exact_model: Any = None
+        self._delta = 0.0
+        self._refined = [0, 0]  # items re-scored in fp32, items scored
         self.observer: EngineObserver | None = None
         self._batcher: RowBatcher | None = None
 
@@ -96,6 +118,9 @@ class OpenVinoEngine:
         out = {"runtime": self.runtime, "device": "cpu", "precision": self._config.precision, **self._info}
         if self.parity is not None:  # the gate's measurement, for /ready and the benchmarks
             out["parity_kept"] = f"{self.parity['kept']}/{self.parity['queries']}"
+        if self._exact is not None:
+            out["refine_top"] = str(self._config.refine_top)
+            out["refined_share"] = f"{self._refined[0] / max(self._refined[1], 1):.3f}"
         if self._family is not None:
             out["family"] = self._family.name
             out["family_reason"] = self._family.detection.reason
@@ -121,7 +146,7 @@ class OpenVinoEngine:
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
             await anyio.to_thread.run_sync(batcher.stop)
-        self._compiled = None
+        self._compiled = self._exact_model = self._exact = None
         self._requests = queue.SimpleQueue()
 
     async def check_health(self) -> None:
@@ -140,7 +165,75 @@ class OpenVinoEngine:
             # Timeout or client gone: the rows no batch has taken are dropped.
             batcher.cancel(pending)
             raise
-        return ScoreResult(scores=family.scores(job, outputs), input_tokens=sum(len(r.ids) for r in rows))
+        if self._exact is not None:
+            # The fp32 re-scoring runs on the fp32 model's own infer requests, beside the batcher's.
+            scores = await anyio.to_thread.run_sync(self._refine, job, outputs)
+        else:
+            scores = family.scores(job, outputs)
+        return ScoreResult(scores=scores, input_tokens=sum(len(r.ids) for r in rows))
+
+    def _space(self, job: ScoreJob) -> tuple[ScoreJob, Callable[[float], float]]:
+        """The job whose scores refinement orders, and the map from them to ``job``'s scores.
+
+        The model's raw outputs (a logit, a cosine) where the score is a monotone function of
+        them: a reduced precision's error is about even over their range, while a sigmoid
+        squeezes it into the middle (one bound over sigmoid scores is loose at both ends)."""
+        family = self._family
+        if job.raw_scores:
+            return job, _same
+        if isinstance(family, CrossEncoderFamily):
+            if family.num_labels > 1 and family.activation == "softmax":
+                return job, _same  # several logits make the score: order the scores themselves
+            return msgspec.structs.replace(job, raw_scores=True), _sigmoid
+        return msgspec.structs.replace(job, raw_scores=True), _half_cosine
+
+    def _refine(self, job: ScoreJob, outputs: np.ndarray) -> list[float]:
+        """``job``'s scores, the items the reduced precision cannot order re-scored in fp32 (refine.py)."""
+        assert self._family is not None and self._exact is not None
+        space, to_score = self._space(job)
+        values = self._family.scores(space, outputs)
+        tie = self._config.parity_tie
+        pick = uncertain(values, delta=self._delta, top=self._config.refine_top,
+                         tied=lambda lo, hi: to_score(hi) - to_score(lo) < tie)
+        self._refined[0] += len(pick)
+        self._refined[1] += len(values)
+        if pick:
+            sub = msgspec.structs.replace(space, item_ids=[job.item_ids[i] for i in pick], top_n=None)
+            exact = self._family.scores(sub, self._infer_all(self._family.rows(sub), self._exact))
+            for i, value in zip(pick, exact, strict=True):
+                values[i] = value
+        return [to_score(v) for v in values]
+
+    def _infer_all(self, rows: list[Row], requests: queue.SimpleQueue[Any] | None = None) -> np.ndarray:
+        """(len(rows), k) outputs from this thread: the batches run side by side on the free
+        infer requests of ``requests`` (default: the serving model's), started asynchronously,
+        so a few rows re-scored in fp32 still use every stream's cores."""
+        cfg = self._config
+        pool = self._requests if requests is None else requests
+        batches = bucket_batches([len(r.ids) for r in rows], batch_tokens=cfg.batch_tokens,
+                                 max_batch_size=cfg.max_batch_size, parts=self.streams)
+        held = [pool.get()]  # waits only while another caller holds every request
+        try:
+            while len(held) < len(batches):
+                try:
+                    held.append(pool.get_nowait())
+                except queue.Empty:
+                    break
+            results: list[np.ndarray] = []
+            for start in range(0, len(batches), len(held)):
+                wave = list(zip(held, batches[start : start + len(held)], strict=False))
+                for request, batch in wave:
+                    request.start_async(self._arrays([rows[i] for i in batch]))
+                for request, _ in wave:
+                    request.wait()
+                    results.append(np.array(request.get_output_tensor(0).data, dtype=np.float32, copy=True))
+        finally:
+            for request in held:
+                pool.put(request)
+        out = np.empty((len(rows), results[0].shape[1] if results else 1), dtype=np.float32)
+        for batch, res in zip(batches, results, strict=True):
+            out[batch] = res
+        return out
 
     def _runner(self, request: Any) -> Any:
         """A worker's batch function: its own infer request, right-padded arrays in, outputs out."""
@@ -212,6 +305,13 @@ class OpenVinoEngine:
         )
         self._use(core, fp32, "f32")
         reference = self._score_golden(golden)
+        if cfg.refine_top:
+            # Calibration queries of their own (another seed): the bound is then checked by the
+            # gate on golden queries it was not measured on.
+            calibration = generate_golden_set(family.tokenizer.vocab, queries=max(4, cfg.parity_queries // 4),
+                                              documents=cfg.parity_documents, seed=21)
+            calibration_fp32 = self._score_golden(calibration, space=True)
+            exact = (self._compiled, self._requests)  # the requests keep their compiled model's reference
         if cfg.precision == "bf16":
             self._use(core, fp32, "bf16")
         else:
@@ -219,15 +319,25 @@ class OpenVinoEngine:
             with _EXPORT_LOCK:
                 int8, _ = cache.get_or_build(key, core, lambda: _compress_int8(fp32), info)
             self._use(core, int8, "f32", dynamic_group=_INT8_GROUP)
+        if cfg.refine_top:
+            change = max(abs(a - b) for ref, red in zip(calibration_fp32, self._score_golden(calibration, space=True),
+                                                        strict=True) for a, b in zip(ref, red, strict=True))
+            self._delta = cfg.refine_margin * change
+            self._exact_model, self._exact = exact
         reduced = self._score_golden(golden)
         report = compare_rankings(reference, reduced, tie=cfg.parity_tie)
         self.parity = {"queries": report.queries, "kept": report.kept, "agreement": report.agreement,
                        "mean_shared": report.mean_shared, "max_delta": report.max_delta}
+        mode = cfg.precision
+        if self._exact is not None:
+            self.parity["refined_share"] = self._refined[0] / max(self._refined[1], 1)
+            self.parity["refine_delta"] = self._delta
+            mode = f"{cfg.precision}, fp32 refining its top-{cfg.refine_top}"
         log.info("parity_gate", model=cfg.name, precision=cfg.precision, **self.parity)
         if report.agreement < cfg.parity_min_agreement:
-            self._compiled = None
+            self._compiled = self._exact_model = self._exact = None
             raise EngineConfigError(
-                f"model {cfg.name!r}: {report.line(cfg.precision)}, below parity_min_agreement "
+                f"model {cfg.name!r}: {report.line(mode)}, below parity_min_agreement "
                 f"{cfg.parity_min_agreement:.0%}; refused, use precision = \"fp32\""
             )
 
@@ -268,22 +378,34 @@ class OpenVinoEngine:
             out.append((job, self._family.rows(job)))
         return out
 
-    def _score_golden(self, golden: list[GoldenQuery]) -> list[list[float]]:
+    def _score_golden(self, golden: list[GoldenQuery], *, space: bool = False) -> list[list[float]]:
+        """Each golden query's scores, as a request gets them (refined when refining); with
+        ``space``, the values refinement orders (see _space), unrefined."""
         assert self._family is not None
-        cfg = self._config
         scores = []
         for job, rows in self._golden_rows(golden):
-            batches = bucket_batches([len(r.ids) for r in rows], batch_tokens=cfg.batch_tokens,
-                                     max_batch_size=cfg.max_batch_size, parts=1)
-            out = np.empty((len(rows), 0), dtype=np.float32)
-            for batch in batches:
-                res = self._infer(self._arrays([rows[i] for i in batch]))
-                if out.shape[1] == 0:
-                    out = np.empty((len(rows), res.shape[1]), dtype=np.float32)
-                out[batch] = res
-            scores.append(self._family.scores(job, out))
+            outputs = self._infer_all(rows)
+            if space:
+                scores.append(self._family.scores(self._space(job)[0], outputs))
+            elif self._exact is not None:
+                scores.append(self._refine(job, outputs))
+            else:
+                scores.append(self._family.scores(job, outputs))
         return scores
 
+
+
+def _same(x: float) -> float:
+    return x
+
+
+def _sigmoid(x: float) -> float:
+    # The cross-encoder's activation (as torch.sigmoid computes it, in float32 there).
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def _half_cosine(x: float) -> float:
+    return (1.0 + x) / 2.0  # the bi-encoder's score of a cosine
 
 
 def _type_name(value: Any) -> str:

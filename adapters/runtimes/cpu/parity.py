@@ -3,8 +3,9 @@
 At start the engine scores a golden set (queries x documents) in fp32 and in the reduced
 precision, through the same tokenization and score rule requests take. A query keeps its
 ranking when the reduced precision's top-10 holds the same documents in the same order as
-fp32's, where a document may stand in for another whose fp32 score is within ``tie`` of it (two
-documents the model itself cannot tell apart may swap). The precision is admitted when at least
+fp32's, swaps of two documents whose fp32 scores differ by less than ``tie`` aside (documents
+the model itself cannot tell apart): every pair the two orders rank differently, one of them in
+either top-10, must be such a pair. The precision is admitted when at least
 ``min_agreement`` of the queries keep it; otherwise the model refuses to start with one line
 saying what was measured.
 
@@ -115,8 +116,20 @@ def _order(scores: Sequence[float]) -> list[int]:
 
 
 def keeps_top_k(reference: Sequence[float], reduced: Sequence[float], *, tie: float, k: int = TOP_K) -> bool:
+    """Whether ``reduced`` ranks the top-``k`` as ``reference`` does: every pair of documents that
+    the two orders put differently, one of them in either top-``k``, is a pair whose reference
+    scores differ by less than ``tie``. Pairs, not positions: comparing the documents at each
+    position would let a document sink through a run of near-ties (each neighbour within ``tie``
+    of the next) out of the top-``k``."""
     ref, red = _order(reference), _order(reduced)
-    return all(a == b or abs(reference[a] - reference[b]) < tie for a, b in zip(ref[:k], red[:k]))
+    ref_rank = {d: i for i, d in enumerate(ref)}
+    red_rank = {d: i for i, d in enumerate(red)}
+    for x in set(ref[:k]) | set(red[:k]):
+        for y in ref:
+            moved = (ref_rank[x] < ref_rank[y]) != (red_rank[x] < red_rank[y])
+            if moved and abs(reference[x] - reference[y]) >= tie:
+                return False
+    return True
 
 
 def compare_rankings(
