@@ -515,6 +515,12 @@ class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
     # start on calibration queries (not the golden ones the gate then checks).
     refine_margin: Annotated[float, msgspec.Meta(ge=0)] = 1.5
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.refine_top and self.precision == "fp32":
+            raise ValueError("refine_top re-scores a reduced precision's uncertain documents in fp32; with "
+                             "precision = 'fp32' every score already is: set precision = 'bf16' or 'int8', or drop refine_top")
+
 
 class VllmEngineConfig(LocalModelConfig):
     """A local model on vLLM's async engine; ``max_length`` is also vLLM's ``max_model_len``."""

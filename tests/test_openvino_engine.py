@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 pytest.importorskip("openvino")
@@ -24,7 +25,7 @@ from adapters.base import EngineConfigError, ScoreJob  # noqa: E402
 from adapters.runtimes.cpu import engine as ov_engine  # noqa: E402
 from adapters.runtimes.cpu.engine import OpenVinoEngine, bucket_batches  # noqa: E402
 from adapters.runtimes.cpu.parity import compare_rankings, keeps_top_k  # noqa: E402
-from schemas.config import OpenVinoEngineConfig  # noqa: E402
+from schemas.config import OpenVinoEngineConfig, Settings  # noqa: E402
 from tests.corpus import DOCS as _DOCS, Q  # noqa: E402
 from tests.real_minilm import build_minilm_reranker, minilm_dir  # noqa: E402
 from tests.tiny_encoders import build_tiny_bi_encoder, build_tiny_cross_encoder  # noqa: E402
@@ -365,3 +366,12 @@ def test_golden_set_from_a_small_subword_vocabulary():
     golden = generate_golden_set(vocab, queries=3, documents=12)
     assert len(golden) == 3 and all(len(g.documents) == 12 and g.query for g in golden)
     assert golden == generate_golden_set(vocab, queries=3, documents=12)
+
+
+def test_refine_top_with_fp32_is_refused_in_one_line():
+    """fp32 has nothing to refine: the key would be silently ignored."""
+    with pytest.raises(msgspec.ValidationError, match=r"refine_top re-scores .* precision = 'fp32'.*models\[0\]") as info:
+        msgspec.convert({"models": [{"name": "m", "engine": "openvino", "path": "/m", "refine_top": 10}]}, Settings)
+    assert "\n" not in str(info.value)
+    msgspec.convert({"models": [{"name": "m", "engine": "openvino", "path": "/m", "precision": "bf16", "refine_top": 10}]},
+                    Settings)
