@@ -206,6 +206,28 @@ def test_default_engine_on_a_gpu_is_packed_where_it_runs(monkeypatch, dirs):
     assert engine_for(dirs["xlmr"]) == "vllm-score"
 
 
+def test_default_engine_reads_a_hub_id_from_the_local_cache(monkeypatch, dirs, tmp_path):
+    """A DeBERTa cross-encoder named by hub id and already in the HF cache is not given packed
+    (it would be refused at start); one not in the cache keeps packed (no network at config time)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(settings_module, "_engine_registered", lambda kind: True)
+    monkeypatch.setattr(settings_module.importlib.util, "find_spec", lambda name: object() if name == "transformers" else None)
+    monkeypatch.setattr(settings_module, "cuda_present", lambda: True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--org--deberta-reranker"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text((dirs["deberta"] / "config.json").read_text())
+
+    def engine_for(path: str) -> str:
+        return str(load_settings(environ={"RERANK_MODELS__0__PATH": path}).models[0].__struct_config__.tag)
+
+    assert engine_for("org/deberta-reranker") == "transformers"
+    assert engine_for("org/not-downloaded") == "packed"
+
+
 def test_bi_encoder_on_packed_names_the_runtimes():
     with pytest.raises(ValueError, match="packed runs Qwen3 rerankers and cross-encoders"):
         PackedEngineConfig(name="x", family="bi-encoder")

@@ -15,7 +15,7 @@ from typing import Any
 
 from adapters.base import EngineConfigError
 
-__all__ = ("CheckpointMismatchError", "check_window", "is_hub_id", "local_checkpoint_config", "missing_local_path")
+__all__ = ("CheckpointMismatchError", "cached_hub_config", "check_window", "is_hub_id", "local_checkpoint_config", "missing_local_path")
 
 # A Hugging Face repo id: "name" or "namespace/name", letters, digits, '-', '_', '.', at most 96
 # characters a part (huggingface_hub's validate_repo_id, minus its rarer rules).
@@ -31,6 +31,29 @@ def local_checkpoint_config(path: str) -> dict[str, Any] | None:
     file = Path(path) / "config.json"
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def cached_hub_config(repo: str, revision: str | None = None) -> dict[str, Any] | None:
+    """``config.json`` of hub id ``repo`` from the local Hugging Face cache only, or None.
+
+    Config-time choices (the default engine) must not reach the network; a checkpoint already
+    downloaded (the usual case for an offline GPU box) is read as a local directory would be.
+    """
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # a cloud-only install (no transformers): nothing is cached locally anyway
+        return None
+    try:
+        file = try_to_load_from_cache(repo, "config.json", revision=revision)
+    except Exception:  # noqa: BLE001  # a malformed id or cache: treated as not cached
+        return None
+    if not isinstance(file, str):  # None (not cached) or the "known missing" marker
+        return None
+    try:
+        data = json.loads(Path(file).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

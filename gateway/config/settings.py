@@ -56,7 +56,8 @@ def default_engine_kind(cuda: bool | None = None, path: str | None = None) -> st
     (Qwen3: docs/benchmarks/gpu-h200-2026-12-01-c; cross-encoders: docs/engines-packed.md),
     unless ``path`` is a local checkpoint it cannot run (a DeBERTa or ModernBERT cross-encoder,
     a bi-encoder); otherwise: ``vllm-score`` when vLLM is installed, else ``transformers``.
-    ``cuda`` None: :func:`cuda_present`. A hub id is not read here: it keeps the GPU's default.
+    ``cuda`` None: :func:`cuda_present`. A hub id is read from the local Hugging Face cache; one
+    not downloaded yet keeps the GPU's default (config time never reaches the network).
     """
     cuda = cuda_present() if cuda is None else cuda
     # vLLM's engines register under these kinds when they are available (see adapters.registry).
@@ -85,10 +86,12 @@ def cuda_present(environ: Mapping[str, str] | None = None, dev: str = "/dev") ->
 
 
 def _packed_runs(path: str | None) -> bool:
-    from adapters.families.checkpoint import local_checkpoint_config
+    from adapters.families.checkpoint import cached_hub_config, is_hub_id, local_checkpoint_config
     from schemas.config import packed_runs_checkpoint
 
     hf_config = local_checkpoint_config(path) if path else None
+    if hf_config is None and path and is_hub_id(path):
+        hf_config = cached_hub_config(path)  # the local cache only: no network at config time
     return hf_config is None or packed_runs_checkpoint(hf_config)
 
 
