@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from adapters.runtimes.futures import resolve_from_thread
+
 __all__ = ("BatchJob", "RowBatcher", "bucket_batches")
 
 Runner = Callable[[list[Any]], np.ndarray]
@@ -71,19 +73,7 @@ class BatchJob:
 
     def resolve(self, result: np.ndarray | BaseException) -> None:
         """Complete the future from a worker thread (the loop may be gone at shutdown)."""
-        try:
-            self._loop.call_soon_threadsafe(_complete, self.future, result)
-        except RuntimeError:
-            pass
-
-
-def _complete(future: asyncio.Future[np.ndarray], result: np.ndarray | BaseException) -> None:
-    if future.done():
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
+        resolve_from_thread(self._loop, self.future, result)
 
 
 class RowBatcher:

@@ -33,6 +33,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from adapters.runtimes.futures import resolve_from_thread
+
 __all__ = ("PackedScheduler", "PendingRequest", "Runner")
 
 
@@ -74,19 +76,7 @@ class PendingRequest:
 
     def resolve(self, result: list[Any] | BaseException) -> None:
         """Complete the future from a worker thread (the loop may be gone at shutdown)."""
-        try:
-            self._loop.call_soon_threadsafe(_complete, self.future, result)
-        except RuntimeError:
-            pass
-
-
-def _complete(future: asyncio.Future[list[Any]], result: list[Any] | BaseException) -> None:
-    if future.done():
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
+        resolve_from_thread(self._loop, self.future, result)
 
 
 class PackedScheduler:
