@@ -18,11 +18,9 @@ Imported only through ``adapters.registry``: importing it pulls in OpenVINO and 
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import queue
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +40,6 @@ from adapters.base import (
 )
 from adapters.families import create_family
 from adapters.families.base import Row
-from adapters.families.cross_encoder import CrossEncoderFamily
 from adapters.families.encoder import EncoderFamily
 from adapters.runtimes.cpu.batcher import RowBatcher, bucket_batches
 from adapters.runtimes.cpu.export import (
@@ -54,7 +51,7 @@ from adapters.runtimes.cpu.export import (
     export_family,
 )
 from adapters.runtimes.cpu.parity import GoldenQuery, compare_rankings, generate_golden_set, read_golden_set
-from adapters.runtimes.cpu.refine import uncertain
+from adapters.runtimes.cpu.refine import refine_space, uncertain
 from schemas.config import OpenVinoEngineConfig
 
 __all__ = ("OpenVinoEngine", "bucket_batches")
@@ -172,25 +169,10 @@ class OpenVinoEngine:
             scores = family.scores(job, outputs)
         return ScoreResult(scores=scores, input_tokens=sum(len(r.ids) for r in rows))
 
-    def _space(self, job: ScoreJob) -> tuple[ScoreJob, Callable[[float], float]]:
-        """The job whose scores refinement orders, and the map from them to ``job``'s scores.
-
-        The model's raw outputs (a logit, a cosine) where the score is a monotone function of
-        them: a reduced precision's error is about even over their range, while a sigmoid
-        squeezes it into the middle (one bound over sigmoid scores is loose at both ends)."""
-        family = self._family
-        if job.raw_scores:
-            return job, _same
-        if isinstance(family, CrossEncoderFamily):
-            if family.num_labels > 1 and family.activation == "softmax":
-                return job, _same  # several logits make the score: order the scores themselves
-            return msgspec.structs.replace(job, raw_scores=True), _sigmoid
-        return msgspec.structs.replace(job, raw_scores=True), _half_cosine
-
     def _refine(self, job: ScoreJob, outputs: np.ndarray) -> list[float]:
         """``job``'s scores, the items the reduced precision cannot order re-scored in fp32 (refine.py)."""
         assert self._family is not None and self._exact is not None
-        space, to_score = self._space(job)
+        space, to_score = refine_space(self._family, job)
         values = self._family.scores(space, outputs)
         tie = self._config.parity_tie
         pick = uncertain(values, delta=self._delta, top=self._config.refine_top,
@@ -386,26 +368,13 @@ class OpenVinoEngine:
         for job, rows in self._golden_rows(golden):
             outputs = self._infer_all(rows)
             if space:
-                scores.append(self._family.scores(self._space(job)[0], outputs))
+                scores.append(self._family.scores(refine_space(self._family, job)[0], outputs))
             elif self._exact is not None:
                 scores.append(self._refine(job, outputs))
             else:
                 scores.append(self._family.scores(job, outputs))
         return scores
 
-
-
-def _same(x: float) -> float:
-    return x
-
-
-def _sigmoid(x: float) -> float:
-    # The cross-encoder's activation (as torch.sigmoid computes it, in float32 there).
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
-
-
-def _half_cosine(x: float) -> float:
-    return (1.0 + x) / 2.0  # the bi-encoder's score of a cosine
 
 
 def _type_name(value: Any) -> str:

@@ -22,9 +22,44 @@ chunks' order (the document's score is its best chunk's).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
-__all__ = ("uncertain",)
+import msgspec
+
+from adapters.base import ScoreJob
+from adapters.families.cross_encoder import CrossEncoderFamily
+from adapters.families.encoder import EncoderFamily
+
+__all__ = ("refine_space", "uncertain")
+
+
+def refine_space(family: EncoderFamily, job: ScoreJob) -> tuple[ScoreJob, Callable[[float], float]]:
+    """The job whose scores refinement orders, and the map from them to ``job``'s scores.
+
+    The model's raw outputs (a logit, a cosine) where the score is a monotone function of
+    them: a reduced precision's error is about even over their range, while a sigmoid
+    squeezes it into the middle (one bound over sigmoid scores is loose at both ends)."""
+    if job.raw_scores:
+        return job, _same
+    if isinstance(family, CrossEncoderFamily):
+        if family.num_labels > 1 and family.activation == "softmax":
+            return job, _same  # several logits make the score: order the scores themselves
+        return msgspec.structs.replace(job, raw_scores=True), _sigmoid
+    return msgspec.structs.replace(job, raw_scores=True), _half_cosine
+
+
+def _same(x: float) -> float:
+    return x
+
+
+def _sigmoid(x: float) -> float:
+    # The cross-encoder's activation (as torch.sigmoid computes it, in float32 there).
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def _half_cosine(x: float) -> float:
+    return (1.0 + x) / 2.0  # the bi-encoder's score of a cosine
 
 
 def _never(lo: float, hi: float) -> bool:
