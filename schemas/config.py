@@ -283,18 +283,19 @@ _PACKED_QWEN3_ONLY = (
     "packed runs Qwen3's layer layout only (no attention biases as Qwen2 has, no Gemma "
     "embedding scale, (1 + w) RMSNorm or GeGLU); use transformers or vllm-score"
 )
-_PACKED_NO_BI_ENCODER = "packed runs Qwen3 rerankers and cross-encoders (BERT, ELECTRA, RoBERTa, XLM-R); use transformers or openvino"
+_PACKED_NO_BI_ENCODER = ("packed runs Qwen3 rerankers and cross-encoders (BERT, ELECTRA, RoBERTa, XLM-R, ModernBERT); "
+                         "use transformers or openvino")
 RUNTIME_REFUSALS: dict[tuple[str, str], str] = {
     ("bge-reranker-v2-gemma", "packed"): _PACKED_QWEN3_ONLY,
     ("mxbai-rerank-v2", "packed"): _PACKED_QWEN3_ONLY,
     ("bi-encoder", "packed"): _PACKED_NO_BI_ENCODER,
 }
 
-# Cross-encoder architectures (config.json model_type) the packed runtime's encoder layers run
-# (adapters/runtimes/packed/encoder_forward.py): post-norm BERT-style layers with absolute
-# positions. DeBERTa-v2 (disentangled relative attention) and ModernBERT (RoPE, alternating
-# local attention, GeGLU, pre-norm) are other arithmetic.
-PACKED_ENCODER_TYPES: frozenset[str] = frozenset({"bert", "electra", "roberta", "xlm-roberta"})
+# Cross-encoder architectures (config.json model_type) the packed runtime's encoder layers run:
+# post-norm BERT-style layers with absolute positions (adapters/runtimes/packed/encoder_forward.py)
+# and ModernBERT (RoPE, alternating global / local attention, GeGLU, pre-norm:
+# modernbert_forward.py). DeBERTa-v2 (disentangled relative attention) is other arithmetic.
+PACKED_ENCODER_TYPES: frozenset[str] = frozenset({"bert", "electra", "roberta", "xlm-roberta", "modernbert"})
 
 
 def packed_runs_checkpoint(hf_config: dict[str, Any]) -> bool:
@@ -310,7 +311,7 @@ def packed_encoder_refusal(hf_config: dict[str, Any]) -> str | None:
     """Why the packed runtime cannot run this cross-encoder checkpoint (its config.json), or None."""
     model_type = str(hf_config.get("model_type") or "?")
     if model_type not in PACKED_ENCODER_TYPES:
-        return (f"engine 'packed' runs BERT, ELECTRA, RoBERTa and XLM-R cross-encoders, not model_type "
+        return (f"engine 'packed' runs BERT, ELECTRA, RoBERTa, XLM-R and ModernBERT cross-encoders, not model_type "
                 f"'{model_type}'; use engine = 'transformers' (or 'openvino' on CPU, 'vllm-score')")
     position = hf_config.get("position_embedding_type", "absolute")
     if position not in (None, "absolute"):
@@ -331,7 +332,7 @@ FAMILY_RUNTIMES: dict[str, frozenset[str]] = {
     # Sequence-classification heads: vLLM serves BERT/XLM-R classifiers on its pooling runner;
     # llama.cpp runs GGUF conversions that kept the head (rank pooling).
     # "openvino": the CPU runtime exported from the checkpoint (adapters/runtimes/cpu).
-    # "packed": BERT / ELECTRA / RoBERTa / XLM-R pairs packed without padding (PACKED_ENCODER_TYPES).
+    # "packed": BERT / ELECTRA / RoBERTa / XLM-R / ModernBERT pairs packed without padding (PACKED_ENCODER_TYPES).
     "cross-encoder": frozenset({"transformers", "vllm-score", "gguf", "openvino", "packed"}),
     # Embeddings + cosine: no prompt, nothing to generate.
     "bi-encoder": frozenset({"transformers", "openvino"}),

@@ -5,6 +5,9 @@
   plus sentence-transformers files (a bi-encoder like all-MiniLM).
 - XLM-R: Unigram tokenizer with RoBERTa's post-processor (``<s> a </s></s> b </s>``, no token
   types), ``XLMRobertaForSequenceClassification`` (a cross-encoder like bge-reranker).
+- ModernBERT: byte-level BPE tokenizer (as ModernBERT's own) with ``[CLS] a [SEP] b [SEP]`` and
+  no token types, ``ModernBertForSequenceClassification`` (like gte-reranker-modernbert-base):
+  4 layers, global attention every 3rd, a local window narrower than the test pairs.
 
 Random weights give meaningless relevance but exact numbers to compare engines with. hidden 128
 with 2 heads: vLLM's CPU attention needs a head size of at least 64.
@@ -89,6 +92,52 @@ def _xlmr_tokenizer(out: Path) -> Any:
     )
     fast.save_pretrained(out)
     return fast
+
+
+def _modernbert_tokenizer(out: Path) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    # A small vocabulary: words split into several pieces, so the test pairs outgrow the local window.
+    tok.train_from_iterator(_CORPUS * 20, trainer=trainers.BpeTrainer(
+        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=512,
+                                   model_input_names=["input_ids", "attention_mask"])  # ModernBERT takes no token types
+    fast.save_pretrained(out)
+    return fast
+
+
+def build_tiny_modernbert(out_dir: str | Path, *, pooling: str = "cls", num_labels: int = 1, seed: int = 0,
+                          local_attention: int = 16, layers: int = 4) -> Path:
+    """A ``ModernBertForSequenceClassification`` cross-encoder in ``out_dir``: global attention in
+    layers 0 and 3, local (±``local_attention // 2``) in the others; distinct RoPE thetas."""
+    import torch
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fast = _modernbert_tokenizer(out)
+    torch.manual_seed(seed)
+    cfg = ModernBertConfig(
+        vocab_size=len(fast), hidden_size=128, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=192,
+        max_position_embeddings=512, local_attention=local_attention, global_attn_every_n_layers=3,
+        global_rope_theta=160000.0, local_rope_theta=10000.0, classifier_pooling=pooling, num_labels=num_labels,
+        pad_token_id=fast.pad_token_id, bos_token_id=fast.cls_token_id, eos_token_id=fast.sep_token_id,
+        cls_token_id=fast.cls_token_id, sep_token_id=fast.sep_token_id, initializer_range=0.2, norm_bias=seed % 2 == 1)
+    model = ModernBertForSequenceClassification(cfg)
+    with torch.no_grad():  # see build_tiny_cross_encoder: logits within a few units
+        for p in model.classifier.parameters():
+            p.mul_(CLASSIFIER_SCALE)
+    model.save_pretrained(out)
+    return out
 
 
 def build_tiny_cross_encoder(

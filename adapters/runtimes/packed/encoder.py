@@ -3,8 +3,9 @@
 Same pairs, truncation, chunking and score rule as every other cross-encoder runtime: the
 family (``adapters.families.cross_encoder``) tokenizes (``[CLS] q [SEP] d [SEP]`` or
 ``<s> q </s></s> d </s>``) and turns the head's logits into scores (sigmoid / softmax, or raw).
-What differs is how the work runs: ``encoder_forward.PackedEncoderReplica`` (varlen,
-bidirectional, no padding) on each device of ``devices``, fed by the same
+What differs is how the work runs: ``encoder_forward.PackedEncoderReplica`` (BERT-style layers)
+or ``modernbert_forward.PackedModernBertReplica`` (ModernBERT: RoPE, alternating global / local
+attention), varlen, bidirectional, no padding, on each device of ``devices``, fed by the same
 ``scheduler.PackedScheduler`` as Qwen3 (steps filled from every waiting request up to
 ``batch_tokens``, host preparation of step k+1 overlapping step k on CUDA).
 """
@@ -23,7 +24,7 @@ from adapters.families import create_family
 from adapters.families.base import WEIGHTS_LOCK
 from adapters.families.cross_encoder import CrossEncoderFamily, PairTokenizer
 from adapters.runtimes.packed.engine import resolve_devices
-from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica, load_cross_encoder
+from adapters.runtimes.packed.encoder_forward import PackedPairReplica, load_cross_encoder, make_replica
 from adapters.runtimes.packed.scheduler import PackedScheduler
 from schemas.config import PackedEngineConfig, packed_encoder_refusal
 
@@ -40,7 +41,7 @@ class PackedEncoderEngine:
         self._config = config
         self._family: CrossEncoderFamily | None = None
         self._scheduler: PackedScheduler | None = None
-        self._replicas: list[PackedEncoderReplica] = []
+        self._replicas: list[PackedPairReplica] = []
         self._dtype: torch.dtype | None = None
 
     @property
@@ -131,8 +132,8 @@ class PackedEncoderEngine:
         with WEIGHTS_LOCK:  # transformers' init contexts are process-wide (see engine.py)
             model = load_cross_encoder(cfg.path, cfg.revision, dtype)
         compile_ = cfg.compile == "on" or (cfg.compile == "auto" and on_gpu)
-        replicas = [PackedEncoderReplica(model if i == len(devices) - 1 else copy.deepcopy(model), dev,
-                                         attention=cfg.attention, compile=compile_)
+        replicas = [make_replica(model if i == len(devices) - 1 else copy.deepcopy(model), dev,
+                                 attention=cfg.attention, compile=compile_)
                     for i, dev in enumerate(devices)]
         for r in replicas:  # compile and warm every replica before traffic
             _warm_up(r, family)
@@ -141,7 +142,7 @@ class PackedEncoderEngine:
                                           policy=cfg.policy, error_type=EngineError)
 
 
-def _warm_up(replica: PackedEncoderReplica, family: CrossEncoderFamily) -> None:
+def _warm_up(replica: PackedPairReplica, family: CrossEncoderFamily) -> None:
     """One pair and several: both shape specializations get compiled now, not on a request."""
     pair = family.tokenizer
     shared = pair.encode_shared("warm-up query", "")

@@ -18,6 +18,11 @@ output projection and MLP, and the head is the checkpoint's own modules on those
 classifier; ELECTRA: dense + gelu + out_proj), so the logits are the model's. The family
 (``adapters.families.cross_encoder``) turns them into scores, as for every other runtime.
 
+``PackedPairReplica`` is the part every encoder architecture shares: a step's one host buffer
+(ids, positions, one more per-token row, cumulative lengths), its copy to the device, warm-up and
+the compiled pointwise regions. ``PackedEncoderReplica`` is the BERT-style arithmetic on it;
+``modernbert_forward.PackedModernBertReplica`` is ModernBERT's; :func:`make_replica` picks by model_type.
+
 Imported only through ``adapters.registry`` (pulls in torch and transformers).
 """
 
@@ -34,7 +39,7 @@ import torch.nn.functional as F
 from adapters.runtimes.packed import kernels
 from adapters.runtimes.packed.step import HostStaging
 
-__all__ = ("PackedEncoderReplica", "load_cross_encoder", "position_offset")
+__all__ = ("PackedEncoderReplica", "PackedPairReplica", "load_cross_encoder", "make_replica", "position_offset")
 
 
 def load_cross_encoder(path: str, revision: str | None, dtype: torch.dtype) -> Any:
@@ -85,52 +90,44 @@ def add_ln(delta: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tenso
     return F.layer_norm(delta + h, (h.shape[-1],), w, b, eps)
 
 
-class PackedEncoderReplica:
-    """The model on one device; ``score`` runs one packed step. Not thread-safe: one worker uses it."""
+class PackedPairReplica:
+    """The model on one device; ``score`` runs one packed step. Not thread-safe: one worker uses it.
 
-    def __init__(self, model: Any, device: torch.device, *, attention: str, compile: bool, kernel: str = "auto") -> None:
-        cfg = model.config
+    Subclasses set ``attention_name``, ``_per_sequence`` and ``_eager_regions`` (the pointwise
+    functions compiled one by one) and define ``_forward``; ``_per_token`` fills the third
+    per-token row of the step's buffer (BERT: token types).
+    """
+
+    _eager_regions: tuple[Callable[..., Any], ...] = ()
+    attention_name: str
+    _per_sequence: bool
+
+    def __init__(self, model: Any, device: torch.device, *, compile: bool) -> None:
         self.device = device
         self.model = model.to(device)
-        base = getattr(self.model, self.model.base_model_prefix)
-        self.model_type = str(cfg.model_type)
-        self._emb = base.embeddings
-        self._project = getattr(base, "embeddings_project", None)  # ELECTRA: embedding_size -> hidden_size
-        self._layers = [_Layer(layer) for layer in base.encoder.layer]
-        # BERT scores pooler(first token) through ``classifier``; the others' ``classifier`` is a
-        # head module that takes the (rows, seq, hidden) features and reads position 0 itself.
-        pooler = getattr(base, "pooler", None) if self.model_type == "bert" else None
-        classifier = self.model.classifier
-        if pooler is not None:
-            self._head: Callable[[torch.Tensor], torch.Tensor] = lambda h: classifier(pooler(h[:, None, :]))
-        else:
-            self._head = lambda h: classifier(h[:, None, :])
-        self._offset = position_offset(self.model_type, cfg.pad_token_id)
-        dtype = self._layers[0].qkv_w.dtype
-        self.attention_name, self._attend = kernels.pick_attention(attention, device, kernel, causal=False, dtype=dtype)
-        self._per_sequence = self._attend in kernels.PER_SEQUENCE
+        self.model_type = str(model.config.model_type)
+        self._offset = position_offset(self.model_type, model.config.pad_token_id)
         self.pipelined = device.type == "cuda"  # see PackedQwen3Replica: host prep overlaps the device
         self.compiled = compile
         self.compile_error: str | None = None
-        # Every layer's activation is the config's hidden_act (gelu): one module serves them all.
-        self._act_fn: Callable[[torch.Tensor], torch.Tensor] = self._layers[0].act
-        self._regions: tuple[Callable[..., torch.Tensor], ...] = (add_ln, self._act_fn)
         self._staging = HostStaging(device)  # pinned on CUDA; two alternate so step k+1 is filled while step k's copy may run
         self._arange = torch.arange(0)
-        if compile:
-            self._compile()
 
-    def _compile(self) -> None:
-        import torch._dynamo
+    def _set_regions(self, eager: tuple[Callable[..., Any], ...]) -> None:
+        """The pointwise regions, compiled when ``compile``: the GEMMs and attention stay eager
+        (cuBLAS, FlashAttention), the pointwise work between them is what compiling fuses, one
+        small graph each (as the Qwen3 replica does)."""
+        self._eager_regions = eager
+        self._regions = eager
+        if self.compiled:
+            import torch._dynamo
 
-        # The GEMMs and attention stay eager (cuBLAS, FlashAttention); the pointwise work between
-        # them is what compiling fuses, one small graph each (as the Qwen3 replica does).
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        self._regions = (torch.compile(add_ln, dynamic=True), torch.compile(self._act_fn, dynamic=True))
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self._regions = tuple(torch.compile(f, dynamic=True) for f in eager)
 
     def _uncompile(self) -> None:
         self.compiled = False
-        self._regions = (add_ln, self._act_fn)
+        self._regions = self._eager_regions
 
     def warm_up(self, batches: Sequence[tuple[Sequence[Sequence[int]], Sequence[int | None]]]) -> None:
         """Run ``batches`` now so compilation happens before traffic; an uncompilable graph falls back to eager."""
@@ -149,8 +146,17 @@ class PackedEncoderReplica:
         """The head's logits (one row per pair)."""
         return self.collect(self.launch(prompts, segments))
 
+    def _per_token(self, out: np.ndarray, lens: list[int], segments: Sequence[int | None]) -> None:
+        """The third per-token row: token types, 1 from each typed pair's document on (BERT pairs)."""
+        out[:] = 0
+        start = 0
+        for k, seg in zip(lens, segments, strict=True):
+            if seg is not None:
+                out[start + seg:start + k] = 1
+            start += k
+
     def _pack(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None]) -> tuple[torch.Tensor, list[int]]:
-        """ids, positions, token types and cumulative lengths in one int64 host tensor (one copy to the device)."""
+        """ids, positions, ``_per_token``'s row and cumulative lengths in one int64 host tensor (one copy to the device)."""
         lens = [len(p) for p in prompts]
         total, n = sum(lens), len(lens)
         if self._arange.numel() < max(lens):
@@ -160,13 +166,7 @@ class PackedEncoderReplica:
         arr[:total] = np.fromiter(itertools.chain.from_iterable(prompts), dtype=np.int64, count=total)
         ar = self._arange.numpy()
         arr[total:2 * total] = np.concatenate([ar[:k] for k in lens]) + self._offset
-        types = arr[2 * total:3 * total]
-        types[:] = 0
-        start = 0
-        for k, seg in zip(lens, segments, strict=True):
-            if seg is not None:
-                types[start + seg:start + k] = 1
-            start += k
+        self._per_token(arr[2 * total:3 * total], lens, segments)
         arr[3 * total] = 0
         np.cumsum(lens, out=arr[3 * total + 1:3 * total + 1 + n])
         return buf[:3 * total + n + 1], lens
@@ -193,6 +193,34 @@ class PackedEncoderReplica:
         logits, n = handle
         return logits[:n].float().tolist()  # waits for the device
 
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, per_token: torch.Tensor, cu_long: torch.Tensor,
+                 max_len: int, lens: list[int] | None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class PackedEncoderReplica(PackedPairReplica):
+    """BERT, ELECTRA, RoBERTa and XLM-R: post-norm layers, absolute positions, token types."""
+
+    def __init__(self, model: Any, device: torch.device, *, attention: str, compile: bool, kernel: str = "auto") -> None:
+        super().__init__(model, device, compile=compile)
+        base = getattr(self.model, self.model.base_model_prefix)
+        self._emb = base.embeddings
+        self._project = getattr(base, "embeddings_project", None)  # ELECTRA: embedding_size -> hidden_size
+        self._layers = [_Layer(layer) for layer in base.encoder.layer]
+        # BERT scores pooler(first token) through ``classifier``; the others' ``classifier`` is a
+        # head module that takes the (rows, seq, hidden) features and reads position 0 itself.
+        pooler = getattr(base, "pooler", None) if self.model_type == "bert" else None
+        classifier = self.model.classifier
+        if pooler is not None:
+            self._head: Callable[[torch.Tensor], torch.Tensor] = lambda h: classifier(pooler(h[:, None, :]))
+        else:
+            self._head = lambda h: classifier(h[:, None, :])
+        dtype = self._layers[0].qkv_w.dtype
+        self.attention_name, self._attend = kernels.pick_attention(attention, device, kernel, causal=False, dtype=dtype)
+        self._per_sequence = kernels.needs_lengths(self._attend)
+        # Every layer's activation is the config's hidden_act (gelu): one module serves them all.
+        self._set_regions((add_ln, self._layers[0].act))
+
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor, cu_long: torch.Tensor,
                  max_len: int, lens: list[int] | None) -> torch.Tensor:
         add_ln_, act = self._regions
@@ -216,3 +244,12 @@ class PackedEncoderReplica:
             h = add_ln_(F.linear(o, w.o_w, w.o_b), h, *w.ln1)
             h = add_ln_(F.linear(act(F.linear(h, w.up_w, w.up_b)), w.down_w, w.down_b), h, *w.ln2)
         return self._head(h)
+
+
+def make_replica(model: Any, device: torch.device, *, attention: str, compile: bool, kernel: str = "auto") -> PackedPairReplica:
+    """The replica class for the checkpoint's model_type (``schemas.config.PACKED_ENCODER_TYPES``)."""
+    if str(model.config.model_type) == "modernbert":
+        from adapters.runtimes.packed.modernbert_forward import PackedModernBertReplica
+
+        return PackedModernBertReplica(model, device, attention=attention, compile=compile, kernel=kernel)
+    return PackedEncoderReplica(model, device, attention=attention, compile=compile, kernel=kernel)

@@ -5,7 +5,10 @@ Attention on CUDA is the first of vLLM's FlashAttention-3 (native GQA), flash-at
 rerankers, bidirectional (``causal=False``) for the encoder cross-encoders (``encoder.py``). Query and key sequences
 may differ in length (a document's tail attends to its request's shared prefix and itself): the
 causal mask is then aligned bottom-right, as the flash kernels define it (flash-attn >= 2.1, FA3,
-PyTorch's flash op), and :func:`bottom_right_error` checks a kernel does so before it is trusted. The pointwise regions
+PyTorch's flash op), and :func:`bottom_right_error` checks a kernel does so before it is trusted.
+``window`` (bidirectional only: ModernBERT's local layers) limits each query to the keys within
+``window`` positions of it, both sides inclusive: the flash kernels' ``window_size=(window, window)``,
+a band mask in the per-sequence SDPA. The pointwise regions
 (RMSNorm + residual, q/k norm + RoPE, silu·mul) are plain torch that ``torch.compile`` fuses, with
 vLLM's fused kernels as alternatives that :mod:`.forward` times and checks at start. Kept apart
 from the replica so a reader sees the model's arithmetic in one place and its kernels in another.
@@ -15,6 +18,7 @@ Imported only through ``adapters.registry`` (pulls in torch).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 from collections.abc import Callable
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 
 __all__ = (
     "PER_SEQUENCE",
+    "needs_lengths",
     "Attention",
     "add_rms",
     "bottom_right_error",
@@ -46,7 +51,7 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, to
                       list[int] | None, list[int] | None], torch.Tensor]
 
 
-def _fa3_attention(causal: bool = True) -> Attention | None:
+def _fa3_attention(causal: bool = True, window: int | None = None) -> Attention | None:
     """vLLM's FlashAttention-3 varlen kernel (Hopper; GQA native), when vLLM is importable and has it."""
     try:
         from vllm.vllm_flash_attn import flash_attn_varlen_func
@@ -59,12 +64,22 @@ def _fa3_attention(causal: bool = True) -> Attention | None:
 
     def fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: Any,
             max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
-        return flash_attn_varlen_func(q, k, v, max_q, cu_q, max_k, cu_k, causal=causal, fa_version=3)
+        return flash_attn_varlen_func(q, k, v, max_q, cu_q, max_k, cu_k, causal=causal, fa_version=3, **band)
 
+    band = _window_kw(window)
     return fa3
 
 
-def _torch_varlen(causal: bool = True) -> Attention | None:
+def _window_kw(window: int | None) -> dict[str, Any]:
+    """The flash kernels' ``window_size`` for a bidirectional band of ``window`` keys each side (left, right; inclusive)."""
+    if window is None:
+        return {}
+    if window < 0:
+        raise ValueError(f"window {window}: a band needs a width >= 0")
+    return {"window_size": (window, window)}
+
+
+def _torch_varlen(causal: bool = True, window: int | None = None) -> Attention | None:
     """PyTorch's (>= 2.10) ``varlen_attn``."""
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -74,8 +89,12 @@ def _torch_varlen(causal: bool = True) -> Attention | None:
     # torch 2.11 (the GPU image) has window_size but no enable_gqa: KV heads are expanded there.
     gqa = "enable_gqa" in params
     # window_size (-1, 0): nothing after the query position; (-1, -1): the whole sequence.
-    if "window_size" in params:
-        causal_kw: dict[str, Any] = {"window_size": (-1, 0) if causal else (-1, -1)}
+    if window is not None:  # a band (bidirectional): only where the signature has window_size
+        if causal or "window_size" not in params:
+            return None
+        causal_kw: dict[str, Any] = _window_kw(window)
+    elif "window_size" in params:
+        causal_kw = {"window_size": (-1, 0) if causal else (-1, -1)}
     else:
         causal_kw = {"is_causal": causal}
 
@@ -95,7 +114,7 @@ def _torch_varlen(causal: bool = True) -> Attention | None:
     return torch_varlen
 
 
-def _flash_attn(causal: bool = True) -> Attention | None:
+def _flash_attn(causal: bool = True, window: int | None = None) -> Attention | None:
     try:
         from flash_attn import flash_attn_varlen_func
     except ImportError:
@@ -103,12 +122,13 @@ def _flash_attn(causal: bool = True) -> Attention | None:
 
     def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: Any,
               max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
-        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal)  # GQA native
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, **band)  # GQA native
 
+    band = _window_kw(window)
     return flash
 
 
-def _varlen_attention(kernel: str = "auto", causal: bool = True) -> tuple[str, Attention] | None:
+def _varlen_attention(kernel: str = "auto", causal: bool = True, window: int | None = None) -> tuple[str, Attention] | None:
     """The first importable varlen kernel of: vLLM's FA3 (GQA native), flash-attn, PyTorch's ``varlen_attn``.
 
     FA3 first: on the H200 it was the fastest (docs/benchmarks/gpu-h200-2026-12-01-b) and needs
@@ -117,24 +137,38 @@ def _varlen_attention(kernel: str = "auto", causal: bool = True) -> tuple[str, A
     for name, make in (("fa3", _fa3_attention), ("flash_attn", _flash_attn), ("torch", _torch_varlen)):
         if kernel not in ("auto", name):
             continue
-        fn = make(causal)
+        fn = make(causal, window)
         if fn is not None:
             label = {"fa3": "vLLM FlashAttention-3 varlen", "flash_attn": "flash_attn varlen",
                      "torch": "torch varlen_attn"}[name]
             if name == "torch" and not getattr(fn, "gqa", False):
                 label += " (KV heads expanded)"
-            return label, fn
+            return label + _window_label(window), fn
     return None
 
 
+def _window_label(window: int | None) -> str:
+    return "" if window is None else f", window ±{window}"
+
+
 def sdpa_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
-                      max_q: Any, max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
-    """Exact fallback for encoders: bidirectional SDPA over each sequence alone (no padding, no mask)."""
+                      max_q: Any, max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None,
+                      window: int | None = None) -> torch.Tensor:
+    """Exact fallback for encoders: bidirectional SDPA over each sequence alone (no padding).
+
+    ``window``: query i sees keys j with |i - j| <= window (a band mask, built only for a sequence
+    longer than the band, as transformers' bidirectional sliding-window mask).
+    """
     assert lens_q is not None and lens_k is not None
     out = []
     for qi, ki, vi in zip(q.split(lens_q), k.split(lens_k), v.split(lens_k), strict=True):
+        n = qi.shape[0]
+        mask = None
+        if window is not None and n > window + 1:
+            pos = torch.arange(n, device=q.device)
+            mask = (pos[:, None] - pos[None, :]).abs() <= window
         o = F.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
-                                           enable_gqa=ki.shape[1] != qi.shape[1])
+                                           attn_mask=mask, enable_gqa=ki.shape[1] != qi.shape[1])
         out.append(o[0].transpose(0, 1))
     return torch.cat(out)
 
@@ -185,17 +219,31 @@ def bottom_right_error(attend: Attention, device: torch.device, dtype: torch.dty
 PER_SEQUENCE: frozenset[Attention] = frozenset({sdpa_per_prompt, sdpa_per_sequence})
 
 
+def needs_lengths(attend: Attention) -> bool:
+    """Whether ``attend`` is a per-sequence fallback (a banded one is a partial of it): it needs the host lengths."""
+    return getattr(attend, "func", attend) in PER_SEQUENCE
+
+
 def pick_attention(choice: str, device: torch.device, kernel: str = "auto", *, causal: bool = True,
-                   dtype: torch.dtype | None = None) -> tuple[str, Attention]:
+                   dtype: torch.dtype | None = None, window: int | None = None) -> tuple[str, Attention]:
     """``kernel`` ("auto", "fa3", "flash_attn", "torch") narrows which varlen kernel may serve.
 
     ``causal=False``: bidirectional within each sequence (encoders). ``dtype`` float32: the
     varlen kernels take half precision only, so "auto" keeps the exact per-sequence SDPA.
+    ``window`` (with ``causal=False``): each query sees the keys within ``window`` positions of
+    it, both sides (ModernBERT's local layers); a kernel without ``window_size`` is passed over.
     """
-    fallback = ("sdpa per prompt", sdpa_per_prompt) if causal else ("sdpa per sequence", sdpa_per_sequence)
+    if window is not None and causal:
+        raise ValueError("a window is for bidirectional attention (causal=False)")
+    if causal:
+        fallback: tuple[str, Attention] = ("sdpa per prompt", sdpa_per_prompt)
+    elif window is None:
+        fallback = ("sdpa per sequence", sdpa_per_sequence)
+    else:
+        fallback = ("sdpa per sequence" + _window_label(window), functools.partial(sdpa_per_sequence, window=window))
     if choice == "sdpa" or (choice == "auto" and (device.type != "cuda" or dtype == torch.float32)):
         return fallback
-    found = _varlen_attention(kernel, causal) if device.type == "cuda" else None
+    found = _varlen_attention(kernel, causal, window) if device.type == "cuda" else None
     if found is None:
         if choice == "varlen":
             raise RuntimeError("attention = 'varlen' needs CUDA and vLLM's FA3, flash-attn or torch >= 2.10 (varlen_attn)")
