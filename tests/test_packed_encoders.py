@@ -160,7 +160,7 @@ def test_http_rerank_equals_sentence_transformers(dirs):
 async def test_unsupported_architecture_is_refused(dirs):
     settings = Settings(models=(PackedEngineConfig(name="d", path=str(dirs["deberta"])),))
     (finding,) = [f for f in preflight(settings).findings if f.refuses]
-    assert "runs BERT, ELECTRA, RoBERTa and XLM-R cross-encoders, not model_type 'deberta-v2'" in finding.message
+    assert "runs BERT, ELECTRA, RoBERTa, XLM-R and ModernBERT cross-encoders, not model_type 'deberta-v2'" in finding.message
     assert "\n" not in finding.message
     eng = build_engine(PackedEngineConfig(name="d", path=str(dirs["deberta"])))
     with pytest.raises(EngineConfigError, match="not model_type 'deberta-v2'; use engine = 'transformers'"):

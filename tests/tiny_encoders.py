@@ -115,10 +115,11 @@ def _modernbert_tokenizer(out: Path) -> Any:
     return fast
 
 
-def build_tiny_modernbert(out_dir: str | Path, *, pooling: str = "cls", num_labels: int = 1, seed: int = 0,
-                          local_attention: int = 16, layers: int = 4) -> Path:
+def build_tiny_modernbert(out_dir: str | Path, *, pooling: str = "cls", id2label: dict[int, str] | None = None,
+                          seed: int = 0, local_attention: int = 16, layers: int = 4) -> Path:
     """A ``ModernBertForSequenceClassification`` cross-encoder in ``out_dir``: global attention in
-    layers 0 and 3, local (±``local_attention // 2``) in the others; distinct RoPE thetas."""
+    layers 0 and 3, local (±``local_attention // 2``) in the others; distinct RoPE thetas. One
+    label unless ``id2label`` (named: transformers 5 leaves a default two-label map out of config.json)."""
     import torch
     from transformers import ModernBertConfig, ModernBertForSequenceClassification
 
@@ -129,7 +130,8 @@ def build_tiny_modernbert(out_dir: str | Path, *, pooling: str = "cls", num_labe
     cfg = ModernBertConfig(
         vocab_size=len(fast), hidden_size=128, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=192,
         max_position_embeddings=512, local_attention=local_attention, global_attn_every_n_layers=3,
-        global_rope_theta=160000.0, local_rope_theta=10000.0, classifier_pooling=pooling, num_labels=num_labels,
+        global_rope_theta=160000.0, local_rope_theta=10000.0, classifier_pooling=pooling,
+        **({"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}} if id2label else {"num_labels": 1}),
         pad_token_id=fast.pad_token_id, bos_token_id=fast.cls_token_id, eos_token_id=fast.sep_token_id,
         cls_token_id=fast.cls_token_id, sep_token_id=fast.sep_token_id, initializer_range=0.2, norm_bias=seed % 2 == 1)
     model = ModernBertForSequenceClassification(cfg)
