@@ -139,6 +139,28 @@ async def test_one_step_of_mixed_queries_equals_each_pair_alone(engines, dirs, k
     assert family.scores(_job(eng, Q, ALL_DOCS), logits) == pytest.approx(want, abs=TOL)
 
 
+async def test_rope_positions_restart_for_each_pair(engines, monkeypatch):
+    """RoPE attention depends on i - j only, so a constant offset per pair hides from the scores in
+    fp32 (it costs precision far into a long step, and a scaled RoPE type reads the positions
+    themselves): the positions handed to the model's rotary module are checked directly."""
+    eng = engines["cls"]
+    family, replica = eng._family, eng._replicas[0]
+    seen = []
+    rotary = replica._rotary
+
+    def spy(x, position_ids, layer_type):
+        seen.append((layer_type, position_ids.tolist()))
+        return rotary(x, position_ids, layer_type)
+
+    monkeypatch.setattr(replica, "_rotary", spy)
+    rows = [family.tokenizer.row(family.tokenizer.encode_shared(q, ""), d).ids
+            for q in QUERIES for d in family.tokenizer.encode_documents(LONG)]
+    replica.score(rows)
+    want = [[p for r in rows for p in range(len(r))]]
+    assert sorted(t for t, _ in seen) == ["full_attention", "sliding_attention"]
+    assert all(pos == want for _, pos in seen)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_concurrent_requests_share_steps_and_keep_their_scores(engines, dirs, kind):
     eng = engines[kind]
