@@ -54,7 +54,7 @@ def default_engine_kind(cuda: bool | None = None, path: str | None = None) -> st
 
     With a GPU: ``packed`` (torch + transformers), fastest on every figure measured on an H200
     (Qwen3: docs/benchmarks/gpu-h200-2026-12-01-c; cross-encoders: docs/engines-packed.md),
-    unless ``path`` is a local checkpoint it cannot run (a DeBERTa or ModernBERT cross-encoder,
+    unless ``path`` is a local checkpoint it cannot run (a DeBERTa cross-encoder,
     a bi-encoder); otherwise: ``vllm-score`` when vLLM is installed, else ``transformers``.
     ``cuda`` None: :func:`cuda_present`. A hub id is read from the local Hugging Face cache; one
     not downloaded yet keeps the GPU's default (config time never reaches the network).
