@@ -28,6 +28,15 @@ A runtime whose start would pass the deadline (``RR_DEADLINE`` from device_run.s
 
 ``--tiny`` runs the same script on CPU with a tiny XLM-R (hidden 128, 2 layers, vocabulary 2,000)
 and the packed and transformers engines: a check of this script's logic, not a measurement.
+
+``--model modernbert-base``: ModernBERT-base's shape instead (``benchmarks/encoder_shapes.py``:
+22 layers, hidden 768, local attention over 128 tokens, vocabulary 50,368; same tokenizer
+construction with ``[CLS] q [SEP] d [SEP]``). ``--forward-only`` skips the gateways: build, then
+the packed replica alone, timed and compared with transformers' padded model on the same device
+(bf16 and fp32: max |logit difference|, top-10 of the first request's 100 pairs). The lead's
+one-line GPU check of the ModernBERT path::
+
+    python3 -m benchmarks.gpu_encoders --model modernbert-base --forward-only
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from typing import Any
 
 import msgspec
 
+from benchmarks.encoder_shapes import MODERNBERT_CONFIG, MODERNBERT_TINY, flops_per_request, pair_specials
 from benchmarks.gpu_qwen3 import Gateway, gpu_mem_mib
 from schemas.config import Settings
 
@@ -66,6 +76,11 @@ RUNTIMES: dict[str, dict[str, Any]] = {
 }
 # runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
 NEEDS = {"packed": 75, "vllm-score": 170, "transformers": 60}
+# --model: (real config, --tiny config, checkpoint folder name, report title)
+MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
+    "xlmr-large": (REAL_CONFIG, TINY_CONFIG, "xlmr", "bge-reranker-v2-m3 shape (XLM-R large)"),
+    "modernbert-base": (MODERNBERT_CONFIG, MODERNBERT_TINY, "modernbert", "ModernBERT-base shape"),
+}
 
 
 def log(*a: Any) -> None:
@@ -76,16 +91,19 @@ _BUILD = r'''
 import itertools, json, string, sys, time
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaForSequenceClassification
+from transformers import PreTrainedTokenizerFast
 from gateway.bench.workload import _WORDS
 
 out, cfg, device = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-# XLM-R's special ids (<s> 0, <pad> 1, </s> 2, <unk> 3, <mask> last); the workload's words whole,
+modern = cfg.pop("model_type", None) == "modernbert"
+# XLM-R's special ids (<s> 0, <pad> 1, </s> 2, <unk> 3, <mask> last; ModernBERT: [CLS] 0, [PAD] 1,
+# [SEP] 2, [UNK] 3, [MASK] last); the workload's words whole,
 # characters and letter pairs (word starts and continuations) so any text tokenizes, then
 # three- and four-letter word starts up to the real vocabulary size.
+cls_, pad_, sep_, unk_, mask_ = ("[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]") if modern else ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 letters = string.ascii_lowercase
 chars = [c for c in string.printable if not c.isspace()]
-vocab = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -6.0)]
+vocab = [(cls_, 0.0), (pad_, 0.0), (sep_, 0.0), (unk_, 0.0), ("\u2581", -6.0)]
 vocab += [("\u2581" + w, -5.0) for w in dict.fromkeys(_WORDS)]
 vocab += [(c, -10.0) for c in chars] + [("\u2581" + c, -9.0) for c in chars]
 vocab += [("".join(p), -11.0) for p in itertools.product(letters, repeat=2)]
@@ -97,20 +115,28 @@ for n in (2, 3, 4):
         piece = "\u2581" + "".join(combo)
         if piece not in seen:
             vocab.append((piece, -12.0 - n))
-vocab.append(("<mask>", 0.0))
+vocab.append((mask_, 0.0))
 assert len(vocab) == cfg["vocab_size"], len(vocab)
 tok = Tokenizer(models.Unigram(vocab, unk_id=3, byte_fallback=False))
 tok.pre_tokenizer = pre_tokenizers.Metaspace()
 tok.decoder = decoders.Metaspace()
-tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
-                        cls_token="<s>", sep_token="</s>", mask_token="<mask>",
-                        model_max_length=cfg["max_position_embeddings"] - 2).save_pretrained(out)
+if modern:  # [CLS] q [SEP] d [SEP], no token types (ModernBERT takes none)
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+                                                       special_tokens=[("[CLS]", 0), ("[SEP]", 2)])
+    from transformers import ModernBertConfig as Config, ModernBertForSequenceClassification as Model
+    cfg.update(pad_token_id=1, cls_token_id=0, bos_token_id=0, sep_token_id=2, eos_token_id=2)
+    extra = {"model_input_names": ["input_ids", "attention_mask"]}
+else:
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    from transformers import XLMRobertaConfig as Config, XLMRobertaForSequenceClassification as Model
+    extra = {"bos_token": "<s>", "eos_token": "</s>"}
+PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=unk_, pad_token=pad_, cls_token=cls_, sep_token=sep_,
+                        mask_token=mask_, model_max_length=cfg["max_position_embeddings"] - 2, **extra).save_pretrained(out)
 torch.manual_seed(0)
 on_gpu = device == "cuda"
 torch.set_default_dtype(torch.bfloat16 if on_gpu else torch.float32)
 with torch.device(device):
-    model = XLMRobertaForSequenceClassification(XLMRobertaConfig(**cfg))
+    model = Model(Config(**cfg))
 model.save_pretrained(out)
 rates = {}
 if on_gpu:  # the bf16 matmul rate MFU is measured against: square, and the model's GEMMs at 16k tokens
@@ -125,7 +151,7 @@ if on_gpu:  # the bf16 matmul rate MFU is measured against: square, and the mode
         return 2 * m * k * n / sorted(times)[len(times) // 2] / 1e12
     h, i = cfg["hidden_size"], cfg["intermediate_size"]
     rates["square_8192_tflops"] = rate(8192, 8192, 8192)
-    shapes = {"qkv": (16384, h, 3 * h), "out": (16384, h, h), "up": (16384, h, i), "down": (16384, i, h)}
+    shapes = {"qkv": (16384, h, 3 * h), "out": (16384, h, h), "up": (16384, h, 2 * i if modern else i), "down": (16384, i, h)}
     per = {k: rate(*s) for k, s in shapes.items()}
     flops = {k: s[1] * s[2] for k, s in shapes.items()}
     rates["model_gemms_tflops"] = sum(flops.values()) / sum(flops[k] / per[k] for k in per)
@@ -155,16 +181,17 @@ print("SCORES " + json.dumps(scores))
 _FORWARD = r'''
 import json, random, sys, time
 import torch
-from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica, load_cross_encoder
+from adapters.runtimes.packed.encoder_forward import load_cross_encoder, make_replica
 
 model_dir, device, lens = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 on_gpu = device == "cuda"
 dev = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
 model = load_cross_encoder(model_dir, None, torch.bfloat16 if on_gpu else torch.float32)
-vocab = model.config.vocab_size
-rep = PackedEncoderReplica(model, dev, attention="auto", compile=on_gpu)
+vocab, bos, eos = model.config.vocab_size, model.config.bos_token_id, model.config.eos_token_id
+rep = make_replica(model, dev, attention="auto", compile=on_gpu)
 rng = random.Random(0)
-reqs = [[[0] + [rng.randrange(5, vocab - 1) for _ in range(n - 2)] + [2] for n in req] for req in lens]
+# [CLS]/<s> + random ids + [SEP]/</s>: one special pair less than a real pair, lengths as measured
+reqs = [[[bos] + [rng.randrange(5, vocab - 1) for _ in range(n - 2)] + [eos] for n in req] for req in lens]
 rep.warm_up([(reqs[0][:1], [None]), (reqs[0][:3], [None] * 3), (reqs[0], [None] * len(reqs[0]))])
 out = {"attention": rep.attention_name, "compiled": rep.compiled, "compile_error": rep.compile_error}
 for k in (1, 4):
@@ -179,6 +206,31 @@ for k in (1, 4):
         rep.score(prompts)  # launch + collect: the scores are on the host when it returns
         times.append(time.perf_counter() - t)
     out[f"x{k}"] = {"tokens": sum(map(len, prompts)), "ms_median": 1e3 * sorted(times)[len(times) // 2], "ms_min": 1e3 * min(times)}
+
+
+def padded(m, prompts):
+    """transformers' own forward on the pairs, right-padded batches of 25 (its attention mask hides the pads)."""
+    logits = []
+    with torch.inference_mode():
+        for i in range(0, len(prompts), 25):
+            batch = prompts[i:i + 25]
+            width = max(map(len, batch))
+            ids = torch.tensor([p + [model.config.pad_token_id or 0] * (width - len(p)) for p in batch], device=dev)
+            mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in batch], device=dev)
+            logits += m(input_ids=ids, attention_mask=mask).logits[:, 0].float().tolist()
+    return logits
+
+
+def compare(got, want):
+    top = lambda xs: sorted(range(len(xs)), key=lambda i: -xs[i])[:10]
+    return {"max_abs_logit_diff": max(abs(a - b) for a, b in zip(got, want)), "top10_shared": len(set(top(got)) & set(top(want))),
+            "top10_same_order": top(got) == top(want), "logit_spread": max(want) - min(want)}
+
+
+packed = [x[0] for x in rep.score(reqs[0])]
+out["vs_transformers_same_dtype"] = compare(packed, padded(model, reqs[0]))  # the replica shares the model's weights
+fp32 = load_cross_encoder(model_dir, None, torch.float32).to(dev)
+out["vs_transformers_fp32"] = compare(packed, padded(fp32, reqs[0]))
 print("FORWARD " + json.dumps(out))
 '''
 
@@ -234,15 +286,7 @@ def build(out: Path, cfg: dict[str, Any], device: str) -> dict[str, Any]:
     return json.loads(line[6:])
 
 
-def flops_per_request(cfg: dict[str, Any], pair_lens: list[int]) -> float:
-    """2 x non-embedding weights x tokens + bidirectional attention (QK^T and PV: 4 L^2 d per layer)."""
-    h, i, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    weights = layers * (4 * h * h + 2 * h * i)
-    tokens = sum(pair_lens)
-    return 2 * weights * tokens + layers * sum(4 * n * n * h for n in pair_lens)
-
-
-def pair_lengths(model_dir: Path, requests: int = 8) -> list[list[int]]:
+def pair_lengths(model_dir: Path, cfg: dict[str, Any], requests: int = 8) -> list[list[int]]:
     """Token counts of d100 pairs as the gateway builds them (<s> q </s></s> d </s>), from the bench's own workload."""
     import msgspec
 
@@ -254,7 +298,7 @@ def pair_lengths(model_dir: Path, requests: int = 8) -> list[list[int]]:
     for r in build_workload(spec, counter):
         body = msgspec.json.decode(r.body)
         (q,) = counter.count([body["query"]])
-        out.append([q + d + 4 for d in counter.count(body["documents"])])
+        out.append([q + d + pair_specials(cfg) for d in counter.count(body["documents"])])
     return out
 
 
@@ -317,7 +361,7 @@ def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Pa
 
 def summary(results: dict[str, Any]) -> str:
     floor = results.get("floor") or {}
-    lines = [f"# bge-reranker-v2-m3 shape (XLM-R large), d100, over HTTP: {results.get('device', '?')} ({results['date_utc']})", "",
+    lines = [f"# {results.get('title', MODELS['xlmr-large'][3])}, d100, over HTTP: {results.get('device', '?')} ({results['date_utc']})", "",
              f"Workload: 1 query x {DOCS} documents of U[{DOC_TOKENS.replace('-', ',')}] tokens, query {QUERY_TOKENS} tokens: "
              f"{floor.get('tokens_per_request', 0):,.0f} tokens and {floor.get('tflop_per_request', 0):.2f} TFLOP per request.", ""]
     if floor.get("ms_at_100pct_square"):
@@ -330,6 +374,12 @@ def summary(results: dict[str, Any]) -> str:
                   f"one d100 step ({fwd['x1']['tokens']:,} tokens) {fwd['x1']['ms_median']:.1f} ms (MFU {_pct(fwd['x1'].get('mfu'))}), "
                   f"four ({fwd['x4']['tokens']:,} tokens) {fwd['x4']['ms_median']:.1f} ms "
                   f"= {400 / fwd['x4']['ms_median'] * 1e3:,.0f} docs/s (MFU {_pct(fwd['x4'].get('mfu'))}).", ""]
+        for ref in ("same_dtype", "fp32"):  # the replica's logits against transformers' padded model
+            c = fwd.get(f"vs_transformers_{ref}")
+            if c:
+                lines += [f"Packed vs transformers ({ref.replace('_', ' ')}), padded, on the first request's pairs: max |logit "
+                          f"difference| {c['max_abs_logit_diff']:.2e} (spread {c['logit_spread']:.2e}), top-10 shared "
+                          f"{c['top10_shared']}, same order {c['top10_same_order']}.", ""]
     lines += ["| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",
               "|---|---|---|---|---|---|---|---|---|"]
     for label, e in results["runs"].items():
@@ -361,7 +411,11 @@ def _pct(x: float | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runtimes", default="packed,vllm-score,transformers", help="comma list, run in this order")
-    ap.add_argument("--tiny", action="store_true", help="CPU check of this script: tiny XLM-R, cpu devices")
+    ap.add_argument("--tiny", action="store_true", help="CPU check of this script: tiny model, cpu devices")
+    ap.add_argument("--model", choices=sorted(MODELS), default="xlmr-large", help="the checkpoint's shape")
+    ap.add_argument("--pooling", choices=("cls", "mean"), help="ModernBERT's classifier_pooling (default: cls)")
+    ap.add_argument("--forward-only", action="store_true",
+                    help="no gateways: the packed replica alone, timed and compared with transformers' padded model")
     ap.add_argument("--idle-requests", type=int, default=40)
     ap.add_argument("--load-requests", type=int, default=160, help="requests at 16 clients")
     ap.add_argument("--clients", type=int, default=16)
@@ -375,22 +429,26 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     gpu = not args.tiny
-    cfg = TINY_CONFIG if args.tiny else REAL_CONFIG
+    real, tiny, folder, title = MODELS[args.model]
+    cfg = dict(tiny if args.tiny else real)
+    if args.pooling:
+        cfg["classifier_pooling"] = args.pooling
     results: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": {}, "skipped": [],
-                               "config": cfg, "workload": {"documents": DOCS, "doc_tokens": DOC_TOKENS, "query_tokens": QUERY_TOKENS}}
+                               "config": cfg, "title": title,
+                               "workload": {"documents": DOCS, "doc_tokens": DOC_TOKENS, "query_tokens": QUERY_TOKENS}}
 
     def save() -> None:
         (out / "encoders_results.json").write_text(json.dumps(results, indent=1, default=str))
         (out / "encoders_summary.md").write_text(summary(results))
 
-    labels = args.runtimes.split(",")
+    labels = [] if args.forward_only else args.runtimes.split(",")
     for label in labels:  # every runtime's config, typed as the gateway will read it: a typo fails now, not in minutes
         msgspec.convert({"models": [{"name": label, "path": "/nonexistent", **RUNTIMES[label]}]}, Settings, strict=True)
     t = time.time()
-    model_dir = work / ("xlmr-tiny" if args.tiny else "xlmr-large")
+    model_dir = work / (f"{folder}-tiny" if args.tiny else args.model)
     rates = build(model_dir, cfg, "cpu" if args.tiny else "cuda")
     results["device"] = rates.get("device", "cpu (--tiny: a logic check, not a measurement)")
-    lens = pair_lengths(model_dir)
+    lens = pair_lengths(model_dir, cfg)
     tokens = sum(sum(x) for x in lens) / len(lens)
     flop = sum(flops_per_request(cfg, x) for x in lens) / len(lens)
     floor: dict[str, Any] = {"tokens_per_request": tokens, "tflop_per_request": flop / 1e12}
@@ -402,9 +460,10 @@ def main() -> None:
                      docs_per_s_at_100pct=DOCS * rates["square_8192_tflops"] * 1e12 / flop)
     results["floor"] = floor
     log(f"checkpoint + rates in {time.time() - t:.0f}s: {json.dumps(floor)}")
-    query, docs = probe_request(model_dir)
-    results["probe"] = {"query": query, "documents": docs,
-                        "reference": reference_scores(model_dir, "cpu" if args.tiny else "cuda", query, docs)}
+    if labels:  # the HTTP probe's fp32 reference (the forward probe has its own)
+        query, docs = probe_request(model_dir)
+        results["probe"] = {"query": query, "documents": docs,
+                            "reference": reference_scores(model_dir, "cpu" if args.tiny else "cuda", query, docs)}
     save()
     levels = {1: args.idle_requests, args.clients: args.load_requests}
     for label in labels:
