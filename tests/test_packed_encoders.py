@@ -2,9 +2,11 @@
 sentence-transformers' ``CrossEncoder.predict`` (an independent implementation: its own
 tokenization, padding and activation).
 
-- XLM-R (bge-reranker), BERT (ms-marco-MiniLM, token types) and ELECTRA (embedding projection)
-  score as sentence-transformers does within 1e-5 in fp32: alone, with pairs of several requests
-  in one step (different queries: different token-type starts), through the HTTP API, and raw;
+- XLM-R (bge-reranker), BERT (ms-marco-MiniLM, token types), ELECTRA (embedding projection) and
+  ModernBERT (RoPE, local attention narrower than the pairs; "cls" pooling with one label, "mean"
+  with two: more in test_packed_modernbert.py) score as sentence-transformers does within 1e-5 in
+  fp32: alone, with pairs of several requests in one step (different queries: different
+  token-type starts, RoPE positions restarting), through the HTTP API, and raw;
 - a two-label head scores with softmax on its positive label, as the family says;
 - an architecture the packed layers do not run (DeBERTa-v2) is refused with one line, at
   check-config and at start; fp8 is refused for cross-encoders;
@@ -32,18 +34,21 @@ from gateway.launch.preflight import preflight
 from schemas.config import PackedEngineConfig, Settings
 from tests import reference_encoders as ref
 from tests.corpus import DOCS, Q
-from tests.tiny_encoders import build_tiny_cross_encoder
+from tests.tiny_encoders import build_tiny_cross_encoder, build_tiny_modernbert
 
 pytestmark = pytest.mark.anyio
 TOL = 1e-5
-KINDS = ("xlmr", "bert", "electra")
+KINDS = ("xlmr", "bert", "electra", "modernbert", "modernbert-mean")
 QUERIES = (Q, "capital punishment", "Which fox is quick and brown, and which dog is lazy?")
 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("packed-encoders")
-    out = {kind: build_tiny_cross_encoder(base / kind, kind=kind) for kind in KINDS}
+    out = {kind: build_tiny_cross_encoder(base / kind, kind=kind) for kind in KINDS if not kind.startswith("modernbert")}
+    out["modernbert"] = build_tiny_modernbert(base / "modernbert")
+    out["modernbert-mean"] = build_tiny_modernbert(base / "modernbert-mean", pooling="mean",
+                                                   id2label={0: "irrelevant", 1: "relevant"}, seed=1)
     out["bert2"] = build_tiny_cross_encoder(base / "bert2", id2label={0: "irrelevant", 1: "relevant"}, seed=1)
     deberta = base / "deberta"
     deberta.mkdir()
@@ -88,7 +93,7 @@ def _st(path: Path, query: str, docs: list[str]) -> list[float]:
 async def test_scores_equal_sentence_transformers(engines, dirs, kind):
     eng = engines[kind]
     assert type(eng).__name__ == "PackedEncoderEngine"
-    assert eng.stats()["attention"] == "sdpa per sequence" and eng.describe()["family"] == "cross-encoder"
+    assert eng.stats()["attention"].startswith("sdpa per sequence") and eng.describe()["family"] == "cross-encoder"
     result = await eng.score(_job(eng, Q, DOCS))
     expected = _st(dirs[kind], Q, DOCS)
     assert result.scores == pytest.approx(expected, abs=TOL)
@@ -108,7 +113,7 @@ async def test_one_step_of_mixed_queries_equals_each_pair_alone(engines, dirs, k
         shared = family.tokenizer.encode_shared(q, "")
         rows += [family.tokenizer.row(shared, d) for d in family.tokenizer.encode_documents(DOCS)]
         want += _st(dirs[kind], q, DOCS)
-    assert (rows[0].segment_start is not None) == (kind != "xlmr")  # BERT / ELECTRA pairs are typed
+    assert (rows[0].segment_start is not None) == (kind in ("bert", "electra"))  # BERT / ELECTRA pairs are typed
     logits = replica.score([r.ids for r in rows], [r.segment_start for r in rows])
     assert family.scores(_job(eng, Q, DOCS), logits) == pytest.approx(want, abs=TOL)
 
@@ -142,8 +147,9 @@ async def test_two_label_head_is_softmax_of_the_positive_label(engines, dirs):
     assert result.scores == pytest.approx(_st(dirs["bert2"], Q, DOCS), abs=TOL)
 
 
-def test_http_rerank_equals_sentence_transformers(dirs):
-    model = PackedEngineConfig(name="ce", path=str(dirs["xlmr"]), devices=("cpu",))
+@pytest.mark.parametrize("kind", ["xlmr", "modernbert-mean"])
+def test_http_rerank_equals_sentence_transformers(dirs, kind):
+    model = PackedEngineConfig(name="ce", path=str(dirs[kind]), devices=("cpu",))
     with TestClient(create_app(Settings(models=(model,)), configure_logs=False)) as client:
         deadline = time.monotonic() + 60
         while client.get("/ready").status_code != 200:
@@ -151,7 +157,7 @@ def test_http_rerank_equals_sentence_transformers(dirs):
             time.sleep(0.05)
         body = client.post("/v1/rerank", json={"model": "ce", "query": Q, "documents": DOCS}).json()
         got = {r["index"]: r["relevance_score"] for r in body["results"]}
-        assert [got[i] for i in range(len(DOCS))] == pytest.approx(_st(dirs["xlmr"], Q, DOCS), abs=TOL)
+        assert [got[i] for i in range(len(DOCS))] == pytest.approx(_st(dirs[kind], Q, DOCS), abs=TOL)
         status = client.get("/ready").json()["models"][0]
         assert (status["engine"], status["family"], status["runtime"]) == ("packed", "cross-encoder", "packed")
         assert status["engine_stats"]["requests"] == 1
@@ -197,6 +203,7 @@ def test_default_engine_on_a_gpu_is_packed_where_it_runs(monkeypatch, dirs):
 
     monkeypatch.setattr(settings_module, "cuda_present", lambda: True)
     assert engine_for(dirs["xlmr"]) == "packed" and engine_for(dirs["bert"]) == "packed"
+    assert engine_for(dirs["modernbert"]) == "packed"
     assert engine_for(dirs["deberta"]) == "transformers"  # packed cannot run it: the next choice
     explicit = load_settings(environ={"RERANK_MODELS__0__PATH": str(dirs["bert"]), "RERANK_MODELS__0__ENGINE": "transformers"})
     assert explicit.models[0].__struct_config__.tag == "transformers"  # an explicit engine is kept
@@ -241,14 +248,16 @@ def test_config_error_type():  # load_settings wraps the struct's ValueError in 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="torch.compile on CPU needs a C compiler")
-async def test_compiled_regions_score_as_eager(dirs):
-    """compile = "on" (the CUDA default) on CPU: residual + LayerNorm and GELU compiled, one pair and several."""
-    eng = build_engine(_config(dirs["bert"], compile="on"))
+@pytest.mark.parametrize("kind", ["bert", "modernbert-mean"])
+async def test_compiled_regions_score_as_eager(dirs, kind):
+    """compile = "on" (the CUDA default) on CPU: residual + LayerNorm and GELU (ModernBERT: + RoPE,
+    GeGLU) compiled, one pair and several."""
+    eng = build_engine(_config(dirs[kind], compile="on"))
     await eng.start()
     try:
         assert eng.stats()["compiled"] is True and "compile_error" not in eng.stats()
         for docs in (DOCS, DOCS[:1]):  # a lone pair runs with a 1-token companion (one graph for both)
             result = await eng.score(_job(eng, Q, docs))
-            assert result.scores == pytest.approx(_st(dirs["bert"], Q, docs), abs=TOL)
+            assert result.scores == pytest.approx(_st(dirs[kind], Q, docs), abs=TOL)
     finally:
         await eng.stop()
