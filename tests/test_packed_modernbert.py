@@ -125,3 +125,46 @@ def test_banded_sdpa_equals_a_dense_masked_reference():
     assert torch.allclose(got, torch.cat(want), atol=1e-6)
     with pytest.raises(ValueError, match="bidirectional"):
         kernels.pick_attention("auto", torch.device("cpu"), causal=True, window=3)
+
+
+def _unbanded_varlen(q, k, v, cu_q, cu_k, max_q, max_k, lens_q, lens_k):
+    """A stand-in for a varlen kernel whose build ignores ``window_size`` (it reads only ``cu``)."""
+    from adapters.runtimes.packed import kernels
+
+    lens = (cu_q[1:] - cu_q[:-1]).tolist()
+    return kernels.sdpa_per_sequence(q, k, v, cu_q, cu_k, max_q, max_k, lens, lens)
+
+
+def test_a_varlen_kernel_is_checked_on_the_band_before_it_serves_local_layers(dirs, monkeypatch):
+    """On CUDA the local layers' varlen kernel must compute the band: one that ignores the window
+    (or raises) is replaced by the banded SDPA at start, and the scores stay transformers'."""
+    import torch
+
+    from adapters.runtimes.packed import kernels, picks
+    from adapters.runtimes.packed.encoder_forward import load_cross_encoder, make_replica
+
+    cpu = torch.device("cpu")
+    _, banded = kernels.pick_attention("sdpa", cpu, causal=False, window=8)
+    assert picks.window_error(banded, "banded", cpu, torch.float32, 8) is None
+    assert "not the band" in picks.window_error(_unbanded_varlen, "fake", cpu, torch.float32, 8)
+
+    def broken(*args):
+        raise RuntimeError("this build has no local attention")
+
+    assert "RuntimeError: this build has no local attention" in picks.window_error(broken, "fake", cpu, torch.float32, 8)
+
+    def pick(choice, device, kernel="auto", *, causal=True, dtype=None, window=None):  # "auto" -> the fake varlen kernel
+        if choice == "sdpa":
+            return real_pick(choice, device, kernel, causal=causal, dtype=dtype, window=window)
+        return ("fake varlen" + (f", window ±{window}" if window else ""), _unbanded_varlen)
+
+    real_pick = kernels.pick_attention
+    monkeypatch.setattr(kernels, "pick_attention", pick)
+    replica = make_replica(load_cross_encoder(str(dirs["cls"]), None, torch.float32), cpu, attention="auto", compile=False)
+    assert "not the band" in replica.window_error
+    assert replica.attention_name.startswith("fake varlen; local layers: sdpa per sequence, window ±8 (the varlen kernel")
+    from transformers import AutoTokenizer
+
+    got = replica.score(_pairs(AutoTokenizer.from_pretrained(dirs["cls"]), [Q], ALL_DOCS))
+    want = _padded_logits(dirs["cls"], [Q], ALL_DOCS)
+    assert [r[0] for r in got] == pytest.approx([r[0] for r in want], abs=TOL)

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from adapters.runtimes.packed import kernels
+from adapters.runtimes.packed import kernels, picks
 from adapters.runtimes.packed.encoder_forward import PackedPairReplica
 
 __all__ = ("PackedModernBertReplica",)
@@ -108,6 +108,13 @@ class PackedModernBertReplica(PackedPairReplica):
         name, self._attend = kernels.pick_attention(attention, device, kernel, causal=False, dtype=dtype)
         local_name, self._attend_local = kernels.pick_attention(attention, device, kernel, causal=False, dtype=dtype,
                                                                 window=self.window)
+        # A varlen kernel's window is checked against the exact banded SDPA before it is trusted
+        # (a build may lack local attention); where it fails, the banded SDPA serves the local layers.
+        self.window_error = None if kernels.needs_lengths(self._attend_local) else picks.window_error(
+            self._attend_local, local_name, device, dtype, self.window)
+        if self.window_error is not None:
+            local_name, self._attend_local = kernels.pick_attention("sdpa", device, causal=False, window=self.window)
+            local_name += f" (the varlen kernel failed the band check: {self.window_error})"
         self.attention_name = f"{name}; local layers: {local_name}"
         self._per_sequence = kernels.needs_lengths(self._attend) or kernels.needs_lengths(self._attend_local)
         act = base.layers[0].mlp.act  # the config's hidden_activation, one module for every layer

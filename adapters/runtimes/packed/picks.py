@@ -1,12 +1,13 @@
-"""Start-time kernel choices of a packed Qwen3 replica, each checked before it is used.
+"""Start-time kernel choices of a packed replica (Qwen3; ModernBERT's local window), each checked before it is used.
 
 A candidate kernel is first run on random data against the region it would replace: one that
 does not compute the same function is never used. The ones that do are timed on a d100 step's
 shapes (16k tokens) and the faster wins. ``forward.PackedQwen3Replica`` calls these at warm-up
 (``sharing_error``, ``pick_silu_mul``, ``pick_qk_norm_rope``) and after FP8 quantization
-(``pick_fp8_regions``), and keeps what they return.
+(``pick_fp8_regions``), and keeps what they return; ``modernbert_forward`` checks its local layers'
+varlen kernel with ``window_error``.
 
-Imported only through ``adapters.runtimes.packed.forward`` (pulls in torch).
+Imported only through the packed replicas (pulls in torch).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from adapters.runtimes.packed import fp8, kernels
 
-__all__ = ("on_device", "pick_fp8_regions", "pick_qk_norm_rope", "pick_silu_mul", "sharing_error")
+__all__ = ("on_device", "pick_fp8_regions", "pick_qk_norm_rope", "pick_silu_mul", "sharing_error", "window_error")
 
 
 def on_device(device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -39,6 +40,21 @@ def sharing_error(attend: kernels.Attention, name: str, device: torch.device, dt
         return f"{name}: {type(exc).__name__}: {exc}"[:300]
     if not err < 2e-2:  # bf16: ~3e-3; a top-left mask: ~1
         return f"{name}: not bottom-right aligned (relative error {err:.3g})"
+    return None
+
+
+@torch.inference_mode()
+def window_error(attend: kernels.Attention, name: str, device: torch.device, dtype: torch.dtype, window: int) -> str | None:
+    """Why ``attend`` (a varlen kernel given ``window_size=(window, window)``) cannot serve local
+    attention, or None where it computes the band: a build without local-attention kernels
+    raises, one that ignores the window is off by ~1."""
+    try:
+        with on_device(device):
+            err = kernels.band_error(attend, device, dtype, window)
+    except Exception as exc:  # noqa: BLE001  # e.g. a kernel build without sliding-window support
+        return f"{name}: {type(exc).__name__}: {exc}"[:300]
+    if not err < 2e-2:  # bf16: ~3e-3
+        return f"{name}: not the band (relative error {err:.3g})"
     return None
 
 
