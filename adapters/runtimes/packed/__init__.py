@@ -1,8 +1,9 @@
 """The ``packed`` runtime: varlen steps without padding, continuous batching, several devices.
 
 Qwen3: ``forward`` (one model replica, causal, last positions only). Cross-encoders (BERT,
-ELECTRA, RoBERTa, XLM-R): ``encoder_forward`` (bidirectional, first positions only) and
-``encoder`` (their engine). Shared: ``kernels`` (attention and pointwise kernels), ``scheduler``
+ELECTRA, RoBERTa, XLM-R): ``encoder_forward`` (bidirectional, first positions only, and the
+step every encoder replica shares); ModernBERT: ``modernbert_forward`` (RoPE, global / local
+attention); ``encoder`` (their engine). Shared: ``kernels`` (attention and pointwise kernels), ``scheduler``
 (one queue, one worker thread per device), ``engine`` (the Qwen3 engine and
 ``build_packed_engine``, which picks by family). Imported through the registry only.
 """
