@@ -228,9 +228,11 @@ def compare(got, want):
 
 
 packed = [x[0] for x in rep.score(reqs[0])]
-out["vs_transformers_same_dtype"] = compare(packed, padded(model, reqs[0]))  # the replica shares the model's weights
-fp32 = load_cross_encoder(model_dir, None, torch.float32).to(dev)
-out["vs_transformers_fp32"] = compare(packed, padded(fp32, reqs[0]))
+same = padded(model, reqs[0])  # the replica shares the model's weights
+out["vs_transformers_same_dtype"] = compare(packed, same)
+fp32 = padded(load_cross_encoder(model_dir, None, torch.float32).to(dev), reqs[0])
+out["vs_transformers_fp32"] = compare(packed, fp32)
+out["transformers_same_dtype_vs_fp32"] = compare(same, fp32)  # the precision's own noise, for scale
 print("FORWARD " + json.dumps(out))
 '''
 
@@ -374,10 +376,10 @@ def summary(results: dict[str, Any]) -> str:
                   f"one d100 step ({fwd['x1']['tokens']:,} tokens) {fwd['x1']['ms_median']:.1f} ms (MFU {_pct(fwd['x1'].get('mfu'))}), "
                   f"four ({fwd['x4']['tokens']:,} tokens) {fwd['x4']['ms_median']:.1f} ms "
                   f"= {400 / fwd['x4']['ms_median'] * 1e3:,.0f} docs/s (MFU {_pct(fwd['x4'].get('mfu'))}).", ""]
-        for ref in ("same_dtype", "fp32"):  # the replica's logits against transformers' padded model
-            c = fwd.get(f"vs_transformers_{ref}")
+        for ref in ("vs_transformers_same_dtype", "vs_transformers_fp32", "transformers_same_dtype_vs_fp32"):
+            c = fwd.get(ref)  # the replica's logits against transformers' padded model (and that model's dtype noise)
             if c:
-                lines += [f"Packed vs transformers ({ref.replace('_', ' ')}), padded, on the first request's pairs: max |logit "
+                lines += [f"{('packed ' if ref.startswith('vs') else '') + ref.replace('_', ' ')}, padded, first request's pairs: max |logit "
                           f"difference| {c['max_abs_logit_diff']:.2e} (spread {c['logit_spread']:.2e}), top-10 shared "
                           f"{c['top10_shared']}, same order {c['top10_same_order']}.", ""]
     lines += ["| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",
