@@ -152,6 +152,19 @@ async def test_multi_label_head_takes_the_positive_label(tiny_dirs):
     assert raw.scores == pytest.approx([lg[1] for lg in ref.cross_logits(tiny_dirs["multi"], Q, DOCS)], abs=TOL)
 
 
+async def test_two_label_head_saved_without_id2label(tmp_path):
+    """transformers 5 writes no id2label / num_labels for its default two labels: the family must
+    read two labels (as from_pretrained builds), take label 1, and score like the reference."""
+    path = build_tiny_cross_encoder(tmp_path / "two", num_labels=2)
+    saved = json.loads((path / "config.json").read_text())
+    assert "id2label" not in saved and "num_labels" not in saved  # what today's save_pretrained writes
+    engine = await _engine(path)
+    family = engine._family
+    assert family is not None and family.num_labels == 2 and family.positive_label == 1
+    result = await engine.score(_job(engine, Q, DOCS))
+    assert result.scores == pytest.approx(ref.cross_scores(path, Q, DOCS, positive=1), abs=TOL)
+
+
 async def test_activation_applied_once_on_a_known_logit(tiny_dirs):
     engine = await _engine(tiny_dirs["known"])
     result = await engine.score(_job(engine, Q, DOCS[:3]))

@@ -69,7 +69,9 @@ class ModelFiles:
         id2label = self.config.get("id2label")
         if isinstance(id2label, dict) and id2label:
             return len(id2label)
-        return int(self.config.get("num_labels", 1) or 1)
+        # Neither key: transformers' own default, two labels. Its save_pretrained (5.x) leaves the
+        # default two-label id2label out of config.json, and from_pretrained builds a 2-row head.
+        return int(self.config.get("num_labels", 2) or 2)
 
 
 @dataclass(frozen=True)
