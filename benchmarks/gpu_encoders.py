@@ -268,7 +268,7 @@ def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int,
     lat = s["latency_ms"]
     row = {"clients": clients, "requests": requests, "docs_per_s": s["docs_per_s"], "p50_ms": lat["p50"],
            "p99_ms": lat["p99"], "max_ms": lat["max"], "errors": s["errors"], "first_error": s.get("first_error"),
-           "server_timing_ms": s.get("server_timing_ms"), "gpu_mib": gpu_mem_mib() - gw.base_mib if gpu else None}
+           "server_timing_ms": s.get("server_timing_ms"), "server_timing_pct_ms": s.get("server_timing_pct_ms"), "gpu_mib": gpu_mem_mib() - gw.base_mib if gpu else None}
     log(f"{model} d100 x{clients}: {row['docs_per_s']:.0f} docs/s, p50 {row['p50_ms']:.1f}, p99 {row['p99_ms']:.1f}, "
         f"max {row['max_ms']:.1f} ms, errors {row['errors']}")
     return row
@@ -341,6 +341,17 @@ def summary(results: dict[str, Any]) -> str:
                      f"{many['docs_per_s']:,.0f} | {_pct(e.get('mfu_many'))} | {_pct(e.get('mfu_one'))} | "
                      f"{sum(sum(r['errors'].values()) for r in rows.values())} |" if many else
                      f"| {label} | | | | | error: {(e.get('error') or 'no rows')[:300]} | | | |")
+    lines += ["", "Server timing per request, ms: mean (p50 / p99 / max); outside = HTTP + client. Engine steps: "
+              "queue, host prep (assemble + pack + launch) and device wait (collect), means per step.", ""]
+    for label, e in results["runs"].items():
+        for r in e.get("rows", []):
+            t, pct = r.get("server_timing_ms") or {}, r.get("server_timing_pct_ms") or {}
+            lines.append(f"- {label} x{r['clients']}: " + ", ".join(
+                f"{k} {v:.1f}" + (" ({p50:.1f} / {p99:.1f} / {max:.1f})".format(**pct[k]) if k in pct else "") for k, v in t.items()))
+        st = e.get("engine_stats_after") or {}
+        if "prep_ms_mean" in st:
+            lines.append(f"- {label} engine: queue {st['queue_ms_mean']:.2f}, step {st['step_ms_mean']:.2f}, host prep "
+                         f"{st['prep_ms_mean']:.2f}, device wait {st['wait_ms_mean']:.2f} ms (means over {st['steps']} steps)")
     lines += ["", "Probe: one d100 request scored twice by each runtime, against plain transformers in fp32 "
               "(random weights bunch the scores: the spread is the reference's max - min).", "",
               "| runtime | max abs diff vs fp32 | top-10 shared | top-10 same order | repeat max abs diff | spread |",
