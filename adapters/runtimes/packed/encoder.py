@@ -42,6 +42,10 @@ class PackedEncoderEngine:
         self._scheduler: PackedScheduler | None = None
         self._replicas: list[PackedEncoderReplica] = []
         self._dtype: torch.dtype | None = None
+        # Read by the rerank service: a large request is submitted in two parts, the device
+        # starting on the first while the rest is tokenized. Only where a step's host work
+        # overlaps the device (CUDA's launch/collect); on CPU the forward holds both cores anyway.
+        self.overlaps_tokenizing = False
 
     @property
     def tokenizer(self) -> PairTokenizer | None:
@@ -137,6 +141,7 @@ class PackedEncoderEngine:
         for r in replicas:  # compile and warm every replica before traffic
             _warm_up(r, family)
         self._family, self._replicas, self._dtype = family, replicas, dtype
+        self.overlaps_tokenizing = replicas[0].pipelined
         self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
                                           policy=cfg.policy, error_type=EngineError)
 
