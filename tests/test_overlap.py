@@ -102,3 +102,24 @@ async def test_an_error_in_the_second_part_cancels_the_first(served):
     assert rt.in_flight == 0
     out, _ = await _rerank(registry, rt, True, TEXTS)  # and the engine keeps serving
     assert len(out.response.results) == len(TEXTS)
+
+
+@pytest.mark.parametrize("configured", [True, False])
+async def test_on_a_pipelined_device_the_config_decides(served, monkeypatch, configured):
+    from adapters.registry import build_engine
+    from adapters.runtimes.packed import encoder_forward
+
+    init = encoder_forward.PackedEncoderReplica.__init__
+
+    def as_on_cuda(self, *a, **kw):  # CUDA's launch/collect split, on CPU
+        init(self, *a, **kw)
+        self.pipelined = True
+
+    monkeypatch.setattr(encoder_forward.PackedEncoderReplica, "__init__", as_on_cuda)
+    _, rt = served
+    engine = build_engine(msgspec.structs.replace(rt.config, overlap_tokenizing=configured))
+    await engine.start()
+    try:
+        assert engine.overlaps_tokenizing is configured
+    finally:
+        await engine.stop()

@@ -141,7 +141,7 @@ class PackedEncoderEngine:
         for r in replicas:  # compile and warm every replica before traffic
             _warm_up(r, family)
         self._family, self._replicas, self._dtype = family, replicas, dtype
-        self.overlaps_tokenizing = replicas[0].pipelined
+        self.overlaps_tokenizing = replicas[0].pipelined and cfg.overlap_tokenizing
         self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
                                           policy=cfg.policy, error_type=EngineError)
 
