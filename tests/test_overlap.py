@@ -123,3 +123,13 @@ async def test_on_a_pipelined_device_the_config_decides(served, monkeypatch, con
         assert engine.overlaps_tokenizing is configured
     finally:
         await engine.stop()
+
+
+async def test_raw_scores_in_both_parts(served):
+    registry, rt = served
+    one, _ = await _rerank(registry, rt, False, TEXTS, raw_scores=True)
+    two, submits = await _rerank(registry, rt, True, TEXTS, raw_scores=True)
+    want = {r.index: r.relevance_score for r in one.response.results}
+    got = {r.index: r.relevance_score for r in two.response.results}
+    assert submits == 2 and any(not 0 <= s <= 1 for s in want.values())  # logits, not probabilities
+    assert [got[i] for i in range(len(TEXTS))] == pytest.approx([want[i] for i in range(len(TEXTS))], abs=1e-6)

@@ -356,8 +356,8 @@ class RerankService:
         raw = wants_raw_scores(runtime, runtime.usable_engine())
         cut = len(unique) // 4
         head, head_owners = await self._token_job(tokenizer, query, instruction, unique[:cut], *rest)
-        if raw:
-            head = msgspec.structs.replace(head, raw_scores=True)
+        raw = raw or head.raw_scores  # the model's config, or the request (TEI's raw_scores)
+        head = msgspec.structs.replace(head, raw_scores=raw)
         first = asyncio.ensure_future(self._score(runtime, head))
         second: asyncio.Future[Any] | None = None
         try:
