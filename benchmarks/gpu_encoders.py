@@ -22,6 +22,11 @@ non-embedding weights x tokens + bidirectional attention) over the measured bf16
 Last, if time is left: the packed replica alone in a child process (no gateway, no HTTP), one
 d100 step and one of four requests, to tell the forward's time from the serving overhead.
 
+``packed-one-job`` is ``packed`` with ``overlap_tokenizing = false`` (a request tokenized whole,
+then scored as one job): ``--runtimes packed-one-job,packed`` measures the two-part submit.
+The summary gives each row's server timing per phase (mean, p50 / p99 / max) and the packed
+scheduler's step split (host prep vs device wait).
+
 A runtime whose start would pass the deadline (``RR_DEADLINE`` from device_run.sh, else
 ``--budget`` seconds from now) is skipped and listed. Writes ``$OUT/encoders_results.json`` and
 ``$OUT/encoders_summary.md`` (two files: the device returns at most eight).
