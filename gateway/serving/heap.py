@@ -5,17 +5,18 @@ long-lived objects (modules, tensors' Python wrappers, compiled graphs, tokenize
 of them is garbage, yet every full (generation 2) collection walks them all while holding the
 GIL: the event loop and the engine's worker threads stop for as long as that takes
 (``benchmarks/gc_pauses.py``: a serving gateway with a tiny packed or transformers model holds
-~472k objects and a full collection took 285-398 ms on the 2-core CI box; frozen, 0.5 ms --
-docs/benchmarks/cpu-2026-12-02-hostlat/gc_pauses.md; on the GPU host, torch.compile's graphs
-add more). ``gc.freeze()`` moves
-every object alive at that moment into a permanent generation no collection scans; reference
-counting still frees them as usual, only cycles among them wait for ``thaw``.
+~472k objects and a full collection took 285-640 ms on the shared 2-core box; frozen, 0.5 ms --
+docs/benchmarks/cpu-2026-12-02-hostlat/; torch.compile's graphs on a GPU add more).
+``gc.freeze()`` moves every object alive at that moment into a permanent generation no
+collection scans; reference counting still frees them as usual, only cycles among them wait
+for ``thaw``.
 
-So, in the serving process (:func:`enable`): once at start and after each model has loaded, collect what is garbage now (one pause, at
-load time rather than on a request) and freeze the rest (:func:`settle`). Before an engine is
-stopped to be replaced (a restart) the heap is thawed (:func:`thaw`): an engine's objects form
-cycles (a scheduler and its worker threads), which only a collection can free, and frozen they
-would keep the old model's weights -- GPU memory included -- alive for good.
+So, in the serving process (:func:`enable`): once at start and after each model has loaded,
+collect what is garbage now (one pause, at load time rather than on a request) and freeze the
+rest (:func:`settle`). Before an engine is stopped to be replaced (a restart) the heap is thawed
+(:func:`thaw`): an engine's objects form cycles (a scheduler and its worker threads), which only
+a collection can free, and frozen they would keep the old model's weights -- GPU memory
+included -- alive for good.
 """
 
 from __future__ import annotations
