@@ -276,10 +276,12 @@ async def test_stats_split_a_step_into_host_prep_and_device_wait(pipelined):
             await asyncio.wait_for(scheduler.submit([1], [[2, 3], [4]], [5]).future, 5)
         stats = scheduler.stats()
         assert stats["steps"] == 2
+        # Sleeps only overshoot (a loaded CI box): lower bounds, and which side each sleep landed on.
         if pipelined:
-            assert 18 <= stats["prep_ms_mean"] < 50 and 55 <= stats["wait_ms_mean"] < 90
-        else:
-            assert stats["prep_ms_mean"] < 10 and 75 <= stats["wait_ms_mean"] < 120
+            assert stats["prep_ms_mean"] >= 19 and stats["wait_ms_mean"] >= 59
+            assert stats["prep_ms_mean"] < stats["wait_ms_mean"] - 20
+        else:  # the whole forward is the wait; assembling is all the prep
+            assert stats["wait_ms_mean"] >= 79 and stats["prep_ms_mean"] < stats["wait_ms_mean"] / 4
     finally:
         scheduler.stop()
 
