@@ -22,6 +22,11 @@ non-embedding weights x tokens + bidirectional attention) over the measured bf16
 Last, if time is left: the packed replica alone in a child process (no gateway, no HTTP), one
 d100 step and one of four requests, to tell the forward's time from the serving overhead.
 
+``packed-one-job`` is ``packed`` with ``overlap_tokenizing = false`` (a request tokenized whole,
+then scored as one job): ``--runtimes packed-one-job,packed`` measures the two-part submit.
+The summary gives each row's server timing per phase (mean, p50 / p99 / max) and the packed
+scheduler's step split (host prep vs device wait).
+
 A runtime whose start would pass the deadline (``RR_DEADLINE`` from device_run.sh, else
 ``--budget`` seconds from now) is skipped and listed. Writes ``$OUT/encoders_results.json`` and
 ``$OUT/encoders_summary.md`` (two files: the device returns at most eight).
@@ -71,11 +76,13 @@ DOC_TOKENS, QUERY_TOKENS, DOCS = "60-200", "15", 100
 COMMON = {"max_length": 1024, "max_query_tokens": 64}
 RUNTIMES: dict[str, dict[str, Any]] = {
     "packed": {**COMMON, "engine": "packed", "batch_tokens": 65536},
+    # the same without the two-part submit (a request tokenized whole, then one job): the A/B of the overlap
+    "packed-one-job": {**COMMON, "engine": "packed", "batch_tokens": 65536, "overlap_tokenizing": False},
     "vllm-score": {**COMMON, "engine": "vllm-score", "max_num_batched_tokens": 65536, "max_num_seqs": 512},
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
 }
 # runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
-NEEDS = {"packed": 75, "vllm-score": 170, "transformers": 60}
+NEEDS = {"packed": 75, "packed-one-job": 75, "vllm-score": 170, "transformers": 60}
 # --model: (real config, --tiny config, checkpoint folder name, report title)
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
     "xlmr-large": (REAL_CONFIG, TINY_CONFIG, "xlmr", "bge-reranker-v2-m3 shape (XLM-R large)"),
@@ -314,7 +321,7 @@ def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int,
     lat = s["latency_ms"]
     row = {"clients": clients, "requests": requests, "docs_per_s": s["docs_per_s"], "p50_ms": lat["p50"],
            "p99_ms": lat["p99"], "max_ms": lat["max"], "errors": s["errors"], "first_error": s.get("first_error"),
-           "server_timing_ms": s.get("server_timing_ms"), "gpu_mib": gpu_mem_mib() - gw.base_mib if gpu else None}
+           "server_timing_ms": s.get("server_timing_ms"), "server_timing_pct_ms": s.get("server_timing_pct_ms"), "gpu_mib": gpu_mem_mib() - gw.base_mib if gpu else None}
     log(f"{model} d100 x{clients}: {row['docs_per_s']:.0f} docs/s, p50 {row['p50_ms']:.1f}, p99 {row['p99_ms']:.1f}, "
         f"max {row['max_ms']:.1f} ms, errors {row['errors']}")
     return row
@@ -393,6 +400,17 @@ def summary(results: dict[str, Any]) -> str:
                      f"{many['docs_per_s']:,.0f} | {_pct(e.get('mfu_many'))} | {_pct(e.get('mfu_one'))} | "
                      f"{sum(sum(r['errors'].values()) for r in rows.values())} |" if many else
                      f"| {label} | | | | | error: {(e.get('error') or 'no rows')[:300]} | | | |")
+    lines += ["", "Server timing per request, ms: mean (p50 / p99 / max); outside = HTTP + client. Engine steps: "
+              "queue, host prep (assemble + pack + launch) and device wait (collect), means per step.", ""]
+    for label, e in results["runs"].items():
+        for r in e.get("rows", []):
+            t, pct = r.get("server_timing_ms") or {}, r.get("server_timing_pct_ms") or {}
+            lines.append(f"- {label} x{r['clients']}: " + ", ".join(
+                f"{k} {v:.1f}" + (" ({p50:.1f} / {p99:.1f} / {max:.1f})".format(**pct[k]) if k in pct else "") for k, v in t.items()))
+        st = e.get("engine_stats_after") or {}
+        if "prep_ms_mean" in st:
+            lines.append(f"- {label} engine: queue {st['queue_ms_mean']:.2f}, step {st['step_ms_mean']:.2f}, host prep "
+                         f"{st['prep_ms_mean']:.2f}, device wait {st['wait_ms_mean']:.2f} ms (means over {st['steps']} steps)")
     lines += ["", "Probe: one d100 request scored twice by each runtime, against plain transformers in fp32 "
               "(random weights bunch the scores: the spread is the reference's max - min).", "",
               "| runtime | max abs diff vs fp32 | top-10 shared | top-10 same order | repeat max abs diff | spread |",
@@ -471,7 +489,7 @@ def main() -> None:
     for label in labels:
         model_cfg = dict(RUNTIMES[label])
         if args.tiny:  # same engines on CPU: packed on "cpu", transformers on "cpu" in float32
-            model_cfg.update({"devices": ["cpu"]} if label == "packed" else {})
+            model_cfg.update({"devices": ["cpu"]} if label.startswith("packed") else {})
             model_cfg.update({"device": "cpu", "dtype": "float32"} if label == "transformers" else {})
         run_runtime(label, model_cfg, model_dir, work, levels, deadline, results, gpu)
         e = results["runs"].get(label, {})

@@ -31,6 +31,7 @@ from gateway.http.openapi import finalize_openapi
 from gateway.http.routes import ROUTES
 from gateway.observability.logging import configure_logging
 from gateway.observability.metrics import metrics_endpoint
+from gateway.serving import heap
 from gateway.serving.cache import build_cache
 from gateway.serving.models import ModelRegistry
 from gateway.serving.service import RerankService
@@ -116,6 +117,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         _banner(settings)
+        heap.settle("gateway started")  # the app's own long-lived objects, before the models load
         registry.start()
         await access.start()
         hup = _watch_sighup(lambda: access.reload_keys(lambda: load_settings(config_path)))

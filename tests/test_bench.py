@@ -69,6 +69,26 @@ def test_workload_is_deterministic_with_duplicates_and_word_lengths() -> None:
     assert build_workload(WorkloadSpec(requests=1, seed=8))[0].body != build_workload(WorkloadSpec(requests=1))[0].body
 
 
+def test_report_gives_percentiles_of_each_server_timing_phase() -> None:
+    from gateway.bench.driver import LevelRun, Sample
+    from gateway.bench.report import markdown_table, summarize
+
+    # 99 quick requests and one whose inference took 50 ms: the mean hides it, p99 / max show it.
+    def sample(i: int, inference: float) -> Sample:
+        return Sample(start_s=i, latency_s=(inference + 3.5) / 1e3, status=200, ok=True, documents=1, content_tokens=1,
+                      process_ms=inference + 2.0, tokenize_ms=2.0, inference_ms=inference)
+
+    run = LevelRun(endpoint="gw", mode="closed", concurrency=1, wall_s=1.0,
+                   samples=[sample(i, 10.0) for i in range(99)] + [sample(99, 50.0)])
+    s = summarize(run)
+    pct = s["server_timing_pct_ms"]
+    assert set(pct) == {"process", "tokenize", "inference", "outside_server"}
+    assert pct["inference"]["p50"] == pytest.approx(10.0) and pct["inference"]["max"] == pytest.approx(50.0)
+    assert 10.0 < pct["inference"]["p99"] < 50.0 and s["server_timing_ms"]["inference"] == pytest.approx(10.4)
+    assert pct["outside_server"]["p50"] == pytest.approx(1.5) and pct["tokenize"]["p99"] == pytest.approx(2.0)
+    assert "inference 10.40 (10.00 / 10.40 / 50.00)" in markdown_table([s])
+
+
 def test_exact_token_lengths_with_the_model_tokenizer(tiny_qwen3_dir: Path) -> None:
     counter = load_token_counter(str(tiny_qwen3_dir))
     reqs = build_workload(WorkloadSpec(requests=2, documents=30, doc_tokens="20-40", query_tokens="6"), counter)

@@ -261,3 +261,18 @@ async def test_compiled_regions_score_as_eager(dirs, kind):
             assert result.scores == pytest.approx(_st(dirs[kind], Q, docs), abs=TOL)
     finally:
         await eng.stop()
+
+
+async def test_the_reserving_step_fills_the_budget_with_valid_pairs(engines):
+    from adapters.runtimes.packed.encoder import full_step
+
+    eng = engines["bert"]
+    family, (replica,) = eng._family, eng._replicas
+    window = family.tokenizer.max_length
+    for budget, items in ((4096, 1024), (4096, 3), (10, 1024)):
+        prompts, segments = full_step(family, budget, items)
+        tokens = sum(map(len, prompts))
+        assert all(len(p) <= window for p in prompts) and len(prompts) <= items
+        assert tokens <= max(budget, len(prompts[0])) and (tokens > budget - len(prompts[0]) or len(prompts) == items)
+        assert all(s == segments[0] is not None for s in segments)  # BERT: token types from the document on
+        assert len(replica.score(prompts, segments)) == len(prompts)

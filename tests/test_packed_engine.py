@@ -252,6 +252,40 @@ async def test_pipelined_runner_delivers_every_step():
         scheduler.stop()
 
 
+class _SlowRunner(_PipelinedRunner):
+    """Launch (host prep) takes 20 ms, collect (the device) 60 ms: the stats must tell them apart."""
+
+    def launch(self, prompts, segments=None):
+        time.sleep(0.02)
+        return super().launch(prompts, segments)
+
+    def collect(self, handle):
+        time.sleep(0.06)
+        return super().collect(handle)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("pipelined", [True, False])
+async def test_stats_split_a_step_into_host_prep_and_device_wait(pipelined):
+    runner = _SlowRunner()
+    runner.pipelined = pipelined  # whole steps: score() is the wait, assembling the prep
+    runner.score = lambda prompts, segments=None: runner.collect(runner.launch(prompts, segments))
+    scheduler = PackedScheduler([runner], batch_tokens=1000, max_items=64)
+    try:
+        for _ in range(2):
+            await asyncio.wait_for(scheduler.submit([1], [[2, 3], [4]], [5]).future, 5)
+        stats = scheduler.stats()
+        assert stats["steps"] == 2
+        # Sleeps only overshoot (a loaded CI box): lower bounds, and which side each sleep landed on.
+        if pipelined:
+            assert stats["prep_ms_mean"] >= 19 and stats["wait_ms_mean"] >= 59
+            assert stats["prep_ms_mean"] < stats["wait_ms_mean"] - 20
+        else:  # the whole forward is the wait; assembling is all the prep
+            assert stats["wait_ms_mean"] >= 79 and stats["prep_ms_mean"] < stats["wait_ms_mean"] / 4
+    finally:
+        scheduler.stop()
+
+
 @pytest.mark.parametrize("mode", ["fused", "modules"])
 def test_replica_modes_equal_reference(tiny_qwen3_dir, mode):
     """Both forward modes (fused q/k/v and gate/up GEMMs; transformers' modules) = the reference, fp32 CPU."""

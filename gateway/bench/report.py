@@ -74,6 +74,7 @@ def summarize(run: LevelRun) -> dict[str, Any]:
         "errors": dict(errors),
         "first_error": first_error,
         "server_timing_ms": _server_timing(ok),
+        "server_timing_pct_ms": _server_timing_percentiles(ok),
     }
 
 
@@ -87,6 +88,24 @@ def _server_timing(ok: Sequence[Any]) -> dict[str, float] | None:
     if "process" in out:
         out["outside_server"] = sum(s.latency_s for s in ok) / len(ok) * 1e3 - out["process"]
     return out or None
+
+
+def _server_timing_percentiles(ok: Sequence[Any]) -> dict[str, dict[str, float]] | None:
+    """p50 / p99 / max of each timing header and of what lies outside the server, per request:
+    the means hide where a tail lives (one slow tokenization vs one slow step)."""
+    out: dict[str, dict[str, float]] = {}
+    for field in ("process_ms", "tokenize_ms", "inference_ms"):
+        values = [getattr(s, field) for s in ok if getattr(s, field) is not None]
+        if values and len(values) == len(ok):
+            out[field.removesuffix("_ms")] = _pcts(values)
+    if "process" in out:
+        out["outside_server"] = _pcts([s.latency_s * 1e3 - s.process_ms for s in ok])
+    return out or None
+
+
+def _pcts(values: Sequence[float]) -> dict[str, float]:
+    v = sorted(values)
+    return {"p50": percentile(v, 50), "p99": percentile(v, 99), "max": v[-1]}
 
 
 def environment() -> dict[str, Any]:
@@ -161,8 +180,10 @@ def markdown_table(summaries: Sequence[dict[str, Any]]) -> str:
         t = s.get("server_timing_ms")
         if t:
             load = f"{s['concurrency']} clients" if s["mode"] == "closed" else f"{s['rate']:g} req/s"
-            notes.append(f"- {s['endpoint']}, {load}: mean ms per request: " + ", ".join(
-                f"{k.replace('_', ' ')} {v:.2f}" for k, v in t.items()))
+            pct = s.get("server_timing_pct_ms") or {}
+            notes.append(f"- {s['endpoint']}, {load}: ms per request, mean (p50 / p99 / max): " + ", ".join(
+                f"{k.replace('_', ' ')} {v:.2f}" + (" ({p50:.2f} / {p99:.2f} / {max:.2f})".format(**pct[k]) if k in pct else "")
+                for k, v in t.items()))
     split = ("\nServer timing headers (process = request in to response out; outside server = client + "
              "transport):\n\n" + "\n".join(notes) + "\n") if notes else ""
     return head + "\n".join(rows) + "\n" + split

@@ -27,6 +27,7 @@ import os
 import sys
 from typing import Any
 
+from gateway.serving import heap
 from schemas.config import Settings
 
 __all__ = ("bound_malloc_retention", "create_worker_app", "run_granian", "run_uvicorn")
@@ -70,6 +71,7 @@ def create_worker_app() -> Any:
     environment, as ``create_app()``, with this process's allocator bounded."""
     from gateway.app import create_app
 
+    heap.enable()
     app = create_app()
     bound_malloc_retention(app.state.settings)
     return app
@@ -188,6 +190,7 @@ def run_uvicorn(settings: Settings, config_path: str | None = None) -> bool:
     from gateway.app import create_app
 
     bound_malloc_retention(settings)
+    heap.enable()
     config = uvicorn.Config(
         create_app(settings, config_path=config_path),  # SIGHUP re-reads the keys from it
         http=_timed_protocol(server.header_read_timeout_s),

@@ -24,6 +24,7 @@ from adapters.base import EngineDeadError, EngineObserver, RerankEngine
 from adapters.registry import build_engine, imports_heavy_libraries
 from gateway.errors import ModelUnavailableError, UnknownModelError
 from gateway.observability.logging import adopt_library_loggers
+from gateway.serving import heap
 from gateway.serving.load_failures import fix_for
 from schemas.config import EngineConfig, ServerConfig, Settings, VllmEngineConfig
 
@@ -192,7 +193,9 @@ class ModelRuntime:
         while True:
             old, self.engine = self.engine, None
             if old is not None:
+                heap.thaw()  # frozen, the old engine's cycles (and its weights) would never be freed
                 await _quietly(old.stop())
+                old = None  # not held (and frozen again) while its successor loads
             started = time.perf_counter()
             try:
                 await self._start_engine()
@@ -223,9 +226,11 @@ class ModelRuntime:
         try:
             await engine.start()
         except BaseException:
+            heap.thaw()  # another model's settle may have frozen this engine's half-built objects
             await _quietly(engine.stop())
             raise
         self.engine = engine
+        heap.settle(f"model {self.name} loaded")
 
     @property
     def runs_vllm(self) -> bool:

@@ -43,6 +43,10 @@ class PackedEncoderEngine:
         self._scheduler: PackedScheduler | None = None
         self._replicas: list[PackedPairReplica] = []
         self._dtype: torch.dtype | None = None
+        # Read by the rerank service: a large request is submitted in two parts, the device
+        # starting on the first while the rest is tokenized. Only where a step's host work
+        # overlaps the device (CUDA's launch/collect); on CPU the forward holds both cores anyway.
+        self.overlaps_tokenizing = False
 
     @property
     def tokenizer(self) -> PairTokenizer | None:
@@ -137,7 +141,10 @@ class PackedEncoderEngine:
                     for i, dev in enumerate(devices)]
         for r in replicas:  # compile and warm every replica before traffic
             _warm_up(r, family)
+            if r.device.type == "cuda":
+                _reserve_full_step(r, family, cfg.batch_tokens, cfg.max_items_per_step)
         self._family, self._replicas, self._dtype = family, replicas, dtype
+        self.overlaps_tokenizing = replicas[0].pipelined and cfg.overlap_tokenizing
         self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
                                           policy=cfg.policy, error_type=EngineError)
 
@@ -152,3 +159,27 @@ def _warm_up(replica: PackedPairReplica, family: CrossEncoderFamily) -> None:
     segments = [r.segment_start for r in rows]
     replica.warm_up([(prompts[:1], segments[:1]), (prompts, segments), (prompts[1:], segments[1:]),
                      (prompts[:1], segments[:1])])
+
+
+def full_step(family: CrossEncoderFamily, batch_tokens: int, max_items: int) -> tuple[list[list[int]], list[int | None]]:
+    """Pairs of window-long prompts filling one step of ``batch_tokens`` (at most ``max_items`` pairs)."""
+    pair = family.tokenizer
+    shared = pair.encode_shared("warm-up query", "")
+    word = pair.encode_documents(["warm-up document"])[0] or shared[-1:]
+    room = max(1, min(pair.item_room(shared), batch_tokens - len(shared) - pair.suffix_length))
+    row = pair.row(shared, (word * (room // len(word) + 1))[:room])
+    count = max(1, min(max_items, batch_tokens // len(row.ids)))
+    return [list(row.ids)] * count, [row.segment_start] * count
+
+
+def _reserve_full_step(replica: PackedEncoderReplica, family: CrossEncoderFamily, batch_tokens: int, max_items: int) -> None:
+    """Run one step as large as the scheduler will ever build, so CUDA's caching allocator holds
+    blocks for it from the start: a request larger than every earlier one otherwise pays for
+    fresh device allocations on its own latency (a tail of the idle d100 runs, where the first
+    requests keep setting new maxima). Under load such steps run anyway; a device too small for
+    one is left to fail that step later, as before."""
+    prompts, segments = full_step(family, batch_tokens, max_items)
+    try:
+        replica.score(prompts, segments)
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()

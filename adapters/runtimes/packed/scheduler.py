@@ -93,7 +93,7 @@ class PackedScheduler:
         self.steps_by_requests: collections.Counter[int] = collections.Counter()
         # tokens: prompt tokens served; computed_tokens: those the steps computed (shared prefixes once)
         self._dev = [{"device": str(getattr(r, "label", r.device)), "steps": 0, "items": 0, "tokens": 0, "computed_tokens": 0,
-                      "busy_s": 0.0} for r in runners]
+                      "busy_s": 0.0, "prep_s": 0.0, "wait_s": 0.0} for r in runners]
         self._requests = 0
         self._queue_s = 0.0
         self._engine_s = 0.0  # submit -> last score, summed over finished requests
@@ -157,6 +157,11 @@ class PackedScheduler:
                 "engine_s_total": self._engine_s,
                 "queue_ms_mean": 1e3 * self._queue_s / self._requests if self._requests else 0.0,
                 "step_ms_mean": 1e3 * busy / steps if steps else 0.0,
+                # A step's host side (assemble + pack + launch; whole steps: assemble only) and its
+                # wait for the device (collect; whole steps: the forward) -- the rest of a request's
+                # engine time is queue and handing results back.
+                "prep_ms_mean": 1e3 * sum(d["prep_s"] for d in self._dev) / steps if steps else 0.0,
+                "wait_ms_mean": 1e3 * sum(d["wait_s"] for d in self._dev) / steps if steps else 0.0,
                 # {requests with items in one step: number of such steps}
                 "steps_by_requests": {str(k): v for k, v in sorted(self.steps_by_requests.items())},
                 "prompt_tokens": sum(d["tokens"] for d in self._dev),
@@ -201,7 +206,7 @@ class PackedScheduler:
         # A runner split over devices (split = "pipeline") keeps one step per stage in flight.
         pipelined = bool(getattr(runner, "pipelined", False))
         depth = max(1, int(getattr(runner, "in_flight", 1)))
-        inflight: collections.deque[tuple[list[tuple[PendingRequest, int]], tuple[int, int], Any, BaseException | None, float]]
+        inflight: collections.deque[tuple[list[tuple[PendingRequest, int]], tuple[int, int], Any, BaseException | None, float, float]]
         inflight = collections.deque()
         while True:
             with self._cond:
@@ -211,31 +216,35 @@ class PackedScheduler:
                 if self._queue:
                     self._cond.notify()  # more work: wake another idle device
             if taken:
+                tp = time.perf_counter()
                 work, segments, tokens = self._assemble(taken)
                 t0 = time.perf_counter()
                 if pipelined:
                     launch = runner.launch_groups if self._share else runner.launch  # type: ignore[attr-defined]
                     try:
-                        inflight.append((taken, tokens, launch(work) if self._share else launch(work, segments), None, t0))
+                        handle = launch(work) if self._share else launch(work, segments)
+                        inflight.append((taken, tokens, handle, None, t0, time.perf_counter() - tp))
                     except Exception as exc:  # noqa: BLE001  # fail this step's requests, keep serving
-                        inflight.append((taken, tokens, None, exc, t0))
+                        inflight.append((taken, tokens, None, exc, t0, time.perf_counter() - tp))
                 else:
                     score = runner.score_groups if self._share else runner.score
                     try:
-                        self._finish(counters, runner, taken, tokens, score(work) if self._share else score(work, segments), None, t0)  # type: ignore[arg-type]
+                        out = score(work) if self._share else score(work, segments)  # type: ignore[arg-type]
+                        self._finish(counters, runner, taken, tokens, out, None, t0, t0 - tp)
                     except Exception as exc:  # noqa: BLE001
-                        self._finish(counters, runner, taken, tokens, None, exc, t0)
+                        self._finish(counters, runner, taken, tokens, None, exc, t0, t0 - tp)
             # Collect the oldest step once more than ``depth`` are out, or one when nothing new came
             # (one at a time: work queued meanwhile is launched before the next collect).
             for _ in range(len(inflight) - depth if taken else min(len(inflight), 1)):
-                taken_, tokens_, handle, error, t0_ = inflight.popleft()
+                taken_, tokens_, handle, error, t0_, prep = inflight.popleft()
                 scores = None
+                tw = time.perf_counter()
                 if error is None:
                     try:
                         scores = runner.collect(handle)  # type: ignore[attr-defined]
                     except Exception as exc:  # noqa: BLE001
                         error = exc
-                self._finish(counters, runner, taken_, tokens_, scores, error, t0_)
+                self._finish(counters, runner, taken_, tokens_, scores, error, t0_, prep, tw)
             if not inflight and self._stopping:
                 return
 
@@ -258,9 +267,14 @@ class PackedScheduler:
         return groups, None, (prompt_tokens, computed)
 
     def _finish(self, counters: dict[str, Any], runner: Runner, taken: list[tuple[PendingRequest, int]],
-                tokens: tuple[int, int], scores: list[Any] | None, error: BaseException | None, t0: float) -> None:
-        """Count one step and hand its scores (or its error) to the requests it served."""
-        dt = time.perf_counter() - t0
+                tokens: tuple[int, int], scores: list[Any] | None, error: BaseException | None, t0: float,
+                prep: float = 0.0, wait_from: float | None = None) -> None:
+        """Count one step and hand its scores (or its error) to the requests it served.
+
+        ``t0``: the step's start (after assembling); ``prep``: its host preparation; ``wait_from``:
+        when its collect began (None: a whole step, its forward counted as the wait)."""
+        end = time.perf_counter()
+        dt = end - t0
         finished: list[PendingRequest] = []
         failed: list[PendingRequest] = []
         with self._cond:
@@ -269,6 +283,8 @@ class PackedScheduler:
             counters["tokens"] += tokens[0]
             counters["computed_tokens"] += tokens[1]
             counters["busy_s"] += dt
+            counters["prep_s"] += prep
+            counters["wait_s"] += end - (t0 if wait_from is None else wait_from)
             self.steps_by_requests[len({id(r) for r, _ in taken})] += 1
             for k, (req, i) in enumerate(taken):
                 if req.cancelled or req.future.done():
