@@ -16,6 +16,26 @@ fp32's top order exactly, as long as the bound holds; the parity gate checks tha
 golden queries other than those ``delta`` was measured on. Scores of the documents not
 re-scored stay the reduced ones (within ``delta`` of fp32's).
 
+Rounds (``refine``): a re-scored document's fp32 score is a point, not an interval of width
+``2 * delta``, so one side of a close pair often settles it -- the other is then ordered once it
+is more than ``delta`` (not ``2 * delta``) from that point. With ``rounds`` > 1 each round but the
+last re-scores a vertex cover of the still-uncertain pairs (a side already exact forces the other;
+then the document in most uncertain pairs first) and looks again; the last round re-scores every
+unsettled side of every pair left, as the one-round rule does. The argument, as long as every
+reduced score is within ``delta`` of its fp32 one (the invariant: each document's fp32 score lies
+in its interval, ``[s - delta, s + delta]`` or the exact point):
+
+- intervals only shrink to points inside them, so the ``top``-th largest lower end (the floor)
+  only rises and a pair found ordered stays ordered; no round adds uncertainty;
+- when no uncertain pair is left among the candidates (documents whose upper end reaches the
+  floor), ``top`` documents lie above every non-candidate in fp32, and any two candidates either
+  have disjoint intervals (fp32 orders them as their values do), are both exact, or are a tie
+  the gate sets aside;
+- the last round leaves no uncertain pair: every pair open before it has both sides exact after.
+
+So the top order is fp32's after at most ``rounds`` rounds, and re-scores never more documents
+than the one-round rule (a subset of the same pairs' sides); the gate checks the bound as before.
+
 Items are what the engine scores: for a document cut into chunks the guarantee is on the
 chunks' order (the document's score is its best chunk's).
 """
@@ -31,7 +51,7 @@ from adapters.base import ScoreJob
 from adapters.families.cross_encoder import CrossEncoderFamily
 from adapters.families.encoder import EncoderFamily
 
-__all__ = ("refine_space", "uncertain")
+__all__ = ("refine", "refine_space")
 
 
 def refine_space(family: EncoderFamily, job: ScoreJob) -> tuple[ScoreJob, Callable[[float], float]]:
@@ -66,24 +86,72 @@ def _never(lo: float, hi: float) -> bool:
     return False
 
 
-def uncertain(
-    scores: Sequence[float], *, delta: float, top: int, tied: Callable[[float, float], bool] = _never
-) -> list[int]:
-    """Indices (ascending) of the items to re-score in fp32 so the ``top`` order is exact,
-    given reduced ``scores`` each within ``delta`` of its fp32 score.
-
-    ``tied(lo, hi)``: whether any two fp32 scores in ``[lo, hi]`` are a tie the parity gate sets
-    aside (a sigmoid near 0 or 1 maps several logits within its 1e-3); such neighbours may
-    swap, so they are not re-scored."""
-    n = len(scores)
+def _open_pairs(
+    values: Sequence[float], exact: set[int], *, delta: float, top: int, tied: Callable[[float, float], bool]
+) -> list[tuple[int, int]]:
+    """Pairs ``(a, b)`` (``a``'s value >= ``b``'s) among the top candidates whose fp32 order the
+    intervals leave open: ``[v - delta, v + delta]``, or the point ``v`` for an ``exact`` item."""
+    n = len(values)
     if n <= 1 or top <= 0:
         return []
-    order = sorted(range(n), key=lambda i: -scores[i])
-    floor = scores[order[min(top, n) - 1]] - 2 * delta
-    candidates = [i for i in order if scores[i] >= floor]
-    pick: set[int] = set()
-    for a, b in zip(candidates, candidates[1:], strict=False):
-        # <= : with delta 0 only exact ties are re-scored; a gap of exactly 2*delta may still invert.
-        if scores[a] - scores[b] <= 2 * delta and not tied(scores[b] - delta, scores[a] + delta):
-            pick.update((a, b))
+    lo = [v if i in exact else v - delta for i, v in enumerate(values)]
+    hi = [v if i in exact else v + delta for i, v in enumerate(values)]
+    floor = sorted(lo, reverse=True)[min(top, n) - 1]
+    # Stable: equal values keep input order, as the gateway's sort does.
+    candidates = sorted((i for i in range(n) if hi[i] >= floor), key=lambda i: -values[i])
+    out = []
+    for x, a in enumerate(candidates):
+        for b in candidates[x + 1 :]:
+            if values[a] - values[b] > 2 * delta:
+                break  # every later candidate is lower still: ordered whatever its interval
+            # <= : with delta 0 only exact ties are open (two points, both exact, are settled).
+            # fp32 puts b above a only with both scores in the intervals' overlap [lo[a], hi[b]]: a
+            # swap the gate sets aside there is no reason to re-score.
+            if lo[a] <= hi[b] and not (a in exact and b in exact) and not tied(lo[a], hi[b]):
+                out.append((a, b))
+    return out
+
+
+def _cover(pairs: list[tuple[int, int]], exact: set[int]) -> list[int]:
+    """Items that touch every pair: a pair with one side exact needs its other side; of the rest,
+    the item in most pairs first (index order among equals, so a request's picks repeat)."""
+    pick = {b if a in exact else a for a, b in pairs if a in exact or b in exact}
+    left = [p for p in pairs if p[0] not in pick and p[1] not in pick]
+    while left:
+        count: dict[int, int] = {}
+        for p in left:
+            for v in p:
+                count[v] = count.get(v, 0) + 1
+        best = min(count, key=lambda v: (-count[v], v))
+        pick.add(best)
+        left = [p for p in left if best not in p]
     return sorted(pick)
+
+
+def refine(
+    scores: Sequence[float],
+    *,
+    delta: float,
+    top: int,
+    exact: Callable[[list[int]], Sequence[float]],
+    rounds: int = 1,
+    tied: Callable[[float, float], bool] = _never,
+) -> tuple[list[float], int]:
+    """``scores`` (each within ``delta`` of its fp32 score) with the items whose ``top`` order the
+    bound leaves open replaced by ``exact(indices)`` (their fp32 scores), over at most ``rounds``
+    rounds (the module doc argues the result's top order is fp32's); and how many were re-scored.
+
+    ``tied(lo, hi)``: whether any two fp32 scores in ``[lo, hi]`` are a tie the parity gate sets
+    aside (a sigmoid near 0 or 1 maps several logits within its 1e-3); a pair that can only swap
+    within such a range is not re-scored."""
+    values = list(scores)
+    known: set[int] = set()
+    for n in range(1, max(rounds, 1) + 1):
+        pairs = _open_pairs(values, known, delta=delta, top=top, tied=tied)
+        if not pairs:
+            break
+        pick = sorted({v for p in pairs for v in p} - known) if n >= rounds else _cover(pairs, known)
+        for i, value in zip(pick, exact(pick), strict=True):
+            values[i] = value
+        known.update(pick)
+    return values, len(known)
