@@ -94,3 +94,30 @@ def test_an_error_beyond_the_bound_breaks_the_order_unseen():
     for rounds in (1, 2):
         values, calls = _run(reduced, fp32, delta=0.3, top=2, rounds=rounds)
         assert calls == [] and not keeps_top_k(fp32, values, tie=1e-3, k=2)
+
+
+def test_scores_bunched_within_the_bound_take_one_round_of_every_open_side():
+    """1000 documents within the bound of each other (random weights): ~400,000 open pairs. The
+    cover rounds would be quadratic in them for a document or two saved; past a few hundred pairs
+    the one-round rule takes over -- one fp32 call, the same documents as rounds = 1."""
+    rng = random.Random(0)
+    fp32 = [rng.gauss(0.0, 0.01) for _ in range(1000)]
+    reduced = [x + rng.uniform(-0.05, 0.05) for x in fp32]
+    one = _run(reduced, fp32, delta=0.05, top=10, rounds=1)
+    two = _run(reduced, fp32, delta=0.05, top=10, rounds=2)
+    assert len(two[1]) == 1 and two == one
+    assert keeps_top_k(fp32, two[0], tie=1e-3)
+
+
+def test_the_one_scan_finds_every_side_of_every_open_pair():
+    from adapters.runtimes.cpu.refine import _Intervals
+
+    rng = random.Random(1)
+    for case in range(500):
+        n = rng.randint(2, 40)
+        values = [round(rng.gauss(0, 1), 2) for _ in range(n)]  # rounded: equal values too
+        exact = set(rng.sample(range(n), rng.randint(0, n // 2)))
+        tied = (lambda lo, hi: hi - lo < 0.05) if case % 2 else (lambda lo, hi: False)
+        now = _Intervals(values, exact, delta=rng.choice([0.0, 0.1, 0.3]), top=rng.randint(1, 12), tied=tied)
+        pairs = now.pairs(10**9)
+        assert pairs is not None and {v for p in pairs for v in p} == now.items()

@@ -21,7 +21,8 @@ Rounds (``refine``): a re-scored document's fp32 score is a point, not an interv
 is more than ``delta`` (not ``2 * delta``) from that point. With ``rounds`` > 1 each round but the
 last re-scores a vertex cover of the still-uncertain pairs (a side already exact forces the other;
 then the document in most uncertain pairs first) and looks again; the last round re-scores every
-unsettled side of every pair left, as the one-round rule does. The argument, as long as every
+unsettled side of every pair left, as the one-round rule does (so does any round that finds
+scores bunched into more than ``_MAX_PAIRS`` open pairs). The argument, as long as every
 reduced score is within ``delta`` of its fp32 one (the invariant: each document's fp32 score lies
 in its interval, ``[s - delta, s + delta]`` or the exact point):
 
@@ -86,30 +87,71 @@ def _never(lo: float, hi: float) -> bool:
     return False
 
 
-def _open_pairs(
-    values: Sequence[float], exact: set[int], *, delta: float, top: int, tied: Callable[[float, float], bool]
-) -> list[tuple[int, int]]:
-    """Pairs ``(a, b)`` (``a``'s value >= ``b``'s) among the top candidates whose fp32 order the
-    intervals leave open: ``[v - delta, v + delta]``, or the point ``v`` for an ``exact`` item."""
-    n = len(values)
-    if n <= 1 or top <= 0:
-        return []
-    lo = [v if i in exact else v - delta for i, v in enumerate(values)]
-    hi = [v if i in exact else v + delta for i, v in enumerate(values)]
-    floor = sorted(lo, reverse=True)[min(top, n) - 1]
-    # Stable: equal values keep input order, as the gateway's sort does.
-    candidates = sorted((i for i in range(n) if hi[i] >= floor), key=lambda i: -values[i])
-    out = []
-    for x, a in enumerate(candidates):
-        for b in candidates[x + 1 :]:
-            if values[a] - values[b] > 2 * delta:
-                break  # every later candidate is lower still: ordered whatever its interval
-            # <= : with delta 0 only exact ties are open (two points, both exact, are settled).
-            # fp32 puts b above a only with both scores in the intervals' overlap [lo[a], hi[b]]: a
-            # swap the gate sets aside there is no reason to re-score.
-            if lo[a] <= hi[b] and not (a in exact and b in exact) and not tied(lo[a], hi[b]):
-                out.append((a, b))
-    return out
+# Open pairs past which a request's scores are bunched within the bound (random weights, 1000
+# near-equal documents): the cover rounds would save a few documents at a quadratic cost, so the
+# one-round rule (every open side at once, found in one scan) takes over.
+_MAX_PAIRS = 256
+
+
+class _Intervals:
+    """Each item's interval (``[v - delta, v + delta]``, or the point ``v`` for an ``exact`` item),
+    the candidates for the ``top`` (upper end at least the ``top``-th largest lower end), in
+    value order, and which pairs of them fp32 could order otherwise than their values."""
+
+    def __init__(self, values: Sequence[float], exact: set[int], *, delta: float, top: int,
+                 tied: Callable[[float, float], bool]) -> None:
+        n = len(values)
+        self.values, self.exact, self.delta, self.tied = values, exact, delta, tied
+        self.lo = [v if i in exact else v - delta for i, v in enumerate(values)]
+        self.hi = [v if i in exact else v + delta for i, v in enumerate(values)]
+        if n <= 1 or top <= 0:
+            self.candidates: list[int] = []
+            return
+        floor = sorted(self.lo, reverse=True)[min(top, n) - 1]
+        # Stable: equal values keep input order, as the gateway's sort does.
+        self.candidates = sorted((i for i in range(n) if self.hi[i] >= floor), key=lambda i: -values[i])
+
+    def open(self, a: int, b: int) -> bool:
+        """Whether fp32 may put ``b`` above ``a`` (``a``'s value >= ``b``'s) in a way the gate counts."""
+        # <= : with delta 0 only exact ties are open (two points, both exact, are settled).
+        # fp32 puts b above a only with both scores in the intervals' overlap [lo[a], hi[b]]: a
+        # swap the gate sets aside there is no reason to re-score.
+        return (self.lo[a] <= self.hi[b] and not (a in self.exact and b in self.exact)
+                and not self.tied(self.lo[a], self.hi[b]))
+
+    def pairs(self, limit: int) -> list[tuple[int, int]] | None:
+        """The open pairs ``(a, b)``, ``a``'s value >= ``b``'s; None past ``limit`` of them."""
+        c, v, out = self.candidates, self.values, []
+        for x, a in enumerate(c):
+            for b in c[x + 1 :]:
+                if v[a] - v[b] > 2 * self.delta:
+                    break  # every later candidate is lower still: ordered whatever its interval
+                if self.open(a, b):
+                    out.append((a, b))
+                    if len(out) > limit:
+                        return None
+        return out
+
+    def items(self) -> set[int]:
+        """Every item in an open pair: each candidate looks at its neighbours within ``2 * delta``
+        above and below until it finds one it may swap with (one scan, however many pairs)."""
+        c, v, out = self.candidates, self.values, set()
+        for x, a in enumerate(c):
+            for y in range(x - 1, -1, -1):  # above a
+                if v[c[y]] - v[a] > 2 * self.delta:
+                    break
+                if self.open(c[y], a):
+                    out.add(a)
+                    break
+            if a in out:
+                continue
+            for b in c[x + 1 :]:  # below a
+                if v[a] - v[b] > 2 * self.delta:
+                    break
+                if self.open(a, b):
+                    out.add(a)
+                    break
+        return out
 
 
 def _cover(pairs: list[tuple[int, int]], exact: set[int]) -> list[int]:
@@ -147,11 +189,17 @@ def refine(
     values = list(scores)
     known: set[int] = set()
     for n in range(1, max(rounds, 1) + 1):
-        pairs = _open_pairs(values, known, delta=delta, top=top, tied=tied)
-        if not pairs:
+        now = _Intervals(values, known, delta=delta, top=top, tied=tied)
+        pairs = now.pairs(_MAX_PAIRS) if n < rounds else None
+        if pairs is not None:
+            pick = _cover(pairs, known)  # empty: nothing open
+        else:
+            pick = sorted(now.items() - known)  # the last round (or too many pairs): every open side
+        if not pick:
             break
-        pick = sorted({v for p in pairs for v in p} - known) if n >= rounds else _cover(pairs, known)
         for i, value in zip(pick, exact(pick), strict=True):
             values[i] = value
         known.update(pick)
+        if pairs is None:
+            break  # every open pair now has both sides exact
     return values, len(known)
