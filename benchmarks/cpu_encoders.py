@@ -61,6 +61,10 @@ GATEWAY_VARIANTS = {  # contestant -> extra TOML lines of its model entry
     "gateway openvino int8": ['engine = "openvino"', 'precision = "int8"', "parity_min_agreement = 0.001"],
     # bf16 / int8 for every document, fp32 re-scoring the ones they cannot order in the top-10.
     "gateway openvino bf16 refine10": ['engine = "openvino"', 'precision = "bf16"', "refine_top = 10", "parity_min_agreement = 0.001"],
+    # The same re-scoring both sides of every open pair at once (refine_rounds = 2, the default
+    # above, re-scores one side first and looks again): what the rounds save.
+    "gateway openvino bf16 refine10 (one round)": ['engine = "openvino"', 'precision = "bf16"', "refine_top = 10",
+                                                   "refine_rounds = 1", "parity_min_agreement = 0.001"],
     "gateway openvino int8 refine10": ['engine = "openvino"', 'precision = "int8"', "refine_top = 10", "parity_min_agreement = 0.001"],
 }
 BASELINE = "gateway transformers (fp32)"

@@ -519,6 +519,10 @@ class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
     # The error bound refinement trusts: this many times the largest score change measured at
     # start on calibration queries (not the golden ones the gate then checks).
     refine_margin: Annotated[float, msgspec.Meta(ge=0)] = 1.5
+    # Rounds of fp32 re-scoring per request: 1 re-scores both sides of every pair the bound leaves
+    # open at once; more re-score one side first (an exact score settles most pairs) and look again,
+    # the last round taking every side left (docs/cpu-runtimes.md; fewer documents, more steps).
+    refine_rounds: Annotated[int, msgspec.Meta(ge=1)] = 2
 
     def __post_init__(self) -> None:
         super().__post_init__()

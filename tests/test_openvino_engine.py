@@ -265,21 +265,6 @@ async def test_int8_refined_keeps_the_order_and_a_bound_too_small_is_refused(dir
         await _engine(reranker, dirs["cache"], precision="int8", refine_top=10, refine_margin=0.0, **SMALL_GATE)
 
 
-def test_uncertain_picks_the_close_neighbours_of_the_top_only():
-    from adapters.runtimes.cpu.refine import uncertain
-
-    scores = [9.0, 8.9, 7.0, 5.0, 4.95, 1.0, 0.98]
-    # top 3, delta 0.1: 9.0/8.9 are closer than 0.2 (re-scored), 7.0 stands alone; the floor is
-    # 7.0 - 0.2, so 5.0 / 4.95 (as close) and everything below are not candidates.
-    assert uncertain(scores, delta=0.1, top=3) == [0, 1]
-    # top 4: 5.0 is the 4th, 4.95 within 2*delta under it could be fp32's 4th: both re-scored.
-    assert uncertain(scores, delta=0.1, top=4) == [0, 1, 3, 4]
-    # a pair whose every possible score is a tie for the gate may swap: not re-scored.
-    assert uncertain(scores, delta=0.1, top=3, tied=lambda lo, hi: lo > 8.5) == []
-    assert uncertain(scores, delta=0.0, top=7) == []
-    assert uncertain([1.0, 1.0], delta=0.0, top=1) == [0, 1]
-
-
 async def test_gate_refuses_reduced_precision_on_bunched_random_scores(dirs):
     """Random weights bunch scores within a few thousandths: int8's noise reorders them."""
     with pytest.raises(EngineConfigError, match="precision 'int8' keeps the fp32 top-10 order of"):

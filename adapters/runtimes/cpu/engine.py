@@ -51,7 +51,7 @@ from adapters.runtimes.cpu.export import (
     export_family,
 )
 from adapters.runtimes.cpu.parity import GoldenQuery, compare_rankings, generate_golden_set, read_golden_set
-from adapters.runtimes.cpu.refine import refine_space, uncertain
+from adapters.runtimes.cpu.refine import refine, refine_space
 from schemas.config import OpenVinoEngineConfig
 
 __all__ = ("OpenVinoEngine", "bucket_batches")
@@ -175,15 +175,17 @@ class OpenVinoEngine:
         space, to_score = refine_space(self._family, job)
         values = self._family.scores(space, outputs)
         tie = self._config.parity_tie
-        pick = uncertain(values, delta=self._delta, top=self._config.refine_top,
-                         tied=lambda lo, hi: to_score(hi) - to_score(lo) < tie)
-        self._refined[0] += len(pick)
-        self._refined[1] += len(values)
-        if pick:
+
+        def exact(pick: list[int]) -> list[float]:
+            family = self._family
+            assert family is not None and self._exact is not None
             sub = msgspec.structs.replace(space, item_ids=[job.item_ids[i] for i in pick], top_n=None)
-            exact = self._family.scores(sub, self._infer_all(self._family.rows(sub), self._exact))
-            for i, value in zip(pick, exact, strict=True):
-                values[i] = value
+            return family.scores(sub, self._infer_all(family.rows(sub), self._exact))
+
+        values, refined = refine(values, delta=self._delta, top=self._config.refine_top, exact=exact,
+                                 rounds=self._config.refine_rounds, tied=lambda lo, hi: to_score(hi) - to_score(lo) < tie)
+        self._refined[0] += refined
+        self._refined[1] += len(values)
         return [to_score(v) for v in values]
 
     def _infer_all(self, rows: list[Row], requests: queue.SimpleQueue[Any] | None = None) -> np.ndarray:

@@ -16,6 +16,27 @@ fp32's top order exactly, as long as the bound holds; the parity gate checks tha
 golden queries other than those ``delta`` was measured on. Scores of the documents not
 re-scored stay the reduced ones (within ``delta`` of fp32's).
 
+Rounds (``refine``): a re-scored document's fp32 score is a point, not an interval of width
+``2 * delta``, so one side of a close pair often settles it -- the other is then ordered once it
+is more than ``delta`` (not ``2 * delta``) from that point. With ``rounds`` > 1 each round but the
+last re-scores a vertex cover of the still-uncertain pairs (a side already exact forces the other;
+then the document in most uncertain pairs first) and looks again; the last round re-scores every
+unsettled side of every pair left, as the one-round rule does (so does any round that finds
+scores bunched into more than ``_MAX_PAIRS`` open pairs). The argument, as long as every
+reduced score is within ``delta`` of its fp32 one (the invariant: each document's fp32 score lies
+in its interval, ``[s - delta, s + delta]`` or the exact point):
+
+- intervals only shrink to points inside them, so the ``top``-th largest lower end (the floor)
+  only rises and a pair found ordered stays ordered; no round adds uncertainty;
+- when no uncertain pair is left among the candidates (documents whose upper end reaches the
+  floor), ``top`` documents lie above every non-candidate in fp32, and any two candidates either
+  have disjoint intervals (fp32 orders them as their values do), are both exact, or are a tie
+  the gate sets aside;
+- the last round leaves no uncertain pair: every pair open before it has both sides exact after.
+
+So the top order is fp32's after at most ``rounds`` rounds, and re-scores never more documents
+than the one-round rule (a subset of the same pairs' sides); the gate checks the bound as before.
+
 Items are what the engine scores: for a document cut into chunks the guarantee is on the
 chunks' order (the document's score is its best chunk's).
 """
@@ -31,7 +52,7 @@ from adapters.base import ScoreJob
 from adapters.families.cross_encoder import CrossEncoderFamily
 from adapters.families.encoder import EncoderFamily
 
-__all__ = ("refine_space", "uncertain")
+__all__ = ("refine", "refine_space")
 
 
 def refine_space(family: EncoderFamily, job: ScoreJob) -> tuple[ScoreJob, Callable[[float], float]]:
@@ -66,24 +87,119 @@ def _never(lo: float, hi: float) -> bool:
     return False
 
 
-def uncertain(
-    scores: Sequence[float], *, delta: float, top: int, tied: Callable[[float, float], bool] = _never
-) -> list[int]:
-    """Indices (ascending) of the items to re-score in fp32 so the ``top`` order is exact,
-    given reduced ``scores`` each within ``delta`` of its fp32 score.
+# Open pairs past which a request's scores are bunched within the bound (random weights, 1000
+# near-equal documents): the cover rounds would save a few documents at a quadratic cost, so the
+# one-round rule (every open side at once, found in one scan) takes over.
+_MAX_PAIRS = 256
+
+
+class _Intervals:
+    """Each item's interval (``[v - delta, v + delta]``, or the point ``v`` for an ``exact`` item),
+    the candidates for the ``top`` (upper end at least the ``top``-th largest lower end), in
+    value order, and which pairs of them fp32 could order otherwise than their values."""
+
+    def __init__(self, values: Sequence[float], exact: set[int], *, delta: float, top: int,
+                 tied: Callable[[float, float], bool]) -> None:
+        n = len(values)
+        self.values, self.exact, self.delta, self.tied = values, exact, delta, tied
+        self.lo = [v if i in exact else v - delta for i, v in enumerate(values)]
+        self.hi = [v if i in exact else v + delta for i, v in enumerate(values)]
+        if n <= 1 or top <= 0:
+            self.candidates: list[int] = []
+            return
+        floor = sorted(self.lo, reverse=True)[min(top, n) - 1]
+        # Stable: equal values keep input order, as the gateway's sort does.
+        self.candidates = sorted((i for i in range(n) if self.hi[i] >= floor), key=lambda i: -values[i])
+
+    def open(self, a: int, b: int) -> bool:
+        """Whether fp32 may put ``b`` above ``a`` (``a``'s value >= ``b``'s) in a way the gate counts."""
+        # <= : with delta 0 only exact ties are open (two points, both exact, are settled).
+        # fp32 puts b above a only with both scores in the intervals' overlap [lo[a], hi[b]]: a
+        # swap the gate sets aside there is no reason to re-score.
+        return (self.lo[a] <= self.hi[b] and not (a in self.exact and b in self.exact)
+                and not self.tied(self.lo[a], self.hi[b]))
+
+    def pairs(self, limit: int) -> list[tuple[int, int]] | None:
+        """The open pairs ``(a, b)``, ``a``'s value >= ``b``'s; None past ``limit`` of them."""
+        c, v, out = self.candidates, self.values, []
+        for x, a in enumerate(c):
+            for b in c[x + 1 :]:
+                if v[a] - v[b] > 2 * self.delta:
+                    break  # every later candidate is lower still: ordered whatever its interval
+                if self.open(a, b):
+                    out.append((a, b))
+                    if len(out) > limit:
+                        return None
+        return out
+
+    def items(self) -> set[int]:
+        """Every item in an open pair: each candidate looks at its neighbours within ``2 * delta``
+        above and below until it finds one it may swap with (one scan, however many pairs)."""
+        c, v, out = self.candidates, self.values, set()
+        for x, a in enumerate(c):
+            for y in range(x - 1, -1, -1):  # above a
+                if v[c[y]] - v[a] > 2 * self.delta:
+                    break
+                if self.open(c[y], a):
+                    out.add(a)
+                    break
+            if a in out:
+                continue
+            for b in c[x + 1 :]:  # below a
+                if v[a] - v[b] > 2 * self.delta:
+                    break
+                if self.open(a, b):
+                    out.add(a)
+                    break
+        return out
+
+
+def _cover(pairs: list[tuple[int, int]], exact: set[int]) -> list[int]:
+    """Items that touch every pair: a pair with one side exact needs its other side; of the rest,
+    the item in most pairs first (index order among equals, so a request's picks repeat)."""
+    pick = {b if a in exact else a for a, b in pairs if a in exact or b in exact}
+    left = [p for p in pairs if p[0] not in pick and p[1] not in pick]
+    while left:
+        count: dict[int, int] = {}
+        for p in left:
+            for v in p:
+                count[v] = count.get(v, 0) + 1
+        best = min(count, key=lambda v: (-count[v], v))
+        pick.add(best)
+        left = [p for p in left if best not in p]
+    return sorted(pick)
+
+
+def refine(
+    scores: Sequence[float],
+    *,
+    delta: float,
+    top: int,
+    exact: Callable[[list[int]], Sequence[float]],
+    rounds: int = 1,
+    tied: Callable[[float, float], bool] = _never,
+) -> tuple[list[float], int]:
+    """``scores`` (each within ``delta`` of its fp32 score) with the items whose ``top`` order the
+    bound leaves open replaced by ``exact(indices)`` (their fp32 scores), over at most ``rounds``
+    rounds (the module doc argues the result's top order is fp32's); and how many were re-scored.
 
     ``tied(lo, hi)``: whether any two fp32 scores in ``[lo, hi]`` are a tie the parity gate sets
-    aside (a sigmoid near 0 or 1 maps several logits within its 1e-3); such neighbours may
-    swap, so they are not re-scored."""
-    n = len(scores)
-    if n <= 1 or top <= 0:
-        return []
-    order = sorted(range(n), key=lambda i: -scores[i])
-    floor = scores[order[min(top, n) - 1]] - 2 * delta
-    candidates = [i for i in order if scores[i] >= floor]
-    pick: set[int] = set()
-    for a, b in zip(candidates, candidates[1:], strict=False):
-        # <= : with delta 0 only exact ties are re-scored; a gap of exactly 2*delta may still invert.
-        if scores[a] - scores[b] <= 2 * delta and not tied(scores[b] - delta, scores[a] + delta):
-            pick.update((a, b))
-    return sorted(pick)
+    aside (a sigmoid near 0 or 1 maps several logits within its 1e-3); a pair that can only swap
+    within such a range is not re-scored."""
+    values = list(scores)
+    known: set[int] = set()
+    for n in range(1, max(rounds, 1) + 1):
+        now = _Intervals(values, known, delta=delta, top=top, tied=tied)
+        pairs = now.pairs(_MAX_PAIRS) if n < rounds else None
+        if pairs is not None:
+            pick = _cover(pairs, known)  # empty: nothing open
+        else:
+            pick = sorted(now.items() - known)  # the last round (or too many pairs): every open side
+        if not pick:
+            break
+        for i, value in zip(pick, exact(pick), strict=True):
+            values[i] = value
+        known.update(pick)
+        if pairs is None:
+            break  # every open pair now has both sides exact
+    return values, len(known)
