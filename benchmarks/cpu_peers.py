@@ -19,7 +19,8 @@ of the serving process.
 
 This file runs twice: imported by the benchmark (stdlib only at the top, the peers venv has
 neither msgspec nor the gateway), and as ``python -m benchmarks.cpu_peers convert|serve`` under
-the peers interpreter.
+the peers interpreter. ``python -m benchmarks.cpu_peers check DIR --peers-python PY`` (project
+venv) prints each peer's largest raw-logit difference to transformers fp32 on DIR.
 """
 
 from __future__ import annotations
@@ -175,6 +176,32 @@ def start_peer(name: str, model_dir: Path, work: Path, python: str) -> tuple[Pee
     return server, score
 
 
+def check(model_dir: Path, python: str, work: Path) -> dict[str, float]:
+    """Largest |raw logit - transformers fp32 logit| of each peer on one query x 50 documents
+    (under the project's interpreter: the reference is plain transformers there). Raw logits,
+    not sigmoids: a sigmoid near 0 or 1 hides differences."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    query = "what is the capital of france and why"
+    docs = [f"{'paris is the capital ' * (i % 7 + 1)}doc {i}{' about things' * (i % 5 + 1)}" for i in range(50)]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model(**tok([query] * len(docs), docs, padding=True, truncation=True, return_tensors="pt")).logits[:, 0]
+    out = {}
+    for name in PEERS:
+        server, _ = start_peer(name, model_dir, work, python)
+        try:
+            body = {"model": "peer", "query": query, "documents": docs, "raw_scores": True}
+            got = server.client.post("/rerank" if name == INFINITY else "/score", json=body).json()
+            scores = got.get("scores") or [r["relevance_score"] for r in sorted(got["results"], key=lambda r: r["index"])]
+            out[name] = float((torch.tensor(scores) - ref).abs().max())
+        finally:
+            server.stop()
+    return out
+
+
 # -- under the peers interpreter --------------------------------------------------------------
 def _convert(checkpoint: str, out: str) -> None:
     from ctranslate2.converters import TransformersConverter
@@ -262,8 +289,16 @@ def main() -> None:
     s.add_argument("ct2_dir")
     s.add_argument("--compute-type", default="float32")
     s.add_argument("--port", type=int, required=True)
+    k = sub.add_parser("check", help="each peer's largest raw-logit difference to transformers fp32 (project venv)")
+    k.add_argument("checkpoint")
+    k.add_argument("--peers-python", required=True)
     args = p.parse_args()
-    if args.cmd == "convert":
+    if args.cmd == "check":
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="cpu-peers-") as tmp:
+            print(json.dumps(check(Path(args.checkpoint), args.peers_python, Path(tmp)), indent=2))
+    elif args.cmd == "convert":
         _convert(args.checkpoint, args.out)
     else:
         _serve(args.checkpoint, args.ct2_dir, args.compute_type, args.port)
