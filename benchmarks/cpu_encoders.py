@@ -20,9 +20,14 @@ between rounds, both sides of a ratio see the same one). Top-10 agreement: each 
 scores for ``--agree`` requests against the transformers engine's fp32 scores (same documents
 in the same order, documents whose fp32 scores differ by < 1e-3 may swap).
 
-    python -m benchmarks.cpu_encoders --out docs/benchmarks/cpu-2026-12-01-encoders
+    python -m benchmarks.cpu_encoders --out docs/benchmarks/cpu-2026-12-01-encoders \
+        --peers-python /work/peers-venv/bin/python
 
-Contestants that cannot run here (a package not installed) are listed as skipped, with why.
+Infinity and CTranslate2 need packages whose pins would replace the project's: they run as
+servers under ``--peers-python``, a venv of their own (benchmarks/cpu_peers.py; how to make it:
+docs/benchmarks.md), measured like the gateway (loopback HTTP, CPU-seconds of their process).
+Contestants that cannot run here (a package not installed, no ``--peers-python``) are listed as
+skipped, with why.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import httpx
 import msgspec
 import psutil
 
+from benchmarks.cpu_peers import PEERS, start_peer
 from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -332,9 +338,11 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
     spec = WorkloadSpec(requests=args.requests + args.agree, documents=DOCS, doc_tokens=DOC_TOKENS, query_tokens="10", seed=7)
     reqs = [(b["query"], b["documents"]) for b in (msgspec.json.decode(r.body) for r in build_workload(spec, load_token_counter(str(model_dir))))]
     timed, agree_reqs = reqs[: args.requests], reqs[args.requests :]
-    wanted = args.contestants.split(";") if args.contestants else list(GATEWAY_VARIANTS) + list(IN_PROCESS)
+    wanted = args.contestants.split(";") if args.contestants else list(GATEWAY_VARIANTS) + list(IN_PROCESS) + PEERS
     fns: dict[str, ScoreFn] = {}
+    pids: dict[str, int] = {}  # whose CPU-seconds each contestant is measured by (default: this process)
     skipped: dict[str, str] = {}
+    peers: dict[str, Any] = {}
     gw_names = [n for n in wanted if n in GATEWAY_VARIANTS]
     gateway = Gateway(model_dir, work / shape, gw_names, args.gate) if gw_names else None
     try:
@@ -346,20 +354,30 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
                 if name in failed:
                     skipped[name] = failed[name]
                 else:
-                    fns[name] = gateway.scorer(name)
+                    fns[name], pids[name] = gateway.scorer(name), gateway.proc.pid
         for name in (n for n in wanted if n in IN_PROCESS):
             try:
                 fns[name] = IN_PROCESS[name](model_dir)
             except Exception as exc:  # noqa: BLE001 -- a missing package skips the contestant, said why
                 skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        for name in (n for n in wanted if n in PEERS):
+            if not args.peers_python:
+                skipped[name] = "needs --peers-python (a venv with infinity-emb and ctranslate2, see docs/benchmarks.md)"
+                continue
+            try:  # one at a time: each server loads while the machine is otherwise idle
+                peers[name], fns[name] = start_peer(name, model_dir, work / shape, args.peers_python)
+                pids[name] = peers[name].pid
+            except Exception as exc:  # noqa: BLE001 -- a peer that cannot start or convert is skipped, said why
+                skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         scores = {name: [fn(q, d) for q, d in agree_reqs] for name, fn in fns.items()}  # also the warm-up
         rounds: list[dict[str, Any]] = []
         names = list(fns)
         for r in range(args.rounds):
-            order = names[r % len(names):] + names[: r % len(names)]
+            k = r % len(names) if names else 0  # every contestant skipped: an empty table, not a crash
+            order = names[k:] + names[:k]
             row: dict[str, Any] = {"round": r, "order": order, "load_before": os.getloadavg()[0]}
             for name in order:
-                pid = gateway.proc.pid if gateway is not None and name in GATEWAY_VARIANTS else os.getpid()
+                pid = pids.get(name, os.getpid())
                 # 1 client then 4 (each client half the requests), one after the other: the pair
                 # sees nearly the same neighbours' load; CPU-seconds of the scoring process besides.
                 stats = gateway.engine_stats if gateway is not None and name in GATEWAY_VARIANTS else None
@@ -380,6 +398,8 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
     finally:
         if gateway is not None:
             gateway.stop()
+        for server in peers.values():
+            server.stop()
     table = []
     for name in names:
         one = [rd[name]["1"] for rd in rounds]
@@ -401,6 +421,8 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
         if all("engine_1" in rd[name] for rd in rounds):
             entry["engine"] = {f"{k}_{c}": statistics.median(rd[name][f"engine_{c}"][k] for rd in rounds)
                                for k in ("streams_busy", "padding", "rows_per_batch") for c in ("1", "4")}
+        if name in peers:
+            entry["setup"] = peers[name].setup
         if name in described:
             entry["gateway_model"] = {k: described[name].get(k) for k in ("precision", "inference_precision", "threads", "streams", "parity_kept", "refined_share")}
         table.append(entry)
@@ -437,6 +459,8 @@ def markdown(report: dict[str, Any]) -> str:
                 g = e["engine"]
                 out.append(f"| {e['contestant']} | {g['streams_busy_1']:.0%} | {g['streams_busy_4']:.0%} | {g['padding_1']:.1%} | "
                            f"{g['padding_4']:.1%} | {g['rows_per_batch_1']:.1f} | {g['rows_per_batch_4']:.1f} |")
+        for e in (e for e in shape["table"] if "setup" in e):
+            out.append(f"\n{e['contestant']}: {e['setup']}.")
         for name, why in shape["skipped"].items():
             out.append(f"\nSkipped: {name}: {why}")
         out.append("")
@@ -461,6 +485,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--requests", type=int, default=4, help="requests per contestant, round and client count")
     p.add_argument("--agree", type=int, default=8, help="requests whose top-10 is compared")
+    p.add_argument("--peers-python", default="", help="interpreter of a venv with infinity-emb and ctranslate2 (else they are skipped)")
     p.add_argument("--gate", default="", help="golden set of the reduced precisions' gate, QUERIESxDOCUMENTS (default 32x30)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
