@@ -78,11 +78,18 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     "packed": {**COMMON, "engine": "packed", "batch_tokens": 65536},
     # the same without the two-part submit (a request tokenized whole, then one job): the A/B of the overlap
     "packed-one-job": {**COMMON, "engine": "packed", "batch_tokens": 65536, "overlap_tokenizing": False},
+    "packed-two-part": {**COMMON, "engine": "packed", "batch_tokens": 65536, "overlap_tokenizing": True},
+    # experiments on the host side at 16 clients: half the step budget; a 1 ms GIL switch interval
+    # (RUNTIME_ENV) so the launching worker waits less for the event loop's thread
+    "packed-32k": {**COMMON, "engine": "packed", "batch_tokens": 32768},
+    "packed-gil1ms": {**COMMON, "engine": "packed", "batch_tokens": 65536},
     "vllm-score": {**COMMON, "engine": "vllm-score", "max_num_batched_tokens": 65536, "max_num_seqs": 512},
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
 }
+# runtime -> code run at the gateway's interpreter start (an experiment, not a product setting)
+RUNTIME_SITE = {"packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n"}
 # runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
-NEEDS = {"packed": 75, "packed-one-job": 75, "vllm-score": 170, "transformers": 60}
+NEEDS = {"packed": 75, "packed-one-job": 75, "packed-two-part": 75, "packed-32k": 75, "packed-gil1ms": 75, "vllm-score": 170, "transformers": 60}
 # --model: (real config, --tiny config, checkpoint folder name, report title)
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
     "xlmr-large": (REAL_CONFIG, TINY_CONFIG, "xlmr", "bge-reranker-v2-m3 shape (XLM-R large)"),
@@ -335,7 +342,13 @@ def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Pa
         log("SKIP", results["skipped"][-1])
         return
     cfg = {"name": label, "path": str(model_dir), **model_cfg}
-    gw = Gateway(label, [cfg], work)
+    env = None
+    if label in RUNTIME_SITE:  # a sitecustomize.py run at the gateway's interpreter start
+        site = work / f"site-{label}"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(RUNTIME_SITE[label])
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
+    gw = Gateway(label, [cfg], work, env=env)
     entry: dict[str, Any] = {"model": cfg, "rows": []}
     results["runs"][label] = entry
     try:
