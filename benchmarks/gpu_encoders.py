@@ -22,8 +22,8 @@ non-embedding weights x tokens + bidirectional attention) over the measured bf16
 Last, if time is left: the packed replica alone in a child process (no gateway, no HTTP), one
 d100 step and one of four requests, to tell the forward's time from the serving overhead.
 
-``packed-one-job`` is ``packed`` with ``overlap_tokenizing = false`` (a request tokenized whole,
-then scored as one job): ``--runtimes packed-one-job,packed`` measures the two-part submit.
+``packed-32k`` (half the step budget) and ``packed-gil1ms`` (a 1 ms GIL switch interval) are
+host-side A/B variants of ``packed`` (report gpu-h200-2026-12-01-e).
 The summary gives each row's server timing per phase (mean, p50 / p99 / max) and the packed
 scheduler's step split (host prep vs device wait).
 
@@ -76,9 +76,6 @@ DOC_TOKENS, QUERY_TOKENS, DOCS = "60-200", "15", 100
 COMMON = {"max_length": 1024, "max_query_tokens": 64}
 RUNTIMES: dict[str, dict[str, Any]] = {
     "packed": {**COMMON, "engine": "packed", "batch_tokens": 65536},
-    # the same without the two-part submit (a request tokenized whole, then one job): the A/B of the overlap
-    "packed-one-job": {**COMMON, "engine": "packed", "batch_tokens": 65536, "overlap_tokenizing": False},
-    "packed-two-part": {**COMMON, "engine": "packed", "batch_tokens": 65536, "overlap_tokenizing": True},
     # experiments on the host side at 16 clients: half the step budget; a 1 ms GIL switch interval
     # (RUNTIME_ENV) so the launching worker waits less for the event loop's thread
     "packed-32k": {**COMMON, "engine": "packed", "batch_tokens": 32768},
@@ -89,7 +86,7 @@ RUNTIMES: dict[str, dict[str, Any]] = {
 # runtime -> code run at the gateway's interpreter start (an experiment, not a product setting)
 RUNTIME_SITE = {"packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n"}
 # runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
-NEEDS = {"packed": 75, "packed-one-job": 75, "packed-two-part": 75, "packed-32k": 75, "packed-gil1ms": 75, "vllm-score": 170, "transformers": 60}
+NEEDS = {"packed": 75, "packed-32k": 75, "packed-gil1ms": 75, "vllm-score": 170, "transformers": 60}
 # --model: (real config, --tiny config, checkpoint folder name, report title)
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
     "xlmr-large": (REAL_CONFIG, TINY_CONFIG, "xlmr", "bge-reranker-v2-m3 shape (XLM-R large)"),

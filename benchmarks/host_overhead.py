@@ -14,9 +14,8 @@ CPU the forward itself is slow and noisy, so what is reported is the time *aroun
   the step, results back to the event loop, the family's score rule, checks);
 - ``after``: ranking and building the response (the call minus both phases).
 
-p50 and p99 of each, in ms. ``--overlap both`` alternates the engine's ``overlaps_tokenizing``
-off and on (a large request tokenized and submitted in two parts), ``--rounds`` times each;
-``--label`` names the run in the JSON so runs of different checkouts can be put side by side.
+p50 and p99 of each, in ms, over ``--rounds`` runs; ``--label`` names the run in the JSON so
+runs of different checkouts can be put side by side.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ def _pct(values: list[float]) -> dict[str, float]:
     return {"p50": percentile(v, 50), "p99": percentile(v, 99), "mean": sum(v) / len(v)}
 
 
-async def run(model_dir: Path, requests: int, rounds: int, overlap: bool = False) -> dict[str, Any]:
+async def run(model_dir: Path, requests: int, rounds: int) -> dict[str, Any]:
     from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter
     from gateway.serving.models import ModelRegistry
     from gateway.serving.service import RerankService
@@ -76,7 +75,6 @@ async def run(model_dir: Path, requests: int, rounds: int, overlap: bool = False
     engine._scheduler.stop()
     engine._scheduler = PackedScheduler([replica], batch_tokens=65536, max_items=settings.models[0].max_items_per_step,
                                         error_type=RuntimeError)
-    engine.overlaps_tokenizing = overlap  # as on CUDA: a large request in two parts
     service = RerankService(registry, settings.limits)
     spec = WorkloadSpec(requests=requests, documents=DOCS, doc_tokens=DOC_TOKENS, query_tokens=QUERY_TOKENS, seed=3,
                         model="packed")
@@ -106,8 +104,6 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--label", default="")
-    ap.add_argument("--overlap", choices=("off", "on", "both"), default="both",
-                    help="submit large requests in two parts (the engine's overlaps_tokenizing); both: off, on, off, on")
     ap.add_argument("--work", default="/tmp/rr-host-overhead")
     args = ap.parse_args()
     model_dir = Path(args.work) / "xlmr-tiny"
@@ -115,14 +111,13 @@ def main() -> None:
         model_dir.parent.mkdir(parents=True, exist_ok=True)
         build(model_dir, TINY_CONFIG, "cpu")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    variants = ["off", "on"] * args.rounds if args.overlap == "both" else [args.overlap] * args.rounds
-    for variant in variants:
-        res = asyncio.run(run(model_dir, args.requests, 1, variant == "on"))
-        doc = {"label": args.label, "overlap": variant, "load_average": os.getloadavg(), "python": sys.version.split()[0],
+    for round_ in range(args.rounds):
+        res = asyncio.run(run(model_dir, args.requests, 1))
+        doc = {"label": args.label, "round": round_, "load_average": os.getloadavg(), "python": sys.version.split()[0],
                "ms": res}
         print(json.dumps(doc))
         for k, v in res.items():
-            print(f"{args.label:>8} overlap {variant:>3} {k:>9}: p50 {v['p50']:7.2f}  p99 {v['p99']:7.2f}  "
+            print(f"{args.label:>8} round {round_} {k:>9}: p50 {v['p50']:7.2f}  p99 {v['p99']:7.2f}  "
                   f"mean {v['mean']:7.2f} ms", file=sys.stderr)
 
 

@@ -431,10 +431,6 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     share_prefix: bool = True
     # Which waiting request fills a step first: arrival order, or fewest tokens left.
     policy: Literal["fifo", "shortest-first"] = "fifo"
-    # Cross-encoders on CUDA: true submits a request of 64+ distinct documents in two parts, the GPU
-    # starting on the first quarter while the rest is tokenized (same scores). Off by default: on an
-    # H200 it was slower (d100 idle p50 43.4 vs 31.4 ms: two launches, each as long as a quarter's GPU work).
-    overlap_tokenizing: bool = False
     # torch.compile(dynamic=True) of the pointwise work between the GEMMs; "auto": on CUDA only.
     compile: Literal["auto", "on", "off"] = "auto"
     # "auto": varlen flash attention on CUDA (vLLM's FA3 when vLLM is installed, else flash-attn or

@@ -16,7 +16,6 @@ vLLM's ``use_activation: false``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -33,7 +32,6 @@ from adapters.base import (
     EngineTimeoutError,
     PromptTokenizer,
     ScoreJob,
-    ScoreResult,
 )
 from gateway.errors import InputTooLongError, InvalidRequestError, PayloadTooLargeError, RawScoresUnsupportedError
 from gateway.security.auth import authorize_model, current_key_id, record_usage
@@ -62,12 +60,6 @@ V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
 # requests tokenize in threads, tripled tokenize time under 16 clients (66 vs 23 ms per
 # request: the Python side of the fast tokenizer contends for the GIL), so it stays high.
 _THREAD_TOKENIZE_CHARS = 16_384
-# Engines that say ``overlaps_tokenizing`` (packed on CUDA: host work overlaps the device)
-# get a request of at least this many distinct documents in two parts: the first quarter is
-# tokenized and submitted, and the device starts on it while the rest is tokenized (the Rust
-# tokenizer runs in a worker thread, without the GIL). The engine's scores do not depend on
-# how items are grouped into steps (packed attention stays within each pair).
-_OVERLAP_MIN_DOCUMENTS = 64
 _json = msgspec.json.Encoder()
 
 
@@ -188,14 +180,11 @@ class RerankService:
             t0 = time.perf_counter()
             tokenizer = engine.tokenizer
             owners: Sequence[int]
-            result = None
             if tokenizer is not None:
                 max_chunks = request.max_chunks_per_doc or getattr(runtime.config, "max_chunks_per_doc", 1)
-                args = (tokenizer, query, instruction, unique, max_tokens, max_chunks, long_texts, raw_scores)
-                if getattr(engine, "overlaps_tokenizing", False) and len(unique) >= _OVERLAP_MIN_DOCUMENTS:
-                    job, owners, t1, result = await self._overlapped(runtime, *args)
-                else:
-                    job, owners = await self._token_job(*args)
+                job, owners = await self._token_job(
+                    tokenizer, query, instruction, unique, max_tokens, max_chunks, long_texts, raw_scores
+                )
             else:
                 job = ScoreJob(
                     query=query,
@@ -206,11 +195,10 @@ class RerankService:
                     top_n=_top_n_hint(request.top_n, len(documents), len(unique)),
                 )
                 owners = range(len(unique))
-            if result is None:
-                if wants_raw_scores(runtime, engine):
-                    job = msgspec.structs.replace(job, raw_scores=True)
-                t1 = time.perf_counter()
-                result = await self._score(runtime, job)
+            if wants_raw_scores(runtime, engine):
+                job = msgspec.structs.replace(job, raw_scores=True)
+            t1 = time.perf_counter()
+            result = await self._score(runtime, job)
             t2 = time.perf_counter()
         finally:
             runtime.in_flight -= 1
@@ -345,45 +333,6 @@ class RerankService:
             )
         job = ScoreJob(query=query, instruction=instruction, shared_ids=shared, item_ids=items, raw_scores=raw_scores)
         return job, owners
-
-    async def _overlapped(
-        self, runtime: ModelRuntime, tokenizer: PromptTokenizer, query: str, instruction: str, unique: list[str],
-        *rest: Any,
-    ) -> tuple[ScoreJob, list[int], float, ScoreResult]:
-        """Tokenize and submit the first quarter, tokenize the rest while it is scored, then score
-        the rest: (the whole job, owners, when tokenizing ended, the whole result). Same checks
-        and errors as one job; a failure of either part cancels the other."""
-        raw = wants_raw_scores(runtime, runtime.usable_engine())
-        cut = len(unique) // 4
-        head, head_owners = await self._token_job(tokenizer, query, instruction, unique[:cut], *rest)
-        raw = raw or head.raw_scores  # the model's config, or the request (TEI's raw_scores)
-        head = msgspec.structs.replace(head, raw_scores=raw)
-        first = asyncio.ensure_future(self._score(runtime, head))
-        second: asyncio.Future[Any] | None = None
-        try:
-            await asyncio.sleep(0)  # ``first`` runs to its submit: the engine starts on it now
-            tail, tail_owners = await self._token_job(tokenizer, query, instruction, unique[cut:], *rest)
-            items = [*head.item_ids, *tail.item_ids]
-            if len(items) > self._limits.max_total_chunks:  # each part was checked alone
-                raise PayloadTooLargeError(
-                    f"too many chunks: the documents split into {len(items)} chunks > "
-                    f"{self._limits.max_total_chunks} (limits.max_total_chunks); lower max_chunks_per_doc "
-                    "or max_tokens_per_doc, or send fewer documents"
-                )
-            t1 = time.perf_counter()
-            second = asyncio.ensure_future(self._score(runtime, msgspec.structs.replace(tail, raw_scores=raw)))
-            a, b = await first, await second
-        finally:
-            for task in (first, second):
-                if task is not None and not task.done():
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
-        job = msgspec.structs.replace(head, item_ids=items)
-        owners = [*head_owners, *(cut + o for o in tail_owners)]
-        result = ScoreResult(scores=[*a.scores, *b.scores], input_tokens=a.input_tokens + b.input_tokens,
-                             queue_s=a.queue_s)
-        return job, owners, t1, result
 
     async def _score(self, runtime: ModelRuntime, job: ScoreJob) -> Any:
         engine = runtime.usable_engine()

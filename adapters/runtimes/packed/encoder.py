@@ -43,10 +43,6 @@ class PackedEncoderEngine:
         self._scheduler: PackedScheduler | None = None
         self._replicas: list[PackedPairReplica] = []
         self._dtype: torch.dtype | None = None
-        # Read by the rerank service: a large request is submitted in two parts, the device
-        # starting on the first while the rest is tokenized. Only where a step's host work
-        # overlaps the device (CUDA's launch/collect); on CPU the forward holds both cores anyway.
-        self.overlaps_tokenizing = False
 
     @property
     def tokenizer(self) -> PairTokenizer | None:
@@ -144,7 +140,6 @@ class PackedEncoderEngine:
             if r.device.type == "cuda":
                 _reserve_full_step(r, family, cfg.batch_tokens, cfg.max_items_per_step)
         self._family, self._replicas, self._dtype = family, replicas, dtype
-        self.overlaps_tokenizing = replicas[0].pipelined and cfg.overlap_tokenizing
         self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
                                           policy=cfg.policy, error_type=EngineError)
 
