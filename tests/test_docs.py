@@ -78,7 +78,7 @@ def test_every_configuration_key_has_a_meaning_type_and_default(hook):
     assert len(rows) > 100
     for row in rows:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
-        assert len(cells) == 4 and all(cells), f"a key without its type, default or comment in schemas/config.py: {row}"
+        assert len(cells) == 4 and all(cells), f"a key without its type, default or comment in schemas/config/: {row}"
 
 
 def test_reference_defaults_and_types_are_the_structs(hook):

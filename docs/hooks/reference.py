@@ -1,8 +1,8 @@
 """MkDocs hook: the pages that must not drift from the code are generated when the site is built.
 
-- ``reference/configuration.md`` walks the msgspec structs of ``schemas/config.py`` (every key,
+- ``reference/configuration.md`` walks the msgspec structs of ``schemas/config/`` (every key,
   its type with constraints, its default) and takes each key's meaning from the comment above or
-  beside it in that file, so a key added there is in the reference without anyone writing it.
+  beside it in its module, so a key added there is in the reference without anyone writing it.
 - ``reference/http.md`` renders the app's own OpenAPI document (``gateway.app.create_app``, the
   same document ``/schema/openapi.json`` serves).
 - ``index.md`` is the README with its ``docs/`` links made relative to the site.
@@ -39,8 +39,19 @@ HTTP_PAGE = "reference/http.md"
 
 
 def _field_comments() -> dict[tuple[str, str], str]:
-    """(class name, field name) -> the comment lines above the field plus its trailing comment."""
-    source = Path(cfg.__file__).read_text()
+    """(class name, field name) -> the comment lines above the field plus its trailing comment,
+    read from every module of the ``schemas.config`` package (class names are unique across them)."""
+    out: dict[tuple[str, str], str] = {}
+    for path in sorted(Path(cfg.__file__).parent.glob("*.py")):
+        for key, text in _module_field_comments(path.read_text()).items():
+            if key in out:
+                raise ValueError(f"class {key[0]} is defined twice in schemas/config/ ({path.name} and another)")
+            out[key] = text
+    return out
+
+
+def _module_field_comments(source: str) -> dict[tuple[str, str], str]:
+    """One module's (class name, field name) -> comment, as :func:`_field_comments` describes."""
     lines = source.splitlines()
     trailing: dict[int, str] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -188,7 +199,7 @@ def config_reference_markdown() -> str:
     out = [
         "# Configuration reference",
         "",
-        "Generated from `schemas/config.py` when the site is built: every key the gateway reads, its",
+        "Generated from `schemas/config/` when the site is built: every key the gateway reads, its",
         "type and default, and the comment written beside it in the code. How the file is found and",
         "how the environment overrides it: [Configuration](../configuration.md).",
         "",
