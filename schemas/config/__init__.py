@@ -4,54 +4,59 @@ Every struct forbids unknown fields so a typo fails at start with the field's pa
 entry is a tagged union on ``engine``: the engine kind is a type, never a free string that code
 compares against. Loading (file, env, defaults) lives in ``gateway.config.settings``.
 
-The structs live in this package's modules; importers keep using ``schemas.config``: every
-name is re-exported here.
+One module per concern: ``base`` (defaults, shared types, ``ModelConfig``), ``families``
+(which family runs on which runtime), ``server`` (the gateway's own tables), ``local`` and
+``upstream`` (the engine kinds), ``settings`` (the whole file and the engine union). Importers
+keep using ``schemas.config``: every name is re-exported here.
 """
 
 from __future__ import annotations
 
-from .local import (
+from .base import (
     DEFAULT_INSTRUCTION,
     DEFAULT_MODEL_NAME,
     DEFAULT_MODEL_PATH,
+    FamilyName,
+    ModelConfig,
+    ModelName,
+    Positive,
+    PositiveFloat,
+)
+from .families import (
     FAMILY_RUNTIMES,
     LLM_RERANKERS,
     PACKED_ENCODER_TYPES,
     RUNTIME_REFUSALS,
-    ApiKeyConfig,
-    AuthConfig,
-    CacheConfig,
-    DashScopeEngineConfig,
-    DialectsConfig,
-    EngineConfig,
-    FamilyName,
-    GgufEngineConfig,
-    KeyHash,
-    KeyId,
-    LimitsConfig,
     LlmRerankerSpec,
-    LocalModelConfig,
-    LoggingConfig,
-    ModelConfig,
-    ModelName,
-    OpenVinoEngineConfig,
-    PackedEngineConfig,
-    PoolEngineConfig,
-    Positive,
-    PositiveFloat,
-    Qwen3LocalConfig,
-    ServerConfig,
-    Settings,
-    StaticEngineConfig,
-    TransformersEngineConfig,
-    UpstreamHttpConfig,
-    VllmEngineConfig,
-    VllmGenerateEngineConfig,
-    VllmScoreEngineConfig,
     packed_encoder_refusal,
     packed_runs_checkpoint,
     runtime_refusal,
 )
+from .local import (
+    GgufEngineConfig,
+    LocalModelConfig,
+    OpenVinoEngineConfig,
+    PackedEngineConfig,
+    Qwen3LocalConfig,
+    StaticEngineConfig,
+    TransformersEngineConfig,
+    VllmEngineConfig,
+    VllmGenerateEngineConfig,
+    VllmScoreEngineConfig,
+)
+from .server import (
+    ApiKeyConfig,
+    AuthConfig,
+    CacheConfig,
+    DialectsConfig,
+    KeyHash,
+    KeyId,
+    LimitsConfig,
+    LoggingConfig,
+    ServerConfig,
+)
+from .settings import EngineConfig, Settings
+from .upstream import DashScopeEngineConfig, PoolEngineConfig, UpstreamHttpConfig
 
 __all__ = (
     "ApiKeyConfig",

@@ -1,0 +1,38 @@
+"""The whole file: ``Settings`` and the tagged union of engine configs its ``models`` holds."""
+
+from __future__ import annotations
+
+from .base import _Strict
+from .local import (
+    GgufEngineConfig,
+    OpenVinoEngineConfig,
+    PackedEngineConfig,
+    StaticEngineConfig,
+    TransformersEngineConfig,
+    VllmGenerateEngineConfig,
+    VllmScoreEngineConfig,
+)
+from .server import AuthConfig, CacheConfig, DialectsConfig, LimitsConfig, LoggingConfig, ServerConfig
+from .upstream import DashScopeEngineConfig, PoolEngineConfig
+
+EngineConfig = (
+    TransformersEngineConfig
+    | PackedEngineConfig
+    | OpenVinoEngineConfig
+    | VllmScoreEngineConfig
+    | VllmGenerateEngineConfig
+    | StaticEngineConfig
+    | DashScopeEngineConfig
+    | PoolEngineConfig
+    | GgufEngineConfig
+)
+
+
+class Settings(_Strict):
+    server: ServerConfig = ServerConfig()
+    logging: LoggingConfig = LoggingConfig()
+    limits: LimitsConfig = LimitsConfig()
+    auth: AuthConfig = AuthConfig()
+    dialects: DialectsConfig = DialectsConfig()
+    cache: CacheConfig = CacheConfig()
+    models: tuple[EngineConfig, ...] = ()

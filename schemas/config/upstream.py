@@ -1,0 +1,71 @@
+"""``[[models]]`` entries scored over HTTP: DashScope, and pools of vLLM / TEI / Infinity /
+Cohere-compatible replicas."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from .base import ModelConfig, ModelName, Positive, PositiveFloat
+
+class UpstreamHttpConfig(ModelConfig):
+    """Fields of engines that score over HTTP. ``timeout_s`` is the total per request, retries included."""
+
+    connect_timeout_s: PositiveFloat = 5.0  # longest wait for a TCP + TLS connection to the upstream
+    # Longest wait for the upstream's answer to one call.
+    read_timeout_s: PositiveFloat = 30.0
+    # The key sent as ``Authorization: Bearer``; or the name of an environment variable holding it.
+    api_key: str | None = None
+    api_key_env: str | None = None  # see api_key
+    # Keep-alive connections per upstream host.
+    max_connections: Positive = 64
+    # Instruction used when the request has none; "" sends none (the upstream's default applies).
+    instruction: str = ""
+
+
+class DashScopeEngineConfig(UpstreamHttpConfig, tag="dashscope", kw_only=True):
+    """Alibaba DashScope text rerank. Requests over the model's limits are split and merged."""
+
+    # The upstream model name (gte-rerank-v2, qwen3-rerank, ...).
+    model: ModelName
+    # "native" = /api/v1/services/rerank/text-rerank/text-rerank; "compatible" = /compatible-api/v1/reranks.
+    endpoint: Literal["native", "compatible"] = "native"
+    # Region host (Beijing by default); e.g. https://dashscope-intl.aliyuncs.com for Singapore.
+    base_url: str = "https://dashscope.aliyuncs.com"
+    api_key_env: str | None = "DASHSCOPE_API_KEY"  # the environment variable holding the key (when api_key is unset)
+    workspace: str | None = None  # DashScope workspace id, sent as X-DashScope-WorkSpace; None: the default
+    # The model's limits (DashScope docs, they vary by model and region): one upstream call
+    # never exceeds them; larger requests become several calls.
+    max_documents_per_call: Positive = 500
+    max_tokens_per_item: Positive = 4000  # see max_documents_per_call
+    max_tokens_per_request: Positive = 30_000  # see max_documents_per_call
+    max_parallel_calls: Positive = 4  # upstream calls of one split request in flight at once
+    # Retries of one call after 429, 5xx or a connect error (exponential backoff, jitter, Retry-After).
+    retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
+    backoff_initial_s: PositiveFloat = 0.5  # first retry delay, doubled each time (with jitter) ...
+    backoff_max_s: PositiveFloat = 10.0  # ... up to this
+
+
+class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
+    """A model served by replicas of vLLM, TEI, Infinity or a Cohere-compatible server."""
+
+    # The replicas' API: vllm (/rerank), vllm-score (/score), tei, infinity, cohere (/v2/rerank).
+    protocol: Literal["vllm", "vllm-score", "tei", "infinity", "cohere"]
+    urls: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)]  # base URLs of the replicas
+    # The model name sent upstream (None: omitted; the cohere protocol sends `name`).
+    model: str | None = None
+    # Texts per upstream call; None: the whole request in one call (32 for tei, its default limit).
+    max_batch: Positive | None = None
+    # Route one (instruction, query) to the same replica so its prompt prefix stays cached...
+    affinity: bool = True
+    # ... unless that replica has more than this many requests in flight beyond the least busy one.
+    affinity_slack: Annotated[int, msgspec.Meta(ge=0)] = 4
+    # Send the instruction upstream (vllm/cohere protocols; tei and infinity have no such field).
+    forward_instruction: bool = True
+    # Passive health: eject a replica after this many consecutive failures, for cooldown_s,
+    # then probe health_path before sending it traffic again.
+    eject_after_failures: Positive = 3
+    cooldown_s: PositiveFloat = 10.0  # how long an ejected replica gets no traffic
+    health_path: str = "/health"  # probed (GET, 200 expected) before an ejected replica is used again
+    probe_timeout_s: PositiveFloat = 2.0  # time limit of that probe
