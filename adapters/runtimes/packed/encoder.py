@@ -16,22 +16,21 @@ import asyncio
 import copy
 from typing import Any
 
-import anyio.to_thread
 import torch
 
 from adapters.base import EngineConfigError, EngineError, EngineUnavailableError, ScoreJob, ScoreResult
 from adapters.families import create_family
 from adapters.families.base import WEIGHTS_LOCK
 from adapters.families.cross_encoder import CrossEncoderFamily, PairTokenizer
-from adapters.runtimes.packed.engine import resolve_devices
 from adapters.runtimes.packed.encoder_forward import PackedPairReplica, load_cross_encoder, make_replica
+from adapters.runtimes.packed.engine import PackedEngineBase, resolve_devices
 from adapters.runtimes.packed.scheduler import PackedScheduler
 from schemas.config import PackedEngineConfig, packed_encoder_refusal
 
 __all__ = ("PackedEncoderEngine",)
 
 
-class PackedEncoderEngine:
+class PackedEncoderEngine(PackedEngineBase):
     """:class:`adapters.base.RerankEngine` for a cross-encoder, one model replica per configured device."""
 
     runtime = "packed"
@@ -60,31 +59,7 @@ class PackedEncoderEngine:
 
     def stats(self) -> dict[str, Any]:
         """Shown by ``/ready`` per model: the attention kernel, compilation, and the scheduler's counters."""
-        base: dict[str, Any] = {
-            "attention": self._replicas[0].attention_name if self._replicas else None,
-            "compiled": bool(self._replicas and self._replicas[0].compiled),
-        }
-        errors = [r.compile_error for r in self._replicas if r.compile_error]
-        if errors:
-            base["compile_error"] = errors[0]
-        if self._scheduler is not None:
-            base.update(self._scheduler.stats())
-        return base
-
-    async def start(self) -> None:
-        await anyio.to_thread.run_sync(self._load)
-
-    async def stop(self) -> None:
-        scheduler, self._scheduler = self._scheduler, None
-        if scheduler is not None:
-            await anyio.to_thread.run_sync(scheduler.stop)
-        self._replicas = []
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-    async def check_health(self) -> None:
-        if self._scheduler is None:
-            raise EngineUnavailableError("model is not loaded")
+        return self._stats({})
 
     async def score(self, job: ScoreJob) -> ScoreResult:
         family, scheduler = self._family, self._scheduler
@@ -167,7 +142,7 @@ def full_step(family: CrossEncoderFamily, batch_tokens: int, max_items: int) -> 
     return [list(row.ids)] * count, [row.segment_start] * count
 
 
-def _reserve_full_step(replica: PackedEncoderReplica, family: CrossEncoderFamily, batch_tokens: int, max_items: int) -> None:
+def _reserve_full_step(replica: PackedPairReplica, family: CrossEncoderFamily, batch_tokens: int, max_items: int) -> None:
     """Run one step as large as the scheduler will ever build, so CUDA's caching allocator holds
     blocks for it from the start: a request larger than every earlier one otherwise pays for
     fresh device allocations on its own latency (a tail of the idle d100 runs, where the first

@@ -28,6 +28,7 @@ Imported only through ``adapters.registry`` (pulls in torch and transformers).
 
 from __future__ import annotations
 
+import abc
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -90,7 +91,7 @@ def add_ln(delta: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tenso
     return F.layer_norm(delta + h, (h.shape[-1],), w, b, eps)
 
 
-class PackedPairReplica:
+class PackedPairReplica(abc.ABC):
     """The model on one device; ``score`` runs one packed step. Not thread-safe: one worker uses it.
 
     Subclasses set ``attention_name``, ``_per_sequence`` and ``_eager_regions`` (the pointwise
@@ -193,9 +194,10 @@ class PackedPairReplica:
         logits, n = handle
         return logits[:n].float().tolist()  # waits for the device
 
+    @abc.abstractmethod
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, per_token: torch.Tensor, cu_long: torch.Tensor,
                  max_len: int, lens: list[int] | None) -> torch.Tensor:
-        raise NotImplementedError
+        """The architecture's layers and head on one packed step: one row of logits per pair."""
 
 
 class PackedEncoderReplica(PackedPairReplica):

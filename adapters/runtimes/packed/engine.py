@@ -13,6 +13,7 @@ fed by ``scheduler.PackedScheduler`` (steps filled from all waiting requests); w
 
 from __future__ import annotations
 
+import abc
 import asyncio
 from typing import Any
 
@@ -29,7 +30,7 @@ from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
 from adapters.runtimes.packed.scheduler import PackedScheduler
 from schemas.config import DEFAULT_INSTRUCTION, PackedEngineConfig
 
-__all__ = ("PackedQwen3Engine", "build_packed_engine", "resolve_devices")
+__all__ = ("PackedEngineBase", "PackedQwen3Engine", "build_packed_engine", "resolve_devices")
 
 
 def build_packed_engine(config: PackedEngineConfig) -> Any:
@@ -67,7 +68,49 @@ def resolve_devices(names: tuple[str, ...]) -> list[torch.device]:
     return out
 
 
-class PackedQwen3Engine:
+class PackedEngineBase(abc.ABC):
+    """What both packed engines share (this one and ``encoder.PackedEncoderEngine``): replicas
+    loaded by ``_load`` in a worker thread, fed by one scheduler, released on stop."""
+
+    _scheduler: PackedScheduler | None
+    _replicas: list[Any]
+
+    @abc.abstractmethod
+    def _load(self) -> None:
+        """Worker-thread code: load the model, build and warm the replicas and the scheduler."""
+
+    def _unload(self) -> None:
+        """What else the loaded model held (the engine's tokenizer...), dropped on stop."""
+
+    async def start(self) -> None:
+        await anyio.to_thread.run_sync(self._load)
+
+    async def stop(self) -> None:
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            await anyio.to_thread.run_sync(scheduler.stop)
+        self._replicas = []
+        self._unload()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    async def check_health(self) -> None:
+        if self._scheduler is None:
+            raise EngineUnavailableError("model is not loaded")
+
+    def _stats(self, base: dict[str, Any]) -> dict[str, Any]:
+        """``base`` with the kernels every replica reports, a compile error, and the scheduler's counters."""
+        out: dict[str, Any] = {"attention": self._replicas[0].attention_name if self._replicas else None,
+                               "compiled": bool(self._replicas and self._replicas[0].compiled), **base}
+        errors = [r.compile_error for r in self._replicas if r.compile_error]
+        if errors:
+            out["compile_error"] = errors[0]
+        if self._scheduler is not None:
+            out.update(self._scheduler.stats())
+        return out
+
+
+class PackedQwen3Engine(PackedEngineBase):
     """:class:`adapters.base.RerankEngine` with one model replica per configured device."""
 
     def __init__(self, config: PackedEngineConfig) -> None:
@@ -81,28 +124,13 @@ class PackedQwen3Engine:
     def tokenizer(self) -> Qwen3PromptTokenizer | None:
         return self._prompt
 
-    async def start(self) -> None:
-        await anyio.to_thread.run_sync(self._load)
-
-    async def stop(self) -> None:
-        scheduler, self._scheduler = self._scheduler, None
-        if scheduler is not None:
-            await anyio.to_thread.run_sync(scheduler.stop)
-        self._replicas = []
+    def _unload(self) -> None:
         self._prompt = None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-    async def check_health(self) -> None:
-        if self._scheduler is None:
-            raise EngineUnavailableError("model is not loaded")
 
     def stats(self) -> dict[str, Any]:
         """Shown by ``/ready`` per model: each device, steps, requests per step, queue and step times."""
         base: dict[str, Any] = {
             "devices": [{"device": str(r.device)} for r in self._replicas],
-            "attention": self._replicas[0].attention_name if self._replicas else None,
-            "compiled": bool(self._replicas and self._replicas[0].compiled),
             "mode": self._replicas[0].mode if self._replicas else None,
             "silu": ({"kernel": self._replicas[0].silu_kernel, "timing_ms": self._replicas[0].silu_timing_ms}
                      if self._replicas else None),
@@ -119,12 +147,7 @@ class PackedQwen3Engine:
                                  "gate": msgspec.structs.asdict(self._gate) if self._gate else None}
         if self._config.split == "pipeline" and self._replicas:
             base["split"] = {"mode": "pipeline", "stages": pipeline.describe(self._replicas[0])}
-        errors = [r.compile_error for r in self._replicas if r.compile_error]
-        if errors:
-            base["compile_error"] = errors[0]
-        if self._scheduler is not None:
-            base.update(self._scheduler.stats())
-        return base
+        return self._stats(base)
 
     async def score(self, job: ScoreJob) -> ScoreResult:
         prompt, scheduler = self._prompt, self._scheduler
