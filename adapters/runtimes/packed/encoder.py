@@ -7,7 +7,8 @@ What differs is how the work runs: ``encoder_forward.PackedEncoderReplica`` (BER
 or ``modernbert_forward.PackedModernBertReplica`` (ModernBERT: RoPE, alternating global / local
 attention), varlen, bidirectional, no padding, on each device of ``devices``, fed by the same
 ``scheduler.PackedScheduler`` as Qwen3 (steps filled from every waiting request up to
-``batch_tokens``, host preparation of step k+1 overlapping step k on CUDA).
+``batch_tokens``, host preparation of step k+1 overlapping step k on CUDA); on CUDA each step
+is one replayed CUDA graph (``graphs``, ``cuda_graphs = "auto"``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from adapters.families.base import WEIGHTS_LOCK
 from adapters.families.cross_encoder import CrossEncoderFamily, PairTokenizer
 from adapters.runtimes.packed.encoder_forward import PackedPairReplica, load_cross_encoder, make_replica
 from adapters.runtimes.packed.engine import PackedEngineBase, resolve_devices
+from adapters.runtimes.packed.graphs import token_bucket
 from adapters.runtimes.packed.scheduler import PackedScheduler
 from schemas.config import PackedEngineConfig, packed_encoder_refusal
 
@@ -59,7 +61,12 @@ class PackedEncoderEngine(PackedEngineBase):
 
     def stats(self) -> dict[str, Any]:
         """Shown by ``/ready`` per model: the attention kernel, compilation, and the scheduler's counters."""
-        return self._stats({})
+        graphs = [r.graphs.stats() for r in self._replicas if r.graphs is not None]
+        errors = [r.graph_error for r in self._replicas if r.graph_error]
+        base: dict[str, Any] = {"cuda_graphs": graphs[0] if len(graphs) == 1 else graphs or None}
+        if errors:
+            base["cuda_graph_error"] = errors[0]
+        return self._stats(base)
 
     async def score(self, job: ScoreJob) -> ScoreResult:
         family, scheduler = self._family, self._scheduler
@@ -111,16 +118,19 @@ class PackedEncoderEngine(PackedEngineBase):
                                  attention=cfg.attention, compile=compile_)
                     for i, dev in enumerate(devices)]
         for r in replicas:  # compile and warm every replica before traffic
-            _warm_up(r, family)
+            check = _warm_up(r, family)
             if r.device.type == "cuda":
+                if cfg.cuda_graphs == "auto":
+                    r.use_graphs(token_bucket(cfg.batch_tokens + 1), check)
                 _reserve_full_step(r, family, cfg.batch_tokens, cfg.max_items_per_step)
         self._family, self._replicas, self._dtype = family, replicas, dtype
         self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
                                           policy=cfg.policy, error_type=EngineError)
 
 
-def _warm_up(replica: PackedPairReplica, family: CrossEncoderFamily) -> None:
-    """One pair and several: both shape specializations get compiled now, not on a request."""
+def _warm_up(replica: PackedPairReplica, family: CrossEncoderFamily) -> tuple[list[list[int]], list[int | None]]:
+    """One pair and several: both shape specializations get compiled now, not on a request.
+    Returns the several (what ``use_graphs`` checks a replay on)."""
     pair = family.tokenizer
     shared = pair.encode_shared("warm-up query", "")
     docs = pair.encode_documents(["a short document", "a somewhat longer document " * 4, "x"])
@@ -129,6 +139,7 @@ def _warm_up(replica: PackedPairReplica, family: CrossEncoderFamily) -> None:
     segments = [r.segment_start for r in rows]
     replica.warm_up([(prompts[:1], segments[:1]), (prompts, segments), (prompts[1:], segments[1:]),
                      (prompts[:1], segments[:1])])
+    return [list(p) for p in prompts], segments
 
 
 def full_step(family: CrossEncoderFamily, batch_tokens: int, max_items: int) -> tuple[list[list[int]], list[int | None]]:

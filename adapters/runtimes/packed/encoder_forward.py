@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from adapters.runtimes.packed import kernels
+from adapters.runtimes.packed.graphs import StepGraphs
 from adapters.runtimes.packed.step import HostStaging
 
 __all__ = ("PackedEncoderReplica", "PackedPairReplica", "load_cross_encoder", "make_replica", "position_offset")
@@ -113,6 +114,8 @@ class PackedPairReplica(abc.ABC):
         self.compile_error: str | None = None
         self._staging = HostStaging(device)  # pinned on CUDA; two alternate so step k+1 is filled while step k's copy may run
         self._arange = torch.arange(0)
+        self.graphs: StepGraphs | None = None  # set by ``use_graphs``
+        self.graph_error: str | None = None
 
     def _set_regions(self, eager: tuple[Callable[..., Any], ...]) -> None:
         """The pointwise regions, compiled when ``compile``: the GEMMs and attention stay eager
@@ -156,27 +159,51 @@ class PackedPairReplica(abc.ABC):
                 out[start + seg:start + k] = 1
             start += k
 
-    def _pack(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None]) -> tuple[torch.Tensor, list[int]]:
-        """ids, positions, ``_per_token``'s row and cumulative lengths in one int64 host tensor (one copy to the device)."""
+    def _per_token_padding(self, pairs: int) -> int:
+        """The third row's value on padding tokens (``pairs``: the real pairs; index ``pairs`` is the first empty one)."""
+        return 0
+
+    def _pack(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None],
+              pad: tuple[int, int] | None = None) -> tuple[torch.Tensor, list[int]]:
+        """ids, positions, ``_per_token``'s row and cumulative lengths in one int64 host tensor (one copy to the device).
+
+        ``pad`` = (tokens, pairs) > the step's: a CUDA graph's bucket (``graphs`` says why the
+        padding is inert): padding tokens after the last pair, empty pairs after the real ones."""
         lens = [len(p) for p in prompts]
         total, n = sum(lens), len(lens)
+        t, m = pad or (total, n)
         if self._arange.numel() < max(lens):
             self._arange = torch.arange(max(max(lens), 4096), dtype=torch.long)
-        buf = self._staging.buffer(3 * total + n + 1)
+        buf = self._staging.buffer(3 * t + m + 1)
         arr = buf.numpy()
         arr[:total] = np.fromiter(itertools.chain.from_iterable(prompts), dtype=np.int64, count=total)
+        arr[total:t] = 0
         ar = self._arange.numpy()
-        arr[total:2 * total] = np.concatenate([ar[:k] for k in lens]) + self._offset
-        self._per_token(arr[2 * total:3 * total], lens, segments)
-        arr[3 * total] = 0
-        np.cumsum(lens, out=arr[3 * total + 1:3 * total + 1 + n])
-        return buf[:3 * total + n + 1], lens
+        arr[t:t + total] = np.concatenate([ar[:k] for k in lens]) + self._offset
+        arr[t + total:2 * t] = self._offset
+        self._per_token(arr[2 * t:2 * t + total], lens, segments)
+        arr[2 * t + total:3 * t] = self._per_token_padding(n)
+        arr[3 * t] = 0
+        np.cumsum(lens, out=arr[3 * t + 1:3 * t + 1 + n])
+        arr[3 * t + 1 + n:3 * t + 1 + m] = total
+        return buf[:3 * t + m + 1], lens
 
     @torch.inference_mode()
-    def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> tuple[torch.Tensor, int]:
-        """Prepare the step on the host and queue its kernels; on CUDA this returns before they ran."""
+    def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> tuple[torch.Tensor, int, Any]:
+        """Prepare the step on the host and queue its kernels (or its graph); on CUDA this returns
+        before they ran. The handle: logits (on the device, or pinned host memory for a graph),
+        pairs, and the event after a graph's logits reach the host (None: eager)."""
         n = len(prompts)
         segments = list(segments) if segments is not None else [None] * n
+        graphs = self.graphs
+        if graphs is not None:
+            lens = [len(p) for p in prompts]
+            key = graphs.key(sum(lens), n, max(lens))
+            if key is not None:
+                host, _ = self._pack(prompts, segments, pad=key[:2])
+                with torch.cuda.device(self.device):
+                    out, done = graphs.launch(host, key, sum(lens), self._staging.copy_into)
+                return out, n, done
         if self.compiled and n == 1:
             # dynamic=True still specializes a size of 1: a 1-token second pair keeps one graph.
             prompts, segments = [prompts[0], prompts[0][:1]], [segments[0], None]
@@ -185,14 +212,40 @@ class PackedPairReplica(abc.ABC):
         per_seq = lens if self._per_sequence else None
         if self.device.type != "cuda":
             return self._forward(host[:total], host[total:2 * total], host[2 * total:3 * total],
-                                 host[3 * total:], max(lens), per_seq), n
+                                 host[3 * total:], max(lens), per_seq), n, None
         with torch.cuda.device(self.device):
             d = self._staging.to_device(host)
-            return self._forward(d[:total], d[total:2 * total], d[2 * total:3 * total], d[3 * total:], max(lens), per_seq), n
+            return self._forward(d[:total], d[total:2 * total], d[2 * total:3 * total], d[3 * total:], max(lens), per_seq), n, None
 
-    def collect(self, handle: tuple[torch.Tensor, int]) -> list[list[float]]:
-        logits, n = handle
+    def collect(self, handle: tuple[torch.Tensor, int, Any]) -> list[list[float]]:
+        logits, n, done = handle
+        if done is not None:  # a graph's logits, copied home behind it
+            done.synchronize()
         return logits[:n].float().tolist()  # waits for the device
+
+    def use_graphs(self, max_tokens: int, check: tuple[Sequence[Sequence[int]], Sequence[int | None]]) -> None:
+        """Replay CUDA graphs (``graphs``) for steps up to ``max_tokens`` tokens, if this replica
+        can and one replay of ``check``'s pairs agrees with the eager forward; else stay eager
+        and say why in ``graph_error``."""
+        if self.device.type != "cuda" or self._per_sequence:
+            return
+        prompts, segments = check
+        want = self.score(prompts, segments)
+        try:
+            self.graphs = StepGraphs(self._forward, self.device, offset=self._offset, max_tokens=max_tokens)
+            got = self.score(prompts, segments)
+            again = self.score(prompts, segments)
+        except Exception as exc:  # noqa: BLE001  # a kernel that cannot be captured: eager, as before
+            self.graphs = None
+            self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
+            return
+        # Padding changes the GEMMs' shapes, so cuBLAS may pick other kernels: equal within
+        # half-precision rounding, not bit for bit; a broken capture is off by far more.
+        scale = max(1.0, max(abs(x) for row in want for x in row))
+        diff = max(abs(a - b) for r, s in zip(got, want, strict=True) for a, b in zip(r, s, strict=True))
+        if got != again or diff > 2e-2 * scale:
+            self.graphs = None
+            self.graph_error = f"graph replay differs from the eager forward by {diff:.3g} (repeat equal: {got == again})"
 
     @abc.abstractmethod
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, per_token: torch.Tensor, cu_long: torch.Tensor,

@@ -129,6 +129,10 @@ class PackedModernBertReplica(PackedPairReplica):
         """No token types in ModernBERT: the row holds the pair each token belongs to (mean pooling's segments)."""
         out[:] = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
 
+    def _per_token_padding(self, pairs: int) -> int:
+        """Padding tokens pool into the first empty pair (a CUDA graph's bucket has one), whose row is dropped."""
+        return pairs
+
     def _rope(self, h: torch.Tensor, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """cos/sin (T, 1, dim) per layer type, from the model's own rotary module (its theta per type)."""
         out = {}

@@ -78,10 +78,18 @@ class HostStaging:
         """Queue the copy of the latest ``buffer`` (CUDA; the current device must be ours) and
         remember its end, before which that buffer is not handed out again."""
         d = host.to(self.device, non_blocking=True)
+        self._copied()
+        return d
+
+    def copy_into(self, dst: torch.Tensor, host: torch.Tensor) -> None:
+        """As ``to_device``, into ``dst`` (a CUDA graph's static inputs)."""
+        dst[:host.numel()].copy_(host, non_blocking=True)
+        self._copied()
+
+    def _copied(self) -> None:
         ev = torch.cuda.Event()
         ev.record()
         self._stage_done[self._slot] = ev
-        return d
 
 
 def pack(groups: Sequence[Group], staging: HostStaging) -> tuple[torch.Tensor, dict[str, Any]]:

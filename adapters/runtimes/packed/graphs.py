@@ -1,0 +1,152 @@
+"""CUDA graphs of a packed cross-encoder's forward: one launch per step instead of ~300.
+
+Why: a packed step is ~10 Python-level kernel launches per layer (GEMMs, varlen attention,
+compiled pointwise regions). Alone on the GPU that host work hides behind the device's, but
+under 16 clients the worker thread that launches shares the GIL with every request's HTTP and
+tokenizing: on the H200 its host prep grew to about a step's device time (report
+gpu-h200-2026-12-01-e: 31 ms mean, ~80 ms for the loaded steps), so the GPU waited on Python.
+A captured graph is replayed with one call, whatever the GIL is doing.
+
+A graph has fixed shapes, so a step is padded to a bucket (``StepGraphs.key``): its tokens to
+a multiple of a power of two near 1/16 of them (<= 1/16 padding above 4k tokens, ~3 % on average;
+always at least one padding token), its pairs to a power of two above their count (at least one empty pair), its
+longest pair to a power of two (the varlen kernel's ``max_seqlen``). The padding is inert by
+construction: padding tokens lie after the last cumulative length, so the varlen kernel never
+reads or attends them (their rows hold whatever it leaves there and stay in their own rows:
+every other op is per row), and the extra pairs are empty (their cumulative length repeats the
+total) and point their first-token row at the first padding token; their logits are dropped.
+``PackedPairReplica._pack`` writes that layout; ``tests/test_packed_graphs.py`` checks it on
+CPU against the unpadded step with a varlen reference that fills untouched rows with NaN.
+
+Graphs are captured on first use of a bucket, which costs that step ~60 ms once on the H200
+(requests of one shape fall in a handful of buckets; the engine's stats count captures), and
+share one memory pool, so they cost about one step's activations in all. Each replay's logits are copied to pinned host memory right behind it on the stream, so a
+later replay (the scheduler launches step k+1 before collecting step k) cannot overwrite them.
+At start the engine checks a replay against the eager forward on the same pairs and keeps
+graphs only if they agree (``check``).
+
+Imported only through ``encoder_forward`` (pulls in torch).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ("StepGraphs", "bucket_key", "pow2_bucket", "run_padded", "token_bucket")
+
+# (ids, positions, per-token row, cumulative lengths, max length, host lengths) -> logits
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, Any], torch.Tensor]
+Key = tuple[int, int, int]  # (tokens, pairs, max length) after bucketing
+
+
+def token_bucket(tokens: int) -> int:
+    """``tokens`` rounded up to a multiple of the largest power of two <= tokens / 16 (at least 256):
+    at most 1/16 padding past 4k tokens, ~3 % on average, and 16 buckets per doubling."""
+    step = max(256, 1 << max(0, (tokens // 16).bit_length() - 1))
+    return -(-tokens // step) * step
+
+
+def pow2_bucket(x: int, floor: int) -> int:
+    """The smallest power of two >= ``x``, at least ``floor``."""
+    return max(floor, 1 << max(0, x - 1).bit_length())
+
+
+def bucket_key(tokens: int, pairs: int, max_len: int) -> Key:
+    """The bucket of a step: at least one padding token and one empty pair (see the module docstring)."""
+    return token_bucket(tokens + 1), pow2_bucket(pairs + 1, 16), pow2_bucket(max_len, 64)
+
+
+def run_padded(forward: Forward, inputs: torch.Tensor, key: Key) -> torch.Tensor:
+    """``forward`` on a step in ``key``'s padded layout (``PackedPairReplica._pack(pad=key[:2])``):
+    float32 logits, one row per pair slot (the first ``pairs`` rows are the real pairs')."""
+    t, n, max_len = key
+    return forward(inputs[:t], inputs[t:2 * t], inputs[2 * t:3 * t], inputs[3 * t:3 * t + n + 1], max_len, None).float()
+
+
+class _Graph:
+    __slots__ = ("graph", "inputs", "out")
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: torch.Tensor, out: torch.Tensor) -> None:
+        self.graph, self.inputs, self.out = graph, inputs, out
+
+
+class StepGraphs:
+    """The captured graphs of one replica, by bucket; ``launch`` replays one and queues its logits' copy home.
+
+    ``forward`` is the replica's eager forward (varlen attention: no host lengths); ``offset`` the
+    position id padding tokens get (any valid one); ``max_tokens`` the largest step captured (a
+    larger one runs eagerly); ``limit`` how many graphs are captured at most (see ``key``).
+    """
+
+    def __init__(self, forward: Forward, device: torch.device, *, offset: int, max_tokens: int, limit: int = 64) -> None:
+        self._forward, self.device, self._offset = forward, device, offset
+        self.max_tokens, self._limit = max_tokens, limit
+        self._graphs: dict[Key, _Graph] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+        self.captures = 0
+        self.capture_s = 0.0
+        self.replays = 0
+        self.tokens = 0  # real tokens replayed
+        self.padded = 0  # padding tokens replayed
+        self.eager_steps = 0  # steps of a new bucket past ``limit``
+
+    def key(self, tokens: int, pairs: int, max_len: int) -> Key | None:
+        """The bucket a step of this shape runs in, or None when it runs eagerly: too large for a
+        graph, or a new bucket once ``limit`` graphs exist (never evicting: a workload of more
+        shapes than that would otherwise capture again and again, ~60 ms each)."""
+        if tokens + 1 > self.max_tokens:
+            return None
+        key = bucket_key(tokens, pairs, max_len)
+        if key not in self._graphs and len(self._graphs) >= self._limit:
+            self.eager_steps += 1
+            return None
+        return key
+
+    def stats(self) -> dict[str, Any]:
+        return {"graphs": len(self._graphs), "captures": self.captures, "capture_ms_total": round(1e3 * self.capture_s, 1),
+                "replays": self.replays, "eager_steps_past_limit": self.eager_steps,
+                "padding_share": round(self.padded / (self.tokens + self.padded), 4) if self.replays else 0.0}
+
+    def _run(self, inputs: torch.Tensor, key: Key) -> torch.Tensor:
+        return run_padded(self._forward, inputs, key)
+
+    def _capture(self, key: Key) -> _Graph:
+        t, n, _ = key
+        inputs = torch.zeros(3 * t + n + 1, dtype=torch.long, device=self.device)
+        inputs[t:2 * t] = self._offset  # valid positions; every pair empty: the kernels' launch shapes are what counts
+        t0 = time.perf_counter()
+        # Run once outside the capture (on a side stream, as PyTorch's docs do): lazy
+        # initialisation and any compilation for the new shapes happen here, not in the graph.
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._run(inputs, key)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: another device's worker may be capturing at the same time
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            out = self._run(inputs, key)
+        self.captures += 1
+        self.capture_s += time.perf_counter() - t0
+        return _Graph(graph, inputs, out)
+
+    def launch(self, host: torch.Tensor, key: Key, tokens: int, copy_in: Callable[[torch.Tensor, torch.Tensor], None]) -> tuple[torch.Tensor, Any]:
+        """Replay ``key``'s graph on ``host`` (``_pack``'s padded layout; ``copy_in(dst, host)``
+        queues its copy to the device); returns pinned host logits and the event after their copy."""
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = self._capture(key)
+        copy_in(g.inputs, host)
+        g.graph.replay()
+        out = torch.empty(g.out.shape, dtype=g.out.dtype, pin_memory=True)
+        out.copy_(g.out, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self.replays += 1
+        self.tokens += tokens
+        self.padded += key[0] - tokens
+        return out, done

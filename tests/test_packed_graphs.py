@@ -1,0 +1,129 @@
+"""The padded layout CUDA graphs replay (``adapters/runtimes/packed/graphs.py``), checked on CPU.
+
+A graph has fixed shapes, so a step is padded to a bucket: padding tokens after the last pair,
+empty pairs after the real ones. These tests run the packed cross-encoder replicas (XLM-R, BERT
+with token types, ELECTRA, ModernBERT with cls and mean pooling) through that layout with a
+varlen reference kernel that, like FlashAttention's varlen kernels, reads only the cumulative
+lengths and leaves every row outside a pair untouched -- here filled with NaN, so a padding row
+that leaked into a real pair's score would show. The logits of the real pairs must equal the
+unpadded step's. The capture and replay themselves need CUDA: the engine checks a replay
+against the eager forward at start (``PackedPairReplica.use_graphs``) and the GPU report gives it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from tests.corpus import DOCS, Q
+from tests.tiny_encoders import build_tiny_cross_encoder, build_tiny_modernbert
+
+KINDS = ("xlmr", "bert", "electra", "modernbert", "modernbert-mean")
+LONG = ["Washington, D.C. is the capital of the United States. It is a federal district. " * 2]
+
+
+def test_buckets_pad_little_and_always_leave_a_padding_token_and_an_empty_pair():
+    from adapters.runtimes.packed.graphs import bucket_key, pow2_bucket, token_bucket
+
+    assert [token_bucket(t) for t in (1, 256, 257, 4096, 4097, 16384, 16385, 65536)] == \
+        [256, 256, 512, 4096, 4352, 16384, 17408, 65536]
+    assert [pow2_bucket(x, 16) for x in (1, 16, 17, 101)] == [16, 16, 32, 128]
+    for tokens in range(1, 70_000, 97):
+        t, _, _ = bucket_key(tokens, 1, 1)
+        assert t > tokens
+        if tokens > 4096:
+            assert (t - tokens) / tokens <= 1 / 16
+    assert bucket_key(14_900, 100, 200) == (15_360, 128, 256)
+    assert len({token_bucket(t) for t in range(32_769, 65_537)}) == 16
+    assert bucket_key(100, 15, 50)[1:] == (16, 64)  # 15 pairs + one empty one
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("packed-graphs")
+    out = {kind: build_tiny_cross_encoder(base / kind, kind=kind) for kind in ("xlmr", "bert", "electra")}
+    out["modernbert"] = build_tiny_modernbert(base / "modernbert")
+    out["modernbert-mean"] = build_tiny_modernbert(base / "modernbert-mean", pooling="mean",
+                                                   id2label={0: "irrelevant", 1: "relevant"}, seed=1)
+    return out
+
+
+def _varlen_reference(window: int | None):
+    """FlashAttention varlen's contract on CPU: sequences from ``cu_q`` only (host lengths ignored),
+    empty ones allowed, rows after the last sequence untouched (NaN here)."""
+    import torch
+
+    from adapters.runtimes.packed import kernels
+
+    def attend(q, k, v, cu_q, cu_k, max_q, max_k, lens_q, lens_k):
+        cu = cu_q.tolist()
+        out = torch.full_like(q, float("nan"))
+        for a, b in itertools.pairwise(cu):
+            assert b - a <= max_q  # the bucket's max length covers every pair
+            if b > a:
+                out[a:b] = kernels.sdpa_per_sequence(q[a:b], k[a:b], v[a:b], None, None, None, None, [b - a], [b - a],
+                                                     window=window)
+        return out
+
+    return attend
+
+
+@pytest.fixture(scope="module")
+def replicas(dirs):
+    """(replica, tokenizer) per kind, fp32 on CPU, attending through the varlen reference."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from adapters.runtimes.packed import kernels
+    from adapters.runtimes.packed.encoder_forward import load_cross_encoder, make_replica
+
+    real = kernels.pick_attention
+
+    def pick(choice, device, kernel="auto", *, causal=True, dtype=None, window=None):
+        if choice == "sdpa":
+            return real(choice, device, kernel, causal=causal, dtype=dtype, window=window)
+        return "varlen reference", _varlen_reference(window)
+
+    kernels.pick_attention = pick
+    try:
+        out = {kind: (make_replica(load_cross_encoder(str(d), None, torch.float32), torch.device("cpu"),
+                                   attention="auto", compile=False), AutoTokenizer.from_pretrained(d))
+               for kind, d in dirs.items()}
+    finally:
+        kernels.pick_attention = real
+    for replica, _ in out.values():
+        assert replica.attention_name.startswith("varlen reference") and not replica._per_sequence
+    return out
+
+
+def _step(tok, kind: str):
+    """Pairs of two queries (BERT: two token-type starts) and their segment starts."""
+    prompts, segments = [], []
+    for q in (Q, "capital punishment"):
+        for d in [*DOCS, *LONG]:
+            enc = tok(q, d)
+            prompts.append(enc["input_ids"])
+            types = enc.get("token_type_ids")
+            segments.append(types.index(1) if kind == "bert" and 1 in types else None)
+    return prompts, segments
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_real_pairs_score_the_same_in_a_padded_bucket(replicas, kind):
+    from adapters.runtimes.packed.graphs import bucket_key, run_padded
+
+    replica, tok = replicas[kind]
+    prompts, segments = _step(tok, kind)
+    want = replica.score(prompts, segments)
+    lens = [len(p) for p in prompts]
+    n = len(prompts)
+    # the step's own bucket, and a much larger one (more padding tokens, pairs and max length)
+    for key in (bucket_key(sum(lens), n, max(lens)), (sum(lens) + 700, 4 * n, 4 * max(lens))):
+        host, _ = replica._pack(prompts, segments, pad=key[:2])
+        out = run_padded(replica._forward, host, key)
+        assert out.shape[0] == key[1]
+        got = out[:n].tolist()
+        for g, w in zip(got, want, strict=True):
+            assert g == pytest.approx(w, abs=1e-5)
