@@ -277,11 +277,14 @@ async def test_stats_split_a_step_into_host_prep_and_device_wait(pipelined):
         stats = scheduler.stats()
         assert stats["steps"] == 2
         # Sleeps only overshoot (a loaded CI box): lower bounds, and which side each sleep landed on.
+        recent = stats["recent_steps_ms"]  # the same split, as percentiles of the latest steps
         if pipelined:
             assert stats["prep_ms_mean"] >= 19 and stats["wait_ms_mean"] >= 59
             assert stats["prep_ms_mean"] < stats["wait_ms_mean"] - 20
+            assert 19 <= recent["prep"]["p50"] <= recent["prep"]["p99"] <= recent["prep"]["max"] < recent["wait"]["p50"]
         else:  # the whole forward is the wait; assembling is all the prep
             assert stats["wait_ms_mean"] >= 79 and stats["prep_ms_mean"] < stats["wait_ms_mean"] / 4
+            assert recent["wait"]["p50"] >= 79 and recent["prep"]["max"] < recent["wait"]["p50"] / 4
     finally:
         scheduler.stop()
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -94,6 +95,8 @@ class PackedScheduler:
         # tokens: prompt tokens served; computed_tokens: those the steps computed (shared prefixes once)
         self._dev = [{"device": str(getattr(r, "label", r.device)), "steps": 0, "items": 0, "tokens": 0, "computed_tokens": 0,
                       "busy_s": 0.0, "prep_s": 0.0, "wait_s": 0.0} for r in runners]
+        # (host prep, device wait) of the latest steps, for their percentiles: a mean hides a tail
+        self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=1024)
         self._requests = 0
         self._queue_s = 0.0
         self._engine_s = 0.0  # submit -> last score, summed over finished requests
@@ -162,6 +165,8 @@ class PackedScheduler:
                 # engine time is queue and handing results back.
                 "prep_ms_mean": 1e3 * sum(d["prep_s"] for d in self._dev) / steps if steps else 0.0,
                 "wait_ms_mean": 1e3 * sum(d["wait_s"] for d in self._dev) / steps if steps else 0.0,
+                # the same over the latest (up to 1,024) steps: p50 / p99 / max
+                "recent_steps_ms": _percentiles(self._recent),
                 # {requests with items in one step: number of such steps}
                 "steps_by_requests": {str(k): v for k, v in sorted(self.steps_by_requests.items())},
                 "prompt_tokens": sum(d["tokens"] for d in self._dev),
@@ -285,6 +290,7 @@ class PackedScheduler:
             counters["busy_s"] += dt
             counters["prep_s"] += prep
             counters["wait_s"] += end - (t0 if wait_from is None else wait_from)
+            self._recent.append((prep, end - (t0 if wait_from is None else wait_from)))
             self.steps_by_requests[len({id(r) for r, _ in taken})] += 1
             for k, (req, i) in enumerate(taken):
                 if req.cancelled or req.future.done():
@@ -305,3 +311,14 @@ class PackedScheduler:
             req.resolve(req.scores)
         for req in failed:
             req.resolve(self._error_type(f"forward pass failed on {runner.device}: {type(error).__name__}: {error}"))
+
+
+def _percentiles(steps: Sequence[tuple[float, float]]) -> dict[str, dict[str, float]]:
+    """{"prep"/"wait": {"p50", "p99", "max"}} in ms (nearest rank), over ``steps``' (prep, wait) seconds."""
+    out: dict[str, dict[str, float]] = {}
+    for k, name in enumerate(("prep", "wait")):
+        xs = sorted(1e3 * s[k] for s in steps)
+        if xs:
+            out[name] = {"p50": round(xs[math.ceil(0.5 * len(xs)) - 1], 3), "p99": round(xs[math.ceil(0.99 * len(xs)) - 1], 3),
+                         "max": round(xs[-1], 3)}
+    return out
