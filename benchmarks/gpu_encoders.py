@@ -80,13 +80,15 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     # (RUNTIME_ENV) so the launching worker waits less for the event loop's thread
     "packed-32k": {**COMMON, "engine": "packed", "batch_tokens": 32768},
     "packed-gil1ms": {**COMMON, "engine": "packed", "batch_tokens": 65536},
+    # the packed default without CUDA graphs: each step's ~300 kernels launched from Python
+    "packed-eager": {**COMMON, "engine": "packed", "batch_tokens": 65536, "cuda_graphs": "off"},
     "vllm-score": {**COMMON, "engine": "vllm-score", "max_num_batched_tokens": 65536, "max_num_seqs": 512},
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
 }
 # runtime -> code run at the gateway's interpreter start (an experiment, not a product setting)
 RUNTIME_SITE = {"packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n"}
 # runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
-NEEDS = {"packed": 75, "packed-32k": 75, "packed-gil1ms": 75, "vllm-score": 170, "transformers": 60}
+NEEDS = {"packed": 75, "packed-eager": 75, "packed-32k": 75, "packed-gil1ms": 75, "vllm-score": 170, "transformers": 60}
 # --model: (real config, --tiny config, checkpoint folder name, report title)
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
     "xlmr-large": (REAL_CONFIG, TINY_CONFIG, "xlmr", "bge-reranker-v2-m3 shape (XLM-R large)"),
@@ -244,6 +246,83 @@ out["vs_transformers_same_dtype"] = compare(packed, same)
 fp32 = padded(load_cross_encoder(model_dir, None, torch.float32).to(dev), reqs[0])
 out["vs_transformers_fp32"] = compare(packed, fp32)
 out["transformers_same_dtype_vs_fp32"] = compare(same, fp32)  # the precision's own noise, for scale
+del fp32
+
+
+def dist(fn, n=40):
+    """Wall time of ``fn`` (host prep + device + scores home), p50 / p99 / max over ``n`` runs, ms."""
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        ts.append(1e3 * (time.perf_counter() - t))
+    ts.sort()
+    return {"p50": ts[(n - 1) // 2], "p99": ts[-(-99 * n // 100) - 1], "max": ts[-1], "min": ts[0]}
+
+
+def tokenize_probe():
+    """A d100 request's documents through the gateway's own tokenizer wrapper, Rayon on and off
+    (the host's share of an idle request: report gpu-h200-2026-12-01-e measured 5.6 ms in the gateway)."""
+    import os
+    import msgspec
+    from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter
+    from adapters.families.encoder import EncoderTokenizer
+    from transformers import AutoTokenizer
+
+    spec = WorkloadSpec(requests=8, documents=100, doc_tokens="60-200", query_tokens="15", seed=11)
+    bodies = [msgspec.json.decode(r.body) for r in build_workload(spec, load_token_counter(model_dir))]
+    wrap = EncoderTokenizer(AutoTokenizer.from_pretrained(model_dir), window=1024, pair=True)
+    res = {"cpus": os.cpu_count()}
+    for par in ("true", "false"):
+        os.environ["TOKENIZERS_PARALLELISM"] = par
+        ts = []
+        for _ in range(5):
+            for b in bodies:
+                t = time.perf_counter()
+                wrap.encode_documents(b["documents"])
+                ts.append(1e3 * (time.perf_counter() - t))
+        ts.sort()
+        res[f"parallel_{par}_ms"] = {"p50": ts[len(ts) // 2], "p99": ts[-1]}
+    return res
+
+
+try:
+    out["tokenize_d100"] = tokenize_probe()
+except Exception as exc:  # a diagnostic: never lose the rest
+    out["tokenize_d100"] = {"error": f"{type(exc).__name__}: {exc}"}
+
+if on_gpu:  # CUDA graphs (adapters/runtimes/packed/graphs.py) against the eager launches, same replica
+    from adapters.runtimes.packed.graphs import bucket_key, run_padded, token_bucket
+
+    one, four = reqs[0], [p for r in reqs[:4] for p in r]
+    eager = {k: rep.score(reqs[k]) for k in (0, 1)}
+    out["eager_x1_ms"] = dist(lambda: rep.score(one))
+    out["eager_x4_ms"] = dist(lambda: rep.score(four), 20)
+    # what the bucket's shape costs eagerly: the step's own bucket, and 2,048 pairs / 8,192 max length
+    lens1 = [len(p) for p in one]
+    small = bucket_key(sum(lens1), len(lens1), max(lens1))
+    for name, key in (("own_bucket", small), ("pairs2048_len8192", (small[0], 2048, 8192))):
+        host, _ = rep._pack(one, [None] * len(one), pad=key[:2])
+        d = host.to(dev)
+        out[f"padded_{name}_ms"] = {"key": key, **dist(lambda: run_padded(rep._forward, d, key)[:1].tolist())}
+    t = time.perf_counter()
+    rep.use_graphs(token_bucket(65536 + 1), (reqs[0][:3], [None] * 3))
+    out["use_graphs_s"] = time.perf_counter() - t
+    out["graph_error"] = rep.graph_error
+    if rep.graphs is not None:
+        got = {k: rep.score(reqs[k]) for k in (0, 1)}
+        out["graph_vs_eager_max_abs"] = max(abs(a[0] - b[0]) for k in (0, 1) for a, b in zip(got[k], eager[k]))
+        # pipelined as the scheduler runs them: step 2 launched (another bucket) before step 1 is collected
+        h0 = rep.launch(reqs[0])
+        h1 = rep.launch(reqs[1])
+        both = (rep.collect(h0), rep.collect(h1))
+        out["graph_pipelined_equal"] = both[0] == got[0] and both[1] == got[1]
+        out["graph_x1_ms"] = dist(lambda: rep.score(one))
+        out["graph_x4_ms"] = dist(lambda: rep.score(four), 20)
+        out["graph_stats"] = rep.graphs.stats()
 print("FORWARD " + json.dumps(out))
 '''
 
@@ -315,20 +394,41 @@ def pair_lengths(model_dir: Path, cfg: dict[str, Any], requests: int = 8) -> lis
     return out
 
 
+# gateway bench's --warmup per level (--warmup), and requests of a separate unmeasured pass of the
+# same traffic (other documents) before each level (--warm-pass; 0: none)
+WARMUP = {"requests": 4, "pass": 0}
+
+
 def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int, out: Path, gpu: bool) -> dict[str, Any]:
-    args = [sys.executable, "-m", "gateway", "bench", gw.url, "--model", model, "--tokenizer", str(model_dir),
-            "--documents", str(DOCS), "--doc-tokens", DOC_TOKENS, "--query-tokens", QUERY_TOKENS,
-            "--concurrency", str(clients), "--requests", str(requests), "--warmup", "4", "--seed", str(11 + clients),
-            "--title", f"{model} d100 {clients} clients", "--no-progress", "--out", str(out)]
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+    def run(n: int, seed: int, warmup: int, folder: Path) -> None:
+        args = [sys.executable, "-m", "gateway", "bench", gw.url, "--model", model, "--tokenizer", str(model_dir),
+                "--documents", str(DOCS), "--doc-tokens", DOC_TOKENS, "--query-tokens", QUERY_TOKENS,
+                "--concurrency", str(clients), "--requests", str(n), "--warmup", str(warmup), "--seed", str(seed),
+                "--title", f"{model} d100 {clients} clients", "--no-progress", "--out", str(folder)]
+        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+
+    if WARMUP["pass"]:  # traffic of the same kind (other documents: another seed) before the measured run, not counted
+        run(WARMUP["pass"], 1011 + clients, 0, out.with_name(out.name + "-warm"))
+    before = _graph_captures(gw)
+    run(requests, 11 + clients, WARMUP["requests"], out)
+    # CUDA graphs captured during the measured run (its own warm-up requests included): each cost a step ~60 ms
+    captures = _graph_captures(gw) - before if before is not None else None
     (s,) = json.loads((out / "bench.json").read_text())["summaries"]
     lat = s["latency_ms"]
     row = {"clients": clients, "requests": requests, "docs_per_s": s["docs_per_s"], "p50_ms": lat["p50"],
            "p99_ms": lat["p99"], "max_ms": lat["max"], "errors": s["errors"], "first_error": s.get("first_error"),
-           "server_timing_ms": s.get("server_timing_ms"), "server_timing_pct_ms": s.get("server_timing_pct_ms"), "gpu_mib": gpu_mem_mib() - gw.base_mib if gpu else None}
+           "server_timing_ms": s.get("server_timing_ms"), "server_timing_pct_ms": s.get("server_timing_pct_ms"), "gpu_mib": gpu_mem_mib() - gw.base_mib if gpu else None,
+           "graph_captures": captures, "warm_pass_requests": WARMUP["pass"]}
     log(f"{model} d100 x{clients}: {row['docs_per_s']:.0f} docs/s, p50 {row['p50_ms']:.1f}, p99 {row['p99_ms']:.1f}, "
         f"max {row['max_ms']:.1f} ms, errors {row['errors']}")
     return row
+
+
+def _graph_captures(gw: Gateway) -> int | None:
+    """The packed engine's CUDA graph captures so far (None: no graphs)."""
+    stats = (gw.status() or {}).get("models", [{}])[0].get("engine_stats") or {}
+    graphs = stats.get("cuda_graphs")
+    return graphs.get("captures") if isinstance(graphs, dict) else None
 
 
 def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Path, levels: dict[int, int],  # noqa: PLR0913
@@ -399,6 +499,12 @@ def summary(results: dict[str, Any]) -> str:
                 lines += [f"{('packed ' if ref.startswith('vs') else '') + ref.replace('_', ' ')}, padded, first request's pairs: max |logit "
                           f"difference| {c['max_abs_logit_diff']:.2e} (spread {c['logit_spread']:.2e}), top-10 shared "
                           f"{c['top10_shared']}, same order {c['top10_same_order']}.", ""]
+    if fwd.get("graph_x1_ms") or fwd.get("graph_error") or fwd.get("tokenize_d100"):
+        g = {k: fwd.get(k) for k in ("eager_x1_ms", "graph_x1_ms", "eager_x4_ms", "graph_x4_ms", "padded_own_bucket_ms",
+                                     "padded_pairs2048_len8192_ms", "graph_vs_eager_max_abs", "graph_pipelined_equal",
+                                     "graph_stats", "graph_error", "use_graphs_s", "tokenize_d100")}
+        lines += ["Replica alone, eager launches vs one CUDA graph per step (wall ms incl. scores home, p50 / p99 / max): "
+                  f"`{json.dumps(g)}`", ""]
     lines += ["| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",
               "|---|---|---|---|---|---|---|---|---|"]
     for label, e in results["runs"].items():
@@ -417,10 +523,14 @@ def summary(results: dict[str, Any]) -> str:
             t, pct = r.get("server_timing_ms") or {}, r.get("server_timing_pct_ms") or {}
             lines.append(f"- {label} x{r['clients']}: " + ", ".join(
                 f"{k} {v:.1f}" + (" ({p50:.1f} / {p99:.1f} / {max:.1f})".format(**pct[k]) if k in pct else "") for k, v in t.items()))
+            if r.get("graph_captures") is not None:
+                lines.append(f"  CUDA graphs captured during it: {r['graph_captures']} (after a warm pass of {r.get('warm_pass_requests')} requests)")
         st = e.get("engine_stats_after") or {}
         if "prep_ms_mean" in st:
             lines.append(f"- {label} engine: queue {st['queue_ms_mean']:.2f}, step {st['step_ms_mean']:.2f}, host prep "
-                         f"{st['prep_ms_mean']:.2f}, device wait {st['wait_ms_mean']:.2f} ms (means over {st['steps']} steps)")
+                         f"{st['prep_ms_mean']:.2f}, device wait {st['wait_ms_mean']:.2f} ms (means over {st['steps']} steps); "
+                         f"latest steps (p50 / p99 / max): {json.dumps(st.get('recent_steps_ms'))}; "
+                         f"CUDA graphs {json.dumps(st.get('cuda_graphs'))}")
     lines += ["", "Probe: one d100 request scored twice by each runtime, against plain transformers in fp32 "
               "(random weights bunch the scores: the spread is the reference's max - min).", "",
               "| runtime | max abs diff vs fp32 | top-10 shared | top-10 same order | repeat max abs diff | spread |",
@@ -449,11 +559,16 @@ def main() -> None:
     ap.add_argument("--idle-requests", type=int, default=40)
     ap.add_argument("--load-requests", type=int, default=160, help="requests at 16 clients")
     ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=4,
+                    help="requests before each level's measured ones (CUDA graphs are captured on a bucket's first step)")
+    ap.add_argument("--warm-pass", type=int, default=0,
+                    help="before each level, this many requests of the same traffic with other documents, not measured")
     ap.add_argument("--budget", type=float, default=480, help="seconds from now, when RR_DEADLINE is not set")
     ap.add_argument("--no-forward-probe", action="store_true", help="skip timing the packed replica alone (no HTTP)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-out/encoders"))
     ap.add_argument("--work", default="/tmp/rr-encoders")
     args = ap.parse_args()
+    WARMUP["requests"], WARMUP["pass"] = args.warmup, args.warm_pass
     deadline = float(os.environ.get("RR_DEADLINE") or 0) or time.time() + args.budget
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
