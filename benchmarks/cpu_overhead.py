@@ -127,6 +127,7 @@ def litellm_version() -> str:
 _BUCKETS = [
     ("engine (static)", "adapters/runtimes/static.py"),
     ("rerank service (dedup, sort, response)", "gateway/serving/service.py"),
+    ("rerank service (dedup, sort, response)", "gateway/serving/jobs.py"),  # its request -> job half
     ("routes", "gateway/http/routes.py"),
     ("gateway middleware, auth, access log, metrics", "gateway/"),
     ("structlog / logging", "structlog"),

@@ -130,7 +130,7 @@ _COMPONENTS = (
     ("prometheus_client", ("prometheus_client/",)),
     ("limits / redis", ("limits/", "redis/")),
     ("adapters/upstreams (pool engine)", ("adapters/upstreams/",)),
-    ("gateway/serving/service.py", ("gateway/serving/service.py",)),
+    ("gateway/serving/service.py + jobs.py", ("gateway/serving/service.py", "gateway/serving/jobs.py")),
     ("gateway (middleware, access, routes)", ("gateway/",)),
     ("asyncio / uvloop event loop", ("asyncio/", "uvloop/")),
 )
