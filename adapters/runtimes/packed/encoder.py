@@ -158,7 +158,9 @@ def _reserve_full_step(replica: PackedPairReplica, family: CrossEncoderFamily, b
     blocks for it from the start: a request larger than every earlier one otherwise pays for
     fresh device allocations on its own latency (a tail of the idle d100 runs, where the first
     requests keep setting new maxima). Under load such steps run anyway; a device too small for
-    one is left to fail that step later, as before."""
+    one is left to fail that step later, as before. With CUDA graphs on, this step captures the
+    largest bucket's graph first, so the graphs' shared pool is sized for it before the smaller
+    ones reuse its blocks."""
     prompts, segments = full_step(family, batch_tokens, max_items)
     try:
         replica.score(prompts, segments)
