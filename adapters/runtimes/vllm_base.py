@@ -1,4 +1,4 @@
-"""Shared plumbing of the vLLM engines: engine args, start + warm-up, stop, death, batch stats.
+"""The vLLM engines' base class: start + warm-up, stop, death (helpers in ``vllm_support``).
 
 Both vLLM engines (``adapters.runtimes.vllm_score`` for every family vLLM's pooling runner
 serves, ``adapters.runtimes.vllm_generate`` for Qwen3) run vLLM's v1
@@ -16,6 +16,9 @@ both are used (``AsyncLLM.from_engine_args/encode/generate/errored/shutdown``, `
 ``StatLoggerBase``), and engine-arg names are checked against the installed ``AsyncEngineArgs``
 fields (feature detection, never a version compare).
 
+Engine args, the engine-core process tree and batch stats live in
+``adapters.runtimes.vllm_support``; their public names are re-exported here.
+
 Imported only through ``adapters.registry``: importing it imports vllm.
 """
 
@@ -23,9 +26,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import collections
 import contextlib
-import dataclasses
 import itertools
 import logging
 import os
@@ -39,10 +40,8 @@ import vllm
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
-from vllm.v1.metrics.loggers import StatLoggerBase
 
 from adapters.base import (
-    EngineConfigError,
     EngineDeadError,
     EngineError,
     EngineObserver,
@@ -55,26 +54,19 @@ from adapters.families import create_family
 from adapters.families.base import Family, Row
 from adapters.families.checkpoint import check_window
 from adapters.families.qwen3 import max_position_embeddings
+from adapters.runtimes.vllm_support import (
+    BatchStats,
+    _engine_processes,
+    _on_cpu,
+    _reap,
+    _stat_logger_factory,
+    build_engine_args,
+    engine_prompt,
+)
 from schemas.config import VllmEngineConfig
 
 __all__ = ("BatchStats", "VllmEngine", "VllmQwen3Engine", "build_engine_args", "engine_prompt", "spawn_if_cuda_initialized")
 
-try:  # vLLM with rendered engine inputs (0.3x): raw prompt dicts are deprecated there
-    from vllm.inputs import tokens_input as _tokens_input
-except ImportError:  # older vLLM (0.26): the raw token prompt is the supported form
-    _tokens_input = None
-
-
-def engine_prompt(prompt_ids: list[int]) -> Any:
-    """Token ids in the form the installed vLLM takes without a deprecation warning.
-
-    Newer vLLM wants the output of its renderer (``{"type": "token", ...}``, built by
-    ``vllm.inputs.tokens_input``); a raw ``{"prompt_token_ids": ...}`` there logs "Passing raw
-    prompts to InputProcessor is deprecated". Feature-detected, never a version compare.
-    """
-    if _tokens_input is not None:
-        return _tokens_input(prompt_ids)
-    return {"prompt_token_ids": prompt_ids}
 
 def spawn_if_cuda_initialized(environ: Any = None) -> bool:
     """Spawn vLLM's engine core when this process has already initialised CUDA; True if so.
@@ -99,158 +91,6 @@ def spawn_if_cuda_initialized(environ: Any = None) -> bool:
 # (torch + vLLM: 5-15 s on a loaded 2-core box) while the core waits up to 5 s for it and then
 # tears down itself, so a 10 s bound was always used in full (docs/benchmarks/shutdown-2026-12-01).
 _SHUTDOWN_GRACE_S = 2.0
-
-
-def _engine_processes(engine: AsyncLLM) -> list[Any]:
-    """This engine's engine-core processes and their descendants (the executor's workers).
-
-    Read from vLLM's process manager (``engine_core.resources.engine_manager.processes``); an
-    engine without one (another vLLM layout, in-process core) gives an empty list.
-    """
-    import psutil  # a dependency of vLLM
-
-    manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
-    out: list[Any] = []
-    for proc in getattr(manager, "processes", None) or []:
-        with contextlib.suppress(psutil.Error, ValueError, TypeError):
-            core = psutil.Process(proc.pid)
-            out += [core, *core.children(recursive=True)]
-    return out
-
-
-def _reap(procs: list[Any], timeout: float = 5.0) -> None:
-    """Wait until ``procs`` have exited; SIGKILL those still running then and wait again.
-
-    A zombie counts as exited: it holds no memory, and its parent (the dead core, or this
-    process) reaps it, not us. Bounded: at most ``2 * timeout`` seconds.
-    """
-    import time
-
-    import psutil
-
-    def running(proc: Any) -> bool:
-        try:
-            return bool(proc.is_running()) and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    for last in (False, True):
-        deadline = time.monotonic() + timeout
-        while (alive := [p for p in procs if running(p)]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not alive or last:
-            return
-        for proc in alive:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        procs = alive
-
-
-def _on_cpu() -> bool:
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cpu())
-
-
-def build_engine_args(config: VllmEngineConfig, runner_args: dict[str, Any], *, max_length: int | None = None) -> dict[str, Any]:
-    """AsyncEngineArgs keywords from the model config; ``runner_args`` are the engine kind's own.
-
-    Raises ValueError naming any key the installed vLLM does not know, so a typo or a
-    version mismatch fails at start, not at the first request.
-    """
-    on_cpu = _on_cpu()
-    dtype = config.dtype if config.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
-    util = config.gpu_memory_utilization
-    if util is None:
-        # On CPU vLLM reads it as the fraction of RAM for the KV cache: 0.9 would take the machine.
-        util = 0.1 if on_cpu else 0.9
-    args: dict[str, Any] = {
-        "model": config.path,
-        "tokenizer": config.path,
-        "revision": config.revision,
-        "dtype": dtype,
-        # The prompt window is the engine's window: the service never sends a longer prompt.
-        "max_model_len": max_length or config.max_length,
-        "gpu_memory_utilization": util,
-        "tensor_parallel_size": config.tensor_parallel_size,
-        "enforce_eager": config.enforce_eager,
-        "enable_prefix_caching": config.enable_prefix_caching,
-        # Per-step stats feed BatchStats (requests finished per engine step).
-        "disable_log_stats": False,
-        "seed": 0,
-        **runner_args,
-    }
-    if config.max_num_seqs is not None:
-        args["max_num_seqs"] = config.max_num_seqs
-    if config.max_num_batched_tokens is not None:
-        args["max_num_batched_tokens"] = config.max_num_batched_tokens
-    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    if config.attention_backend is not None:
-        if "attention_backend" in known:
-            args["attention_backend"] = config.attention_backend
-        else:  # older vLLM: the backend is chosen by environment variable only
-            os.environ["VLLM_ATTENTION_BACKEND"] = config.attention_backend
-    args.update(config.engine_args)
-    unknown = sorted(set(args) - known)
-    if unknown:
-        raise EngineConfigError(
-            f"vllm {vllm.__version__} has no engine argument(s) {', '.join(map(repr, unknown))} "
-            "(check engine_args in the model's config)"
-        )
-    return args
-
-
-class BatchStats:
-    """How many requests finished in each engine step: proof that vLLM batched them together.
-
-    Every Qwen3 item is prefill-only (pooling) or one-token (generate), so the requests that
-    finish in one step are the requests that step computed. Items of concurrent HTTP requests
-    finishing in the same step show the scheduler batched across requests.
-    """
-
-    def __init__(self) -> None:
-        self.steps_by_batch = collections.Counter[int]()
-        self.requests = 0
-        # The gateway's metrics (set by the engine before start); None outside the gateway.
-        self.observer: EngineObserver | None = None
-
-    def record(self, finished: int) -> None:
-        self.steps_by_batch[finished] += 1
-        self.requests += finished
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "max_batch": max(self.steps_by_batch, default=0),
-            # {requests finished in one step: number of such steps}
-            "steps_by_batch": {str(k): v for k, v in sorted(self.steps_by_batch.items())},
-        }
-
-
-def _stat_logger_factory(stats: BatchStats) -> type[StatLoggerBase]:
-    class _BatchRecorder(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        # *args: the signature grew over versions (mm_cache_stats, engine_idx).
-        def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
-            finished = getattr(iteration_stats, "finished_requests", None)
-            if finished:
-                stats.record(len(finished))
-            observer = stats.observer
-            if observer is None:
-                return
-            if iteration_stats is not None and finished:
-                tokens = iteration_stats.num_prompt_tokens + iteration_stats.num_generation_tokens
-                observer.step(rows=len(finished), tokens=tokens)
-            cache = getattr(scheduler_stats, "prefix_cache_stats", None)
-            if cache is not None and cache.queries:
-                observer.prefix_cache(queries=cache.queries, hits=cache.hits)
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return _BatchRecorder
 
 
 class VllmEngine(abc.ABC):
