@@ -12,6 +12,7 @@ against the eager forward at start (``PackedPairReplica.use_graphs``) and the GP
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from pathlib import Path
 
@@ -127,3 +128,32 @@ def test_real_pairs_score_the_same_in_a_padded_bucket(replicas, kind):
         got = out[:n].tolist()
         for g, w in zip(got, want, strict=True):
             assert g == pytest.approx(w, abs=1e-5)
+
+
+def test_a_bucket_whose_capture_fails_runs_eagerly_and_is_not_captured_again(replicas, monkeypatch):
+    """Out of memory or an op capture refuses, at a bucket's first step: that step and every later
+    one of the bucket run eagerly (same scores), the engine keeps serving, the stats say why."""
+    import torch
+
+    from adapters.runtimes.packed import graphs
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)  # CPU: no pool, no device context
+    monkeypatch.setattr(torch.cuda, "device", lambda _d: contextlib.nullcontext())
+    replica, tok = replicas["xlmr"]
+    prompts, segments = _step(tok, "xlmr")
+    want = replica.score(prompts, segments)
+    step_graphs = graphs.StepGraphs(replica._forward, torch.device("cpu"), offset=replica._offset, max_tokens=65536)
+    tried = []
+
+    def capture(key):
+        tried.append(key)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(step_graphs, "_capture", capture)
+    monkeypatch.setattr(replica, "graphs", step_graphs)
+    assert replica.score(prompts, segments) == want
+    assert replica.score(prompts, segments) == want
+    assert len(tried) == 1
+    stats = step_graphs.stats()
+    assert stats["eager_steps"] == 2 and stats["replays"] == 0 and stats["graphs"] == 0
+    assert list(stats["failed_captures"].values()) == ["RuntimeError: operation not permitted when stream is capturing"]

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from adapters.runtimes.packed import kernels
-from adapters.runtimes.packed.graphs import StepGraphs
+from adapters.runtimes.packed.graphs import CaptureError, StepGraphs
 from adapters.runtimes.packed.step import HostStaging
 
 __all__ = ("PackedEncoderReplica", "PackedPairReplica", "load_cross_encoder", "make_replica", "position_offset")
@@ -201,9 +201,11 @@ class PackedPairReplica(abc.ABC):
             key = graphs.key(sum(lens), n, max(lens))
             if key is not None:
                 host, _ = self._pack(prompts, segments, pad=key[:2])
-                with torch.cuda.device(self.device):
+                try:
                     out, done = graphs.launch(host, key, sum(lens), self._staging.copy_into)
-                return out, n, done
+                    return out, n, done
+                except CaptureError:
+                    pass  # this bucket runs eagerly from now on (graphs.failed says why)
         if self.compiled and n == 1:
             # dynamic=True still specializes a size of 1: a 1-token second pair keeps one graph.
             prompts, segments = [prompts[0], prompts[0][:1]], [segments[0], None]

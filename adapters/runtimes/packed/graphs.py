@@ -36,11 +36,16 @@ from typing import Any
 
 import torch
 
-__all__ = ("StepGraphs", "bucket_key", "pow2_bucket", "run_padded", "token_bucket")
+__all__ = ("CaptureError", "StepGraphs", "bucket_key", "pow2_bucket", "run_padded", "token_bucket")
 
 # (ids, positions, per-token row, cumulative lengths, max length, host lengths) -> logits
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, Any], torch.Tensor]
 Key = tuple[int, int, int]  # (tokens, pairs, max length) after bucketing
+
+
+class CaptureError(RuntimeError):
+    """A bucket's graph could not be captured (out of memory, an op capture refuses): that bucket
+    runs eagerly from then on; the engine keeps serving."""
 
 
 def token_bucket(tokens: int) -> int:
@@ -92,7 +97,8 @@ class StepGraphs:
         self.replays = 0
         self.tokens = 0  # real tokens replayed
         self.padded = 0  # padding tokens replayed
-        self.eager_steps = 0  # steps of a new bucket past ``limit``
+        self.eager_steps = 0  # steps run eagerly: a new bucket past ``limit``, or one whose capture failed
+        self.failed: dict[Key, str] = {}  # bucket -> why its capture failed
 
     def key(self, tokens: int, pairs: int, max_len: int) -> Key | None:
         """The bucket a step of this shape runs in, or None when it runs eagerly: too large for a
@@ -101,14 +107,15 @@ class StepGraphs:
         if tokens + 1 > self.max_tokens:
             return None
         key = bucket_key(tokens, pairs, max_len)
-        if key not in self._graphs and len(self._graphs) >= self._limit:
+        if key in self.failed or (key not in self._graphs and len(self._graphs) >= self._limit):
             self.eager_steps += 1
             return None
         return key
 
     def stats(self) -> dict[str, Any]:
         return {"graphs": len(self._graphs), "captures": self.captures, "capture_ms_total": round(1e3 * self.capture_s, 1),
-                "replays": self.replays, "eager_steps_past_limit": self.eager_steps,
+                "replays": self.replays, "eager_steps": self.eager_steps,
+                "failed_captures": {"x".join(map(str, k)): why for k, why in self.failed.items()},
                 "padding_share": round(self.padded / (self.tokens + self.padded), 4) if self.replays else 0.0}
 
     def _run(self, inputs: torch.Tensor, key: Key) -> torch.Tensor:
@@ -137,9 +144,20 @@ class StepGraphs:
     def launch(self, host: torch.Tensor, key: Key, tokens: int, copy_in: Callable[[torch.Tensor, torch.Tensor], None]) -> tuple[torch.Tensor, Any]:
         """Replay ``key``'s graph on ``host`` (``_pack``'s padded layout; ``copy_in(dst, host)``
         queues its copy to the device); returns pinned host logits and the event after their copy."""
+        with torch.cuda.device(self.device):
+            return self._launch(host, key, tokens, copy_in)
+
+    def _launch(self, host: torch.Tensor, key: Key, tokens: int, copy_in: Callable[[torch.Tensor, torch.Tensor], None]) -> tuple[torch.Tensor, Any]:
         g = self._graphs.get(key)
         if g is None:
-            g = self._graphs[key] = self._capture(key)
+            try:
+                g = self._graphs[key] = self._capture(key)
+            except Exception as exc:
+                self.failed[key] = f"{type(exc).__name__}: {exc}"[:300]
+                self.eager_steps += 1  # this step too: the replica runs it eagerly
+                if isinstance(exc, torch.cuda.OutOfMemoryError):
+                    torch.cuda.empty_cache()
+                raise CaptureError(self.failed[key]) from exc
         copy_in(g.inputs, host)
         g.graph.replay()
         out = torch.empty(g.out.shape, dtype=g.out.dtype, pin_memory=True)
