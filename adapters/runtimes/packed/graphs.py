@@ -99,6 +99,7 @@ class StepGraphs:
         self.padded = 0  # padding tokens replayed
         self.eager_steps = 0  # steps run eagerly: a new bucket past ``limit``, or one whose capture failed
         self.failed: dict[Key, str] = {}  # bucket -> why its capture failed
+        self._warmed: set[tuple[int, int]] = set()  # (pairs, max length) classes run once before a capture
 
     def key(self, tokens: int, pairs: int, max_len: int) -> Key | None:
         """The bucket a step of this shape runs in, or None when it runs eagerly: too large for a
@@ -126,13 +127,19 @@ class StepGraphs:
         inputs = torch.zeros(3 * t + n + 1, dtype=torch.long, device=self.device)
         inputs[t:2 * t] = self._offset  # valid positions; every pair empty: the kernels' launch shapes are what counts
         t0 = time.perf_counter()
-        # Run once outside the capture (on a side stream, as PyTorch's docs do): lazy
-        # initialisation and any compilation for the new shapes happen here, not in the graph.
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            self._run(inputs, key)
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        # The first capture of a (pairs, max length) class runs the step once outside the capture
+        # (on a side stream, as PyTorch's docs do): lazy initialisation and any compilation
+        # happen there, not in the graph. Later buckets of the class differ only in the token
+        # count, which the compiled regions take symbolically (dynamic=True) and the kernels
+        # as a launch size, so they skip that run: it was most of a capture's ~90 ms under load
+        # (a whole forward), and a bucket that still fails to capture runs eagerly (CaptureError).
+        if key[1:] not in self._warmed:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self._run(inputs, key)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self._warmed.add(key[1:])
         graph = torch.cuda.CUDAGraph()
         # thread_local: another device's worker may be capturing at the same time
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
