@@ -237,7 +237,8 @@ class PackedPairReplica(abc.ABC):
             self.graphs = StepGraphs(self._forward, self.device, offset=self._offset, max_tokens=max_tokens)
             got = self.score(prompts, segments)
             again = self.score(prompts, segments)
-        except Exception as exc:  # noqa: BLE001  # a kernel that cannot be captured: eager, as before
+        except Exception as exc:  # noqa: BLE001  # no graphs here at all (no pool...): eager, as before
+            # (a bucket that cannot be captured runs eagerly on its own: CaptureError in ``launch``)
             self.graphs = None
             self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
             return

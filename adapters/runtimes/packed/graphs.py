@@ -8,9 +8,10 @@ gpu-h200-2026-12-01-e: 31 ms mean, ~80 ms for the loaded steps), so the GPU wait
 A captured graph is replayed with one call, whatever the GIL is doing.
 
 A graph has fixed shapes, so a step is padded to a bucket (``StepGraphs.key``): its tokens to
-a multiple of a power of two near 1/16 of them (<= 1/16 padding above 4k tokens, ~3 % on average;
-always at least one padding token), its pairs to a power of two above their count (at least one empty pair), its
-longest pair to a power of two (the varlen kernel's ``max_seqlen``). The padding is inert by
+a multiple of a power of two near 1/16 of them (<= 1/16 padding above 4k tokens, 0.7-0.9 % of
+the tokens replayed on the H200; always at least one padding token), its pairs to a power of
+two above their count (at least one empty pair), its longest pair to a power of two (the varlen
+kernel's ``max_seqlen``). The padding is inert by
 construction: padding tokens lie after the last cumulative length, so the varlen kernel never
 reads or attends them (their rows hold whatever it leaves there and stay in their own rows:
 every other op is per row), and the extra pairs are empty (their cumulative length repeats the
@@ -18,9 +19,11 @@ total) and point their first-token row at the first padding token; their logits 
 ``PackedPairReplica._pack`` writes that layout; ``tests/test_packed_graphs.py`` checks it on
 CPU against the unpadded step with a varlen reference that fills untouched rows with NaN.
 
-Graphs are captured on first use of a bucket, which costs that step ~60 ms once on the H200
-(requests of one shape fall in a handful of buckets; the engine's stats count captures), and
-share one memory pool, so they cost about one step's activations in all. Each replay's logits are copied to pinned host memory right behind it on the stream, so a
+Graphs are captured on first use of a bucket, which costs that step once 54 ms on an idle H200,
+66-90 ms under load (a capture first waits for the step in flight); requests of one shape fall
+in a handful of buckets, partial steps under load in more (8-13 in report f), and the engine's
+stats count captures. They share one memory pool, so they cost about one step's activations in
+all. Each replay's logits are copied to pinned host memory right behind it on the stream, so a
 later replay (the scheduler launches step k+1 before collecting step k) cannot overwrite them.
 At start the engine checks a replay against the eager forward on the same pairs and keeps
 graphs only if they agree (``check``).
@@ -116,7 +119,8 @@ class StepGraphs:
     def stats(self) -> dict[str, Any]:
         return {"graphs": len(self._graphs), "captures": self.captures, "capture_ms_total": round(1e3 * self.capture_s, 1),
                 "replays": self.replays, "eager_steps": self.eager_steps,
-                "failed_captures": {"x".join(map(str, k)): why for k, why in self.failed.items()},
+                # a list first: the worker thread may add a failure while /ready reads this
+                "failed_captures": {"x".join(map(str, k)): why for k, why in list(self.failed.items())},
                 "padding_share": round(self.padded / (self.tokens + self.padded), 4) if self.replays else 0.0}
 
     def _run(self, inputs: torch.Tensor, key: Key) -> torch.Tensor:
