@@ -198,11 +198,12 @@ class PackedPairReplica(abc.ABC):
         graphs = self.graphs
         if graphs is not None:
             lens = [len(p) for p in prompts]
-            key = graphs.key(sum(lens), n, max(lens))
+            tokens = sum(lens)
+            key = graphs.key(tokens, n, max(lens))
             if key is not None:
                 host, _ = self._pack(prompts, segments, pad=key[:2])
                 try:
-                    out, done = graphs.launch(host, key, sum(lens), self._staging.copy_into)
+                    out, done = graphs.launch(host, key, tokens, self._staging.copy_into)
                     return out, n, done
                 except CaptureError:
                     pass  # this bucket runs eagerly from now on (graphs.failed says why)
