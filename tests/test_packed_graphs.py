@@ -157,3 +157,17 @@ def test_a_bucket_whose_capture_fails_runs_eagerly_and_is_not_captured_again(rep
     stats = step_graphs.stats()
     assert stats["eager_steps"] == 2 and stats["replays"] == 0 and stats["graphs"] == 0
     assert list(stats["failed_captures"].values()) == ["RuntimeError: operation not permitted when stream is capturing"]
+
+
+def test_graphs_stay_off_when_a_replay_is_not_the_eager_forward():
+    """The start-up check (``use_graphs``): bf16 rounding passes, a wrong replay or one that does
+    not repeat keeps the engine eager, with the reason."""
+    from adapters.runtimes.packed.graphs import replay_mismatch
+
+    want = [[0.5], [-2.0], [3.0]]
+    close = [[0.5039], [-2.0], [2.9961]]  # what padding's other GEMM kernels give in bf16
+    assert replay_mismatch(want, close, close) is None
+    assert replay_mismatch([[40.0], [-1.0]], [[40.3], [-1.0]], [[40.3], [-1.0]]) is None  # relative to the logits' scale
+    wrong = [[0.5], [-2.0], [0.0]]
+    assert replay_mismatch(want, wrong, wrong) == "graph replay differs from the eager forward by 3 (repeat equal: True)"
+    assert "repeat equal: False" in replay_mismatch(want, close, want)

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from adapters.runtimes.packed import kernels
-from adapters.runtimes.packed.graphs import CaptureError, StepGraphs
+from adapters.runtimes.packed.graphs import CaptureError, StepGraphs, replay_mismatch
 from adapters.runtimes.packed.step import HostStaging
 
 __all__ = ("PackedEncoderReplica", "PackedPairReplica", "load_cross_encoder", "make_replica", "position_offset")
@@ -243,13 +243,9 @@ class PackedPairReplica(abc.ABC):
             self.graphs = None
             self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
             return
-        # Padding changes the GEMMs' shapes, so cuBLAS may pick other kernels: equal within
-        # half-precision rounding, not bit for bit; a broken capture is off by far more.
-        scale = max(1.0, max(abs(x) for row in want for x in row))
-        diff = max(abs(a - b) for r, s in zip(got, want, strict=True) for a, b in zip(r, s, strict=True))
-        if got != again or diff > 2e-2 * scale:
+        self.graph_error = replay_mismatch(want, got, again)
+        if self.graph_error is not None:
             self.graphs = None
-            self.graph_error = f"graph replay differs from the eager forward by {diff:.3g} (repeat equal: {got == again})"
 
     @abc.abstractmethod
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, per_token: torch.Tensor, cu_long: torch.Tensor,

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-__all__ = ("CaptureError", "StepGraphs", "bucket_key", "pow2_bucket", "run_padded", "token_bucket")
+__all__ = ("CaptureError", "StepGraphs", "bucket_key", "pow2_bucket", "replay_mismatch", "run_padded", "token_bucket")
 
 # (ids, positions, per-token row, cumulative lengths, max length, host lengths) -> logits
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, Any], torch.Tensor]
@@ -73,6 +73,18 @@ def run_padded(forward: Forward, inputs: torch.Tensor, key: Key) -> torch.Tensor
     float32 logits, one row per pair slot (the first ``pairs`` rows are the real pairs')."""
     t, n, max_len = key
     return forward(inputs[:t], inputs[t:2 * t], inputs[2 * t:3 * t], inputs[3 * t:3 * t + n + 1], max_len, None).float()
+
+
+def replay_mismatch(want: list[list[float]], got: list[list[float]], again: list[list[float]]) -> str | None:
+    """Why a graph's logits (``got``, then ``again`` replayed once more) cannot stand in for the eager
+    forward's (``want``), or None. Padding changes the GEMMs' shapes, so cuBLAS may pick other
+    kernels: equal within half-precision rounding, not bit for bit; a broken capture is off by far
+    more, and a replay must repeat exactly."""
+    scale = max(1.0, max(abs(x) for row in want for x in row))
+    diff = max(abs(a - b) for r, s in zip(got, want, strict=True) for a, b in zip(r, s, strict=True))
+    if got != again or diff > 2e-2 * scale:
+        return f"graph replay differs from the eager forward by {diff:.3g} (repeat equal: {got == again})"
+    return None
 
 
 class _Graph:
