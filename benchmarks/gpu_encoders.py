@@ -308,6 +308,18 @@ if on_gpu:  # CUDA graphs (adapters/runtimes/packed/graphs.py) against the eager
         host, _ = rep._pack(one, [None] * len(one), pad=key[:2])
         d = host.to(dev)
         out[f"padded_{name}_ms"] = {"key": key, **dist(lambda: run_padded(rep._forward, d, key)[:1].tolist())}
+    # the x4 step's padding, one dimension at a time (eager, same pairs): which of tokens, pairs
+    # and max length makes a bucket's step slower than the unpadded one
+    lens4 = [len(p) for p in four]
+    t4, n4, l4 = sum(lens4), len(lens4), max(lens4)
+    b4 = bucket_key(t4, n4, l4)
+    pads = {}
+    for name, key in (("none", (t4 + 1, n4 + 1, l4)), ("tokens", (b4[0], n4 + 1, l4)), ("pairs", (t4 + 1, b4[1], l4)),
+                      ("max_len", (t4 + 1, n4 + 1, b4[2])), ("all", b4)):
+        host, _ = rep._pack(four, [None] * n4, pad=key[:2])
+        d = host.to(dev)
+        pads[name] = {"key": key, **dist(lambda: run_padded(rep._forward, d, key)[:1].tolist(), 20)}
+    out["padded_x4_by_dimension_ms"] = pads
     t = time.perf_counter()
     rep.use_graphs(token_bucket(65536 + 1), (reqs[0][:3], [None] * 3))
     out["use_graphs_s"] = time.perf_counter() - t
@@ -333,6 +345,24 @@ if on_gpu:  # CUDA graphs (adapters/runtimes/packed/graphs.py) against the eager
         out["graph_vs_eager_unwarmed_buckets_max_abs"] = unwarmed
         out["graph_x1_ms"] = dist(lambda: rep.score(one))
         out["graph_x4_ms"] = dist(lambda: rep.score(four), 20)
+        # a capture while a replayed x4 step runs (the scheduler's case under load): captures no
+        # longer synchronize the device, so their host work should hide behind the step
+        during = []
+        for m in (41, 53, 67):
+            ps = reqs[3][:m]
+            rep.graphs = None
+            want_m = rep.score(ps)
+            rep.graphs = graphs_
+            c0, s0 = graphs_.captures, graphs_.capture_s
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            h = rep.launch(four)
+            h2 = rep.launch(ps)  # a new bucket: captured here, behind the x4 step
+            got4, got_m = rep.collect(h), rep.collect(h2)
+            during.append({"pairs": m, "wall_ms": 1e3 * (time.perf_counter() - t), "captured": graphs_.captures - c0,
+                           "capture_ms": 1e3 * (graphs_.capture_s - s0),
+                           "max_abs_vs_eager": max(abs(a[0] - b[0]) for a, b in zip(got_m, want_m))})
+        out["capture_during_x4_step"] = during
         out["graph_stats"] = rep.graphs.stats()
 print("FORWARD " + json.dumps(out))
 '''
