@@ -8,6 +8,9 @@ from __future__ import annotations
 import math
 import random
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from adapters.runtimes.cpu.parity import keeps_top_k
 from adapters.runtimes.cpu.refine import refine
 
@@ -121,3 +124,40 @@ def test_the_one_scan_finds_every_side_of_every_open_pair():
         now = _Intervals(values, exact, delta=rng.choice([0.0, 0.1, 0.3]), top=rng.randint(1, 12), tied=tied)
         pairs = now.pairs(10**9)
         assert pairs is not None and {v for p in pairs for v in p} == now.items()
+
+
+def test_a_pair_set_aside_as_a_tie_cannot_sink_below_a_document_rescored_earlier():
+    """With rounds > 1, a pair that can only swap within a tie keeps its lower side's reduced
+    value; it must stay above the documents an earlier round re-scored and left under the floor,
+    else fp32's first document lands below one it beats by more than a tie (found in review:
+    round 1 re-scores 0 and 1 to 5.0 and 4.8; round 2 set 2, [4.21, 5.11], aside as a tie with 0
+    and left it at 4.66, under 1)."""
+    fp32, reduced = [5.0, 4.8, 5.1], [5.3, 5.2, 4.66]  # each within 0.45 (0.3, 0.4, 0.44)
+    assert _sigmoid(5.1) - _sigmoid(4.8) > 1e-3  # 2 above 1 is no tie
+    values, _ = _run(reduced, fp32, delta=0.45, top=1, rounds=2, tied=_tied)
+    assert keeps_top_k([_sigmoid(x) for x in fp32], [_sigmoid(v) for v in values], tie=1e-3, k=1), values
+
+
+@st.composite
+def _cases(draw):
+    n = draw(st.integers(1, 10))
+    grid = draw(st.sampled_from([0.1, 0.25, 1.0]))  # coarse values: exact ties too
+    fp32 = [draw(st.integers(-30, 30)) * grid for _ in range(n)]
+    delta = draw(st.sampled_from([0.0, 0.1, 0.45, 1.0]))
+    # strictly inside the bound: ``v - delta`` rounds in float exactly at it
+    reduced = [x + draw(st.floats(-0.99, 0.99)) * delta for x in fp32]
+    return (fp32, reduced, delta, draw(st.integers(0, n + 1)), draw(st.integers(1, 4)),
+            draw(st.sampled_from(["raw", "sigmoid"])), draw(st.sampled_from([0.0, 1e-3, 0.05, 0.5])))
+
+
+@settings(max_examples=4000, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(_cases())
+def test_the_top_order_is_fp32s_for_any_scores_within_the_bound(case):
+    """The module's argument as a property: any top, rounds, tie and score space (fails with a
+    one-sided last round; the tie case above it finds in ~1 seed of 12, hence its own test)."""
+    fp32, reduced, delta, top, rounds, space, tie = case
+    to_score = _sigmoid if space == "sigmoid" else (lambda x: x)
+    values, _ = _run(reduced, fp32, delta=delta, top=top, rounds=rounds,
+                     tied=lambda lo, hi: to_score(hi) - to_score(lo) < tie)
+    if top:
+        assert keeps_top_k([to_score(x) for x in fp32], [to_score(v) for v in values], tie=tie, k=top), (values, fp32)

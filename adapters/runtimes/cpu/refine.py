@@ -31,7 +31,9 @@ in its interval, ``[s - delta, s + delta]`` or the exact point):
 - when no uncertain pair is left among the candidates (documents whose upper end reaches the
   floor), ``top`` documents lie above every non-candidate in fp32, and any two candidates either
   have disjoint intervals (fp32 orders them as their values do), are both exact, or are a tie
-  the gate sets aside;
+  the gate sets aside -- set aside only while the pair's lower side, which keeps its reduced
+  value, stays above every exact non-candidate (a document an earlier round re-scored and the
+  risen floor left out: with the lower side under it, fp32's order of the two would be broken);
 - the last round leaves no uncertain pair: every pair open before it has both sides exact after.
 
 So the top order is fp32's after at most ``rounds`` rounds, and re-scores never more documents
@@ -104,20 +106,30 @@ class _Intervals:
         self.values, self.exact, self.delta, self.tied = values, exact, delta, tied
         self.lo = [v if i in exact else v - delta for i, v in enumerate(values)]
         self.hi = [v if i in exact else v + delta for i, v in enumerate(values)]
+        self.below = -math.inf
         if n <= 1 or top <= 0:
             self.candidates: list[int] = []
             return
         floor = sorted(self.lo, reverse=True)[min(top, n) - 1]
         # Stable: equal values keep input order, as the gateway's sort does.
         self.candidates = sorted((i for i in range(n) if self.hi[i] >= floor), key=lambda i: -values[i])
+        # The highest value of an exact item that is no candidate (one re-scored in an earlier
+        # round, left under the risen floor): a tie may set a pair aside only when its lower side
+        # stays above it, else that side's value can sink below the item while fp32 puts it above
+        # by more than a tie (open's comment).
+        chosen = set(self.candidates)
+        self.below = max((values[i] for i in exact if i not in chosen), default=-math.inf)
 
     def open(self, a: int, b: int) -> bool:
         """Whether fp32 may put ``b`` above ``a`` (``a``'s value >= ``b``'s) in a way the gate counts."""
         # <= : with delta 0 only exact ties are open (two points, both exact, are settled).
         # fp32 puts b above a only with both scores in the intervals' overlap [lo[a], hi[b]]: a
         # swap the gate sets aside there is no reason to re-score.
+        # The tie holds for a and b only: b keeps its value, anywhere in its interval, so it must
+        # also stay above every exact non-candidate (``below``); an unexact one lies under the
+        # floor by more than delta, below any candidate's value.
         return (self.lo[a] <= self.hi[b] and not (a in self.exact and b in self.exact)
-                and not self.tied(self.lo[a], self.hi[b]))
+                and not (self.values[b] > self.below and self.tied(self.lo[a], self.hi[b])))
 
     def pairs(self, limit: int) -> list[tuple[int, int]] | None:
         """The open pairs ``(a, b)``, ``a``'s value >= ``b``'s; None past ``limit`` of them."""
