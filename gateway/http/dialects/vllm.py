@@ -30,6 +30,7 @@ from gateway.errors import InvalidRequestError, PayloadTooLargeError, describe_e
 from gateway.http.decoding import StrictBody
 from gateway.http.dialects.common import finish
 from gateway.http.middleware import request_id
+from gateway.serving.models import ModelRegistry
 from gateway.serving.service import RerankOutcome, RerankService
 from schemas.config import Settings
 from schemas.dialects import (
@@ -121,7 +122,11 @@ async def score(request: Request[Any, Any, Any], data: JSONBody[VllmScoreRequest
     for i, query in enumerate(pair_queries):
         groups.setdefault(query, []).append(i)
     rid = request_id(request.scope)
-    gate = asyncio.Semaphore(_GROUPS_AT_ONCE)
+    # Each group is one service call holding one of the model's max_concurrent_requests slots:
+    # never more at once than the model admits, or one request on an idle model refuses itself.
+    registry: ModelRegistry = request.app.state.registry
+    limit = registry.get(data.model).config.max_concurrent_requests
+    gate = asyncio.Semaphore(max(1, min(_GROUPS_AT_ONCE, limit)))
 
     async def run(query: str, indices: Sequence[int]) -> RerankOutcome:
         cohere = RerankRequest(
