@@ -97,8 +97,14 @@ async def token_job(
     else:
         shared, doc_ids = encode()
     room = tokenizer.item_room(shared)
-    if room < 1:  # the query is capped, so only a misconfigured model gets here
-        raise InvalidRequestError("invalid request: the query leaves no room for documents in the model's window")
+    if room < 1:
+        # The query is capped (max_query_tokens), the instruction is not: a long one sent with the
+        # request is what gets here (or a misconfigured model).
+        raise InvalidRequestError(
+            f"invalid request: the prompt template, query and instruction take {len(shared)} tokens and "
+            f"leave no room for documents in the model's {tokenizer.max_length}-token window; "
+            "send a shorter `instruction`"
+        )
     items: list[Sequence[int]] = []
     owners: list[int] = []
     for owner, ids in enumerate(doc_ids):
