@@ -141,12 +141,16 @@ async def score(request: Request[Any, Any, Any], data: JSONBody[VllmScoreRequest
                 cohere, api_version="1", request_id=rid, raw_scores=data.use_activation is False
             )
 
-    # Every group finishes (or fails) before we answer: no task outlives its request.
-    results = await asyncio.gather(*(run(q, idx) for q, idx in groups.items()), return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    outcomes: list[RerankOutcome] = list(results)  # type: ignore[arg-type]
+    # The first failure answers the request: the other groups' scores would be thrown away, so
+    # their engine work is cancelled, and awaited, so no task outlives its request.
+    tasks = [asyncio.ensure_future(run(q, idx)) for q, idx in groups.items()]
+    try:
+        outcomes: list[RerankOutcome] = list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     scores = [0.0] * len(texts)
     for indices, outcome in zip(groups.values(), outcomes, strict=True):
         for r in outcome.response.results:
