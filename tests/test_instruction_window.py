@@ -1,4 +1,4 @@
-"""Review (review-gw): a long request `instruction` that fills the window is blamed on the query.
+"""A long request `instruction` that fills the window is named in the 422.
 
 The query is capped at max_query_tokens, the instruction is not: a client-sent instruction is
 what leaves a document no room, and the 422 must say so (it said "the query leaves no room").
