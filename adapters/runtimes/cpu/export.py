@@ -32,7 +32,9 @@ __all__ = ("EXPORT_VERSION", "ModelCache", "cache_key", "checkpoint_digest", "ch
 log = structlog.get_logger("adapters.runtimes.cpu")
 
 # Bump when the traced graph or the quantization recipe changes: old entries are then unused.
-EXPORT_VERSION = 1
+# 2: models with local (sliding-window) attention layers (ModernBERT) traced with eager attention
+# (version 1's SDPA graphs gave NaN for rows padded past half the window).
+EXPORT_VERSION = 2
 _XML, _BIN, _MANIFEST = "model.xml", "model.bin", "manifest.json"
 # Files whose content is the model (tokenizer files do not change the graph: the gateway tokenizes).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -165,6 +167,12 @@ def export_family(family: Any, *, example: Iterable[Iterable[int]] = ((1, 2, 3, 
     import torch
 
     family.load_torch(torch.device("cpu"), torch.float32)
+    if "sliding_attention" in (getattr(family._model.config, "layer_types", None) or ()):
+        # A padded position farther than half the local window from every real token has no key
+        # left to attend to: torch's SDPA returns zeros for such a fully masked row, OpenVINO's
+        # converted SDPA NaN, which the next layer's attention spreads over the whole row (0 * NaN).
+        # Eager attention adds a finite mask (softmax stays finite) and is what torch computes.
+        family._model.set_attn_implementation("eager")
     names = ["input_ids", "attention_mask", *(["token_type_ids"] if family.typed else [])]
 
     class Graph(torch.nn.Module):
