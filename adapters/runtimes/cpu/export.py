@@ -116,12 +116,15 @@ class ModelCache:
             return "manifest missing or unreadable"
         if not isinstance(manifest, dict) or manifest.get("key") != key:
             return "manifest names another key"
+        recorded = manifest.get("files")
+        if not isinstance(recorded, dict):
+            return "manifest records no file hashes"
         for name in (_XML, _BIN):
             try:
                 digest = _sha256(entry / name)
             except OSError:
                 return f"{name} missing"
-            if digest != manifest.get("files", {}).get(name):
+            if digest != recorded.get(name):
                 return f"{name} does not match its recorded hash"
         return None
 
