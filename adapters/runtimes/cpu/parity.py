@@ -19,6 +19,7 @@ gets the same verdict every start.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -120,7 +121,10 @@ def keeps_top_k(reference: Sequence[float], reduced: Sequence[float], *, tie: fl
     the two orders put differently, one of them in either top-``k``, is a pair whose reference
     scores differ by less than ``tie``. Pairs, not positions: comparing the documents at each
     position would let a document sink through a run of near-ties (each neighbour within ``tie``
-    of the next) out of the top-``k``."""
+    of the next) out of the top-``k``. A NaN where the reference has a number is a change: sorting
+    by a NaN key leaves a document where it was, so the order alone would look kept."""
+    if any(math.isnan(b) and not math.isnan(a) for a, b in zip(reference, reduced, strict=True)):
+        return False
     ref, red = _order(reference), _order(reduced)
     ref_rank = {d: i for i, d in enumerate(ref)}
     red_rank = {d: i for i, d in enumerate(red)}
@@ -140,6 +144,12 @@ def compare_rankings(
     for ref, red in zip(reference, reduced, strict=True):
         kept += keeps_top_k(ref, red, tie=tie)
         shared += len(set(_order(ref)[:TOP_K]) & set(_order(red)[:TOP_K]))
-        delta = max(delta, max((abs(a - b) for a, b in zip(ref, red, strict=True)), default=0.0))
+        delta = max(delta, max((_change(a, b) for a, b in zip(ref, red, strict=True)), default=0.0))
     n = len(reference)
     return ParityReport(queries=n, kept=kept, mean_shared=shared / n if n else float(TOP_K), max_delta=delta)
+
+
+def _change(a: float, b: float) -> float:
+    """|a - b|; infinite where one side is NaN (max() would skip it)."""
+    d = abs(a - b)
+    return math.inf if math.isnan(d) else d
