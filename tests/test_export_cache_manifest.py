@@ -1,4 +1,4 @@
-"""Review: a cache entry whose manifest is valid JSON of the wrong shape (a hand edit, a bit flip
+"""A cache entry whose manifest is valid JSON of the wrong shape (a hand edit, a bit flip
 in a value) is corrupted like any other: removed and rebuilt, never loaded, and never an
 exception out of the start."""
 

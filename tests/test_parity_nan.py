@@ -1,4 +1,4 @@
-"""Review: the parity gate must not admit a reduced precision whose scores are NaN. Sorting by a
+"""The parity gate must not admit a reduced precision whose scores are NaN. Sorting by a
 NaN key leaves the order as it was, so a NaN top document looked "kept" and the NaN vanished from
 the largest score change."""
 

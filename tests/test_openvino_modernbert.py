@@ -1,4 +1,4 @@
-"""Review: a ModernBERT cross-encoder (local attention, e.g. gte-reranker-modernbert-base) on the
+"""A ModernBERT cross-encoder (local attention, e.g. gte-reranker-modernbert-base) on the
 openvino runtime. The cross-encoder family admits it there; a padded row longer than half the
 local window past its last real token must score what it scores alone (and what
 sentence-transformers gives), not NaN."""
