@@ -132,8 +132,8 @@ class OpenVinoEngine:
     async def start(self) -> None:
         await anyio.to_thread.run_sync(self._load)
         cfg = self._config
-        # One worker per infer request; "shared" plans the oldest requests' rows together,
-        # up to a few batches per stream beyond the oldest request ("per-request": that one alone).
+        # One worker per infer request; "shared" plans the oldest requests' rows together, until
+        # they hold a few batches per stream, the oldest's own rows included ("per-request": that one alone).
         window = 0 if cfg.batching == "per-request" else 2 * self.streams * cfg.batch_tokens
         runners = [self._runner(self._requests.get_nowait()) for _ in range(self.streams)]
         self._batcher = RowBatcher(runners, batch_tokens=cfg.batch_tokens, max_batch_size=cfg.max_batch_size,
