@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,13 @@ VLLM_LOGGING_FILE_ENV = "RERANK_VLLM_LOGGING_FILE"
 # Variables under the prefix that are not config overrides.
 _NOT_OVERRIDES = frozenset({CONFIG_ENV, API_KEY_ENV, API_KEY_FILE_ENV, API_KEY_ID_ENV, VLLM_LOGGING_FILE_ENV})
 _MIN_ENV_KEY_CHARS = 16
+# The variables Kubernetes puts into every pod for each Service of its namespace (enableServiceLinks,
+# on by default): a Service named "rerank-gateway" (deploy/k8s) or "rerank" gives RERANK_GATEWAY_PORT,
+# RERANK_SERVICE_HOST, ... They name no config field (no "__"), so they are not overrides. A bare
+# <SERVICE>_PORT is one only with its tcp://IP:PORT value (RERANK_SERVER_PORT=9000 stays a typo).
+_SERVICE_LINK = re.compile(r"(?:[A-Z0-9_]*_)?(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?|PORT_\d+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)")
+_SERVICE_PORT_LINK = re.compile(r"(?:[A-Z0-9_]*_)?PORT")
+_LINK_ADDRESS = re.compile(r"(?:tcp|udp|sctp)://\S+")
 
 
 class ConfigError(ValueError):
@@ -122,22 +130,40 @@ def load_settings(
         raw["models"] = [{"name": DEFAULT_MODEL_NAME, "path": DEFAULT_MODEL_PATH}]
     from_env: dict[FieldPath, str] = {}
     for key, value in sorted(environ.items()):
-        if key.startswith(ENV_PREFIX) and key not in _NOT_OVERRIDES:
+        if key.startswith(ENV_PREFIX) and key not in _NOT_OVERRIDES and not _is_service_link(key, value):
             from_env[_apply_override(raw, key, value)] = key
     if defaulted and isinstance(raw["models"][0], dict) and "engine" not in raw["models"][0]:
         # Chosen once overrides are in: RERANK_MODELS__0__PATH may name a checkpoint packed cannot run.
         model = raw["models"][0]
         model["engine"] = default_engine_kind(path=str(model.get("path") or DEFAULT_MODEL_PATH))
-    _add_env_key(raw, environ)
     try:
         type_env_values(raw)  # env text -> each field's type; unknown fields and engines, in words
+    except ValueError as exc:  # the walk's own (with .path and .var)
+        raise _config_error(exc, raw, from_env, source) from None
+    # After the walk: RERANK_AUTH__KEYS='[...]' is a list by now, which the env key is appended to.
+    _add_env_key(raw, environ)
+    try:
         settings = msgspec.convert(raw, Settings, strict=True)
-    except ValueError as exc:  # msgspec.ValidationError, or the walk's own (with .path and .var)
-        where, message = _located(exc, raw)
-        var = getattr(exc, "var", None) or _env_var_for(where, from_env)
-        raise ConfigError(f"invalid config ({var or source}): {message}") from None
+    except ValueError as exc:  # msgspec.ValidationError
+        raise _config_error(exc, raw, from_env, source) from None
     _check_names(settings)
     return settings
+
+
+def _config_error(exc: ValueError, raw: dict[str, Any], from_env: Mapping[FieldPath, str], source: str) -> ConfigError:
+    where, message = _located(exc, raw)
+    var = getattr(exc, "var", None) or _env_var_for(where, from_env)
+    return ConfigError(f"invalid config ({var or source}): {message}")
+
+
+def _is_service_link(key: str, value: str) -> bool:
+    """A Kubernetes service-link variable (``RERANK_GATEWAY_PORT``...), not a config override."""
+    rest = key[len(ENV_PREFIX) :]
+    if "__" in rest:
+        return False
+    if _SERVICE_LINK.fullmatch(rest):
+        return True
+    return _SERVICE_PORT_LINK.fullmatch(rest) is not None and _LINK_ADDRESS.fullmatch(value) is not None
 
 
 def _located(exc: ValueError, raw: dict[str, Any]) -> tuple[FieldPath, str]:

@@ -81,7 +81,7 @@ class AccessControl:
         self.keys = store
         self._settings = msgspec.structs.replace(self._settings, auth=fresh.auth)
         ignored = [
-            name for name in ("logging", "limits", "cache", "models")
+            name for name in ("logging", "limits", "cache", "dialects", "models")
             if getattr(fresh, name) != getattr(self._settings, name)
         ]
         log.info(
