@@ -51,7 +51,7 @@ class AccessControl:
         longest = max((m.timeout_s for m in settings.models), default=60.0)
         self.limiter = KeyLimiter(settings.limits, lease_s=longest + 60.0)
         self.metrics = UsageMetrics()
-        self.telemetry = GatewayTelemetry(self.metrics.registry)
+        self.telemetry = GatewayTelemetry(self.metrics.registry, live=self.metrics.live)
 
     async def start(self) -> None:
         await self.limiter.start()

@@ -31,6 +31,8 @@ class UsageMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # Scrape-time collectors of this process (model state, in-flight): see render().
+        self.live: list[Any] = []
         self._requests = Counter(
             "rerank_requests",
             "Rerank requests by API key id, canonical model and HTTP status (failed ones included).",
@@ -94,8 +96,11 @@ class UsageMetrics:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # Several workers (``server.workers``): the counters of every worker process, summed
             # from the files prometheus-client writes there, whichever worker takes the scrape.
+            # The model gauges are read from this worker's registry at scrape time (its own models).
             registry = CollectorRegistry()
             MultiProcessCollector(registry)
+            for collector in self.live:
+                registry.register(collector)
             return generate_latest(registry)
         return generate_latest(self.registry)
 

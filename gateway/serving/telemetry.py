@@ -139,8 +139,11 @@ class _ModelStateCollector(Collector):
 class GatewayTelemetry:
     """The latency, load and engine metrics of one app, on ``registry``."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, live: list[Collector] | None = None) -> None:
         self.registry = registry
+        # Collectors read at scrape time from this process's state, which prometheus-client's
+        # multiprocess files do not hold: /metrics renders them beside those files (workers > 1).
+        self.live = live if live is not None else []
 
         def phase(name: str, what: str) -> Histogram:
             return Histogram(name, what, ("model", "route"), buckets=_LATENCY_BUCKETS, registry=registry)
@@ -192,7 +195,9 @@ class GatewayTelemetry:
             if cache_enabled:
                 for result in ("hit", "miss"):
                     self.cache.labels(rt.name, result)
-        self.registry.register(_ModelStateCollector(models))
+        collector = _ModelStateCollector(models)
+        self.registry.register(collector)
+        self.live.append(collector)
 
     def observe(self, timing: RequestTiming, *, model: str | None, route: str) -> None:
         """A rerank request finished (any status): record its phases."""
