@@ -162,8 +162,10 @@ class DashScopeEngine:
             raise EngineUnavailableError("the DashScope client is not started")
         cfg = self._config
         deadline = time.monotonic() + cfg.timeout_s
-        cap = min(cfg.max_tokens_per_item, job.max_tokens_per_doc or cfg.max_tokens_per_item)
-        query_tokens = min(estimate_tokens(job.query), cfg.max_tokens_per_item)
+        # DashScope has no per-request truncation field (max_tokens_per_doc is not sent): it counts
+        # each item in full up to its own per-item limit, so only that limit caps the estimate.
+        cap = cfg.max_tokens_per_item
+        query_tokens = min(estimate_tokens(job.query), cap)
         item_tokens = [min(estimate_tokens(t), cap) for t in job.texts]
         calls = plan_calls(
             query_tokens,

@@ -105,6 +105,9 @@ class PoolEngine:
         self._protocol = make_protocol(config.protocol, model=model, forward_instruction=config.forward_instruction)
         self._replicas = [Replica(url) for url in config.urls]
         self._client: aiohttp.ClientSession | None = None
+        # Probes get connections of their own: queued behind busy scoring calls on the shared
+        # connector, a probe of a healthy (just busy) replica would time out and eject it.
+        self._probe_client: aiohttp.ClientSession | None = None
         self._round_robin = itertools.count()
 
     def replica_stats(self) -> list[dict[str, Any]]:
@@ -125,6 +128,12 @@ class PoolEngine:
             read_timeout_s=cfg.read_timeout_s,
             max_connections=cfg.max_connections,
         )
+        self._probe_client = make_session(
+            headers=headers,
+            connect_timeout_s=cfg.probe_timeout_s,
+            read_timeout_s=cfg.probe_timeout_s,
+            max_connections=len(self._replicas),
+        )
 
     async def stop(self) -> None:
         probes = [r.probe for r in self._replicas if r.probe is not None]
@@ -134,6 +143,9 @@ class PoolEngine:
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self._probe_client is not None:
+            await self._probe_client.close()
+            self._probe_client = None
 
     async def check_health(self) -> None:
         """Probe every replica now; unavailable when none passes."""
@@ -264,9 +276,9 @@ class PoolEngine:
             )
 
     async def _probe(self, replica: Replica) -> None:
-        assert self._client is not None
+        assert self._probe_client is not None
         try:
-            async with self._client.get(
+            async with self._probe_client.get(
                 replica.url + self._config.health_path,
                 timeout=aiohttp.ClientTimeout(total=self._config.probe_timeout_s),
             ) as response:

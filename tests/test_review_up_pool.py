@@ -1,0 +1,87 @@
+"""Review findings on the pool engine (fast: the engine against small loopback upstreams)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from adapters.base import ScoreJob
+from adapters.upstreams.pool import PoolEngine
+from schemas.config import PoolEngineConfig
+
+
+class Upstream:
+    """A vLLM-shaped /rerank server; ``delay_s`` slows its POSTs, GET /health is always fast."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.posts = 0
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                self._send(200, b'{"status":"ok"}')
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                fake.posts += 1
+                time.sleep(fake.delay_s)
+                results = [{"index": i, "relevance_score": 0.5} for i in range(len(body["documents"]))]
+                self._send(200, json.dumps({"results": results}).encode())
+
+            def _send(self, status: int, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def slow_upstream():
+    up = Upstream(delay_s=1.0)
+    yield up
+    up.close()
+
+
+def test_busy_connection_pool_does_not_fail_health_probes(slow_upstream):
+    # Every keep-alive connection is taken by a slow but healthy scoring call. The /ready probe
+    # of that (healthy) replica must not queue behind them and time out: that ejects the only
+    # replica, and the next requests get 503 "no healthy replica" for cooldown_s.
+    config = PoolEngineConfig(
+        name="p", protocol="vllm", urls=(slow_upstream.url,), max_connections=1, probe_timeout_s=0.3, cooldown_s=30
+    )
+
+    async def go():
+        engine = PoolEngine(config)
+        await engine.start()
+        try:
+            busy = asyncio.create_task(engine.score(ScoreJob(query="q", instruction="", texts=["a", "b"])))
+            await asyncio.sleep(0.2)  # the scoring call holds the one connection
+            await engine.check_health()  # the replica's /health answers at once
+            await busy
+            assert engine.replica_stats()[0]["admitted"]
+        finally:
+            await engine.stop()
+
+    asyncio.run(go())
