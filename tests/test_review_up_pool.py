@@ -21,6 +21,7 @@ class Upstream:
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
+        self.healthy = True
         self.posts = 0
         fake = self
 
@@ -28,10 +29,12 @@ class Upstream:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:
-                self._send(200, b'{"status":"ok"}')
+                self._send(200 if fake.healthy else 503, b'{"status":"ok"}')
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                if not fake.healthy:
+                    return self._send(503, b'{"error":"down"}')
                 fake.posts += 1
                 time.sleep(fake.delay_s)
                 results = [{"index": i, "relevance_score": 0.5} for i in range(len(body["documents"]))]
@@ -85,3 +88,37 @@ def test_busy_connection_pool_does_not_fail_health_probes(slow_upstream):
             await engine.stop()
 
     asyncio.run(go())
+
+
+@pytest.fixture
+def upstream():
+    up = Upstream()
+    yield up
+    up.close()
+
+
+def test_traffic_readmits_a_pool_after_a_failed_ready_poll(upstream):
+    # docs/upstreams.md: an ejected replica is "probed (GET health_path) when traffic next
+    # arrives"; a pool "serves once a probe passes". One /ready poll during an outage marks the
+    # model UNHEALTHY, and from then on the service refuses its requests (503 "unhealthy")
+    # before they reach the pool, so traffic can never probe and readmit the recovered replica:
+    # the model stays down until someone polls /ready again.
+    from litestar.testing import TestClient
+
+    from gateway.app import create_app
+    from schemas.config import Settings
+
+    config = PoolEngineConfig(name="p", protocol="vllm", urls=(upstream.url,), cooldown_s=0.2)
+    with TestClient(create_app(Settings(models=(config,)), configure_logs=False)) as client:
+        deadline = time.monotonic() + 30
+        while any(m["state"] == "loading" for m in client.get("/ready").json()["models"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        body = {"model": "p", "query": "q", "documents": ["a", "b"]}
+        assert client.post("/v1/rerank", json=body).status_code == 200
+        upstream.healthy = False
+        assert client.get("/ready").status_code == 503  # the replica is down: not ready, fine
+        upstream.healthy = True
+        time.sleep(0.3)  # the replica is back and its cooldown is over
+        r = client.post("/v1/rerank", json=body)
+        assert r.status_code == 200, r.text

@@ -98,6 +98,9 @@ class PoolEngine:
     """:class:`adapters.base.RerankEngine` over a list of upstream replicas."""
 
     tokenizer = None
+    # Traffic probes ejected replicas (after cooldown_s) and readmits them: the service keeps
+    # sending requests while /ready reports the pool unhealthy.
+    heals_with_traffic = True
 
     def __init__(self, config: PoolEngineConfig) -> None:
         self._config = config

@@ -112,6 +112,16 @@ class ModelRuntime:
         """The engine, or 503 saying why the model cannot serve now."""
         if self.state is ModelState.READY and self.engine is not None:
             return self.engine
+        if (
+            self.state is ModelState.UNHEALTHY
+            and self.engine is not None
+            and not self.restarting
+            and getattr(self.engine, "heals_with_traffic", False)
+        ):
+            # A pool readmits its replicas by probing them when traffic arrives (and answers 503
+            # itself while none passes): refusing its requests here would keep it down until
+            # the next GET /ready.
+            return self.engine
         if self.state is ModelState.LOADING:
             if self.hint:  # a retry: the last attempt's fix still applies until this one succeeds
                 raise ModelUnavailableError(
