@@ -135,7 +135,7 @@ class PoolEngine:
             headers=headers,
             connect_timeout_s=cfg.probe_timeout_s,
             read_timeout_s=cfg.probe_timeout_s,
-            max_connections=len(self._replicas),
+            max_connections=2 * len(self._replicas),  # a /ready probe and a traffic-started one
         )
 
     async def stop(self) -> None:
