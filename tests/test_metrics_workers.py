@@ -1,4 +1,4 @@
-"""Review (operational side): /metrics with several workers (prometheus-client multiprocess mode)."""
+"""/metrics with several workers (prometheus-client multiprocess mode)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review (operational side): bench never writes a key, even part of one, into its outputs."""
+"""Bench never writes a key, even part of one, into its outputs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review (operational side): environment variables the gateway reads as config overrides."""
+"""Environment variables the gateway reads as config overrides."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review findings on the DashScope engine (fast: the engine against the fake, no app)."""
+"""The DashScope engine (fast: the engine against the fake, no app)."""
 
 from __future__ import annotations
 

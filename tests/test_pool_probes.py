@@ -1,4 +1,4 @@
-"""Review findings on the pool engine (fast: the engine against small loopback upstreams)."""
+"""The pool engine (fast: the engine against small loopback upstreams)."""
 
 from __future__ import annotations
 
