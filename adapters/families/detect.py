@@ -148,7 +148,9 @@ def _jina_v3(files: ModelFiles) -> Detection | None:
 
 
 def _qwen3(files: ModelFiles) -> Detection | None:
-    if "Qwen3ForCausalLM" in files.architectures:
+    # A causal LM saved with a sentence-transformers Pooling module is an embedding model
+    # (Qwen3-Embedding, gte-Qwen2...): the bi-encoder rule takes it, never a reranker's prompt.
+    if "Qwen3ForCausalLM" in files.architectures and pooling_module(files.modules) is None:
         return Detection("qwen3", "config.json architectures has Qwen3ForCausalLM (Qwen3-Reranker yes/no prompt)")
     return None
 
@@ -162,6 +164,8 @@ _LLM_RERANKERS = {
 
 
 def _llm_reranker(files: ModelFiles) -> Detection | None:
+    if pooling_module(files.modules) is not None:
+        return None  # an embedding model (see _qwen3)
     for arch in files.architectures:
         if arch in _LLM_RERANKERS:
             family, how = _LLM_RERANKERS[arch]
