@@ -21,7 +21,7 @@ import torch
 from adapters.base import ScoreJob
 from adapters.families.base import Row
 from adapters.families.encoder import EncoderFamily, EncoderTokenizer
-from adapters.families.st_files import cross_encoder_pipeline
+from adapters.families.st_files import cross_encoder_pipeline, cross_encoder_prompt
 
 __all__ = ("CrossEncoderFamily", "PairTokenizer", "resolve_activation", "resolve_positive_label")
 
@@ -32,8 +32,10 @@ _POSITIVE_NAMES = frozenset({"relevant", "positive", "yes", "true", "entailment"
 class PairTokenizer(EncoderTokenizer):
     """:class:`adapters.base.PromptTokenizer` for a (query, document) pair of an encoder."""
 
-    def __init__(self, tokenizer: Any, *, window: int, max_query_tokens: int) -> None:
+    def __init__(self, tokenizer: Any, *, window: int, max_query_tokens: int, query_prompt: str = "") -> None:
         super().__init__(tokenizer, window=window, pair=True)
+        # sentence-transformers 6.x's CrossEncoder.predict puts its default prompt before the query text.
+        self._query_prompt = query_prompt
         # Token types only where the tokenizer hands them to the model (BERT: yes; XLM-R: no).
         self._typed = self.layout.second_segment_typed and "token_type_ids" in tokenizer.model_input_names
         # Half the window at most: a long query must leave documents room to be scored.
@@ -50,7 +52,8 @@ class PairTokenizer(EncoderTokenizer):
         return self._max_query_tokens
 
     def encode_shared(self, query: str, instruction: str) -> list[int]:
-        return [*self.layout.prefix, *self._query_ids(query, self._max_query_tokens), *self.layout.middle]
+        return [*self.layout.prefix, *self._query_ids(self._query_prompt + query, self._max_query_tokens),
+                *self.layout.middle]
 
     def item_room(self, shared_ids: Sequence[int]) -> int:
         return self._window - len(shared_ids) - len(self.layout.tail)
@@ -119,6 +122,7 @@ class CrossEncoderFamily(EncoderFamily):
         # A sentence-transformers 6.x pipeline with more than the classifier (a Dense or LogitScore
         # head) would score differently: refused, naming the module.
         cross_encoder_pipeline(self.files.modules, self.files.sentence_config)
+        self.query_prompt = cross_encoder_prompt(self.files.st_config)
         self.activation, self.activation_reason = resolve_activation(
             cfg.activation, hf, self.num_labels, self.files.st_config
         )
@@ -132,7 +136,8 @@ class CrossEncoderFamily(EncoderFamily):
 
     def load_tokenizer(self) -> PairTokenizer:
         tok = self._load_fast_tokenizer()
-        self._pair = PairTokenizer(tok, window=self._window, max_query_tokens=self.config.max_query_tokens)
+        self._pair = PairTokenizer(tok, window=self._window, max_query_tokens=self.config.max_query_tokens,
+                                   query_prompt=self.query_prompt)
         return self._pair
 
     def rows(self, job: ScoreJob) -> list[Row]:

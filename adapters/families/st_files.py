@@ -33,6 +33,7 @@ __all__ = (
     "SentenceTransformersLayoutError",
     "bi_encoder_pipeline",
     "cross_encoder_pipeline",
+    "cross_encoder_prompt",
     "module_class",
     "pooling_module",
     "pooling_modes",
@@ -256,3 +257,20 @@ def cross_encoder_pipeline(modules: Sequence[dict[str, Any]], sentence_config: d
             f"modules.json: {where[1]} runs after the classifier and the gateway does not apply it; "
             "this model would score differently from sentence-transformers"
         )
+
+
+def cross_encoder_prompt(st_config: dict[str, Any]) -> str:
+    """The prompt 6.x's ``CrossEncoder.predict`` / ``rank`` put before the query by default.
+
+    ``config_sentence_transformers.json``'s ``default_prompt_name`` names one of its ``prompts``;
+    the library then prepends that prompt to the query text of every pair (none when unset).
+    """
+    name = st_config.get("default_prompt_name")
+    if name is None:
+        return ""
+    prompts = st_config.get("prompts") or {}
+    if name not in prompts:
+        raise SentenceTransformersLayoutError(
+            f"config_sentence_transformers.json: default_prompt_name {name!r} is not in prompts"
+        )
+    return prompts[name] or ""
