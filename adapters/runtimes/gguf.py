@@ -68,6 +68,8 @@ class GgufInfo:
     has_cls_out: bool
     cls_out_rows: int | None
     rerank_template: str | None
+    # Rows of the token-type table (BERT: 2, XLM-R: 1); None when the file does not say.
+    token_type_count: int | None = None
 
     @property
     def family(self) -> str:
@@ -110,6 +112,8 @@ def inspect_gguf(path: str) -> GgufInfo:
         # GGUF shapes are (in, out): the second dimension counts the head's outputs.
         cls_out_rows=int(cls_out.shape[-1]) if cls_out is not None else None,
         rerank_template=value("tokenizer.chat_template.rerank"),
+        # GGUF shapes are (in, out): the second dimension counts the table's rows.
+        token_type_count=int(types.shape[-1]) if (types := tensors.get("token_types.weight")) is not None else None,
     )
 
 
@@ -308,6 +312,14 @@ class GgufEngine:
             raise ValueError(
                 f"{cfg.path} is a {info.family} GGUF (architecture {info.architecture!r}), not {cfg.family!r}; "
                 "set family = \"auto\" or the matching family"
+            )
+        if info.family == "cross-encoder" and (info.token_type_count or 0) > 1:
+            # llama.cpp's BERT graph adds token type 0 to every token ("token types are hardcoded
+            # to zero"): a pair model trained with type 1 on the document would score otherwise.
+            raise ValueError(
+                f"{cfg.path}: this cross-encoder has {info.token_type_count} token types (BERT pairs: type 1 on the "
+                "document) and llama.cpp gives every token type 0, so its scores would differ from the checkpoint's; "
+                "serve the checkpoint with engine = 'transformers' (or 'packed', 'openvino', 'vllm-score')"
             )
         if cfg.raw_scores and info.family != "cross-encoder":
             raise ValueError("raw_scores: this GGUF's rank output is already a probability (Qwen3); it has no logit")
