@@ -158,3 +158,27 @@ def test_gateway_serves_the_converted_file(files, expected):
         assert [r["index"] for r in results] == _order(expected[query])
         got = {r["index"]: r["relevance_score"] for r in results}
         assert [got[i] for i in range(len(DOCS))] == pytest.approx(expected[query], abs=TOLERANCE["f32"])
+
+
+CUSTOM = "Given a question about a city, retrieve the passage that names its country"
+
+
+@pytest.mark.anyio
+async def test_a_request_instruction_replaces_the_templates_own(engines, files):
+    """The converter writes Qwen3's default instruction into the rerank template; a request's
+    instruction takes its place, token for token as in Qwen's prompt, and scores as the
+    reference does with it (it was ignored: the same scores whatever the instruction)."""
+    engine, query = engines["f32"], QUERIES[0]
+    tok = engine.tokenizer
+    assert tok.default_instruction == reference.DEFAULT_INSTRUCTION
+    shared = tok.encode_shared(query, CUSTOM)
+    items = tok.encode_documents(DOCS)
+    assert [tok.assemble(shared, d) for d in items] == [
+        reference.tokenize(files["hf"], reference.prompt_text(CUSTOM, query, d)) for d in DOCS
+    ]
+    assert tok.encode_shared(query, reference.DEFAULT_INSTRUCTION) == tok.encode_shared(query, "")
+    got = (await engine.score(ScoreJob(query=query, instruction=CUSTOM, shared_ids=shared, item_ids=items))).scores
+    want = reference.score_texts(files["hf"], query, DOCS, instruction=CUSTOM)
+    assert got == pytest.approx(want, abs=TOLERANCE["f32"])
+    default = (await engine.score(_job(engine, query, DOCS))).scores
+    assert max(abs(a - b) for a, b in zip(got, default, strict=True)) > 10 * TOLERANCE["f32"]  # it matters

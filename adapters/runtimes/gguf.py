@@ -157,6 +157,9 @@ class GgufPromptTokenizer:
 
         self._llm = llm
         self._max_length = max_length
+        self.default_instruction = ""  # the template's own (the service sends it when a request has none)
+        self._instruct_at: tuple[int, int] | None = None  # where it lies in the head's text
+        self._heads: dict[str, list[int]] = {}  # head ids by request instruction
         self._max_query_tokens = max_query_tokens
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         template = info.rerank_template
@@ -166,7 +169,16 @@ class GgufPromptTokenizer:
             # "<Query>:" + " q"): BPE vocabularies attach a space to the following word, so this is
             # how the whole rendered prompt tokenizes.
             self._query_space, self._doc_space = head.endswith(" "), between.endswith(" ")
-            self._head_ids = self._tokenize(head.removesuffix(" "), special=True)
+            self._head_text = head.removesuffix(" ")
+            self._head_ids = self._tokenize(self._head_text, special=True)
+            # Qwen3's template (llama.cpp's converter) holds its default instruction as
+            # "<Instruct>: ...\n<Query>:": a request's own instruction replaces it, as in the
+            # reference prompt; a template without that line has none to replace.
+            start = head.find(_INSTRUCT)
+            end = head.find(_QUERY_LINE, start + len(_INSTRUCT)) if start >= 0 else -1
+            if end >= 0:
+                self._instruct_at = (start + len(_INSTRUCT), end)
+                self.default_instruction = head[start + len(_INSTRUCT) : end]
             self._between_ids = self._tokenize(between.removesuffix(" "), special=True)
             self._suffix_ids = self._tokenize(tail, special=True)
         else:
@@ -203,7 +215,25 @@ class GgufPromptTokenizer:
 
     def encode_shared(self, query: str, instruction: str) -> list[int]:
         query_ids = self._tokenize((" " if self._query_space else "") + query, special=False)
-        return [*self._head_ids, *query_ids[: self._max_query_tokens], *self._between_ids]
+        return [*self._head(instruction), *query_ids[: self._max_query_tokens], *self._between_ids]
+
+    def _head(self, instruction: str) -> list[int]:
+        """The template's head with ``instruction`` in its instruction line (empty: the template's own)."""
+        if self._instruct_at is None or not instruction or instruction == self.default_instruction:
+            return self._head_ids
+        ids = self._heads.get(instruction)
+        if ids is None:
+            a, b = self._instruct_at
+            before = self._head_text[:a]
+            # The space after "<Instruct>:" goes with the instruction, as with the query (BPE attaches
+            # a space to the word after it); special-token parsing off for the request's text (it
+            # cannot inject <|im_end|>), on for the template's.
+            ids = [*self._tokenize(before.removesuffix(" "), special=True),
+                   *self._tokenize((" " if before.endswith(" ") else "") + instruction, special=False),
+                   *self._tokenize(self._head_text[b:], special=True)]
+            if len(self._heads) < 64:  # a few instructions per deployment; others are tokenized per request
+                self._heads[instruction] = ids
+        return ids
 
     def encode_documents(self, documents: Sequence[str]) -> list[list[int]]:
         prefix = " " if self._doc_space else ""
@@ -216,6 +246,9 @@ class GgufPromptTokenizer:
         if not text:
             return []
         return list(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=special))
+
+
+_INSTRUCT, _QUERY_LINE = "<Instruct>: ", "\n<Query>:"
 
 
 def _split_template(template: str) -> tuple[tuple[str, str], str]:
