@@ -222,3 +222,13 @@ def test_check_config_names_the_family_and_refuses_packed_for_a_detected_gemma(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "models[0].engine: " in err, err
     assert "packed runs Qwen3's layer layout only" in err
+
+
+def test_a_query_cut_inside_a_character_drops_the_partial_character(tiny_qwen2_dir):
+    """max_query_tokens cuts in token space; byte-level BPE spells an emoji in several tokens, so
+    a cut can fall inside one, whose decoded bytes are U+FFFD: that is no part of the query."""
+    tok = load_hf_tokenizer(str(tiny_qwen2_dir))
+    prompt = LlmPromptTokenizer(tok, LLM_RERANKERS["mxbai-rerank-v2"], max_length=512, max_query_tokens=8)
+    texts = [tok.decode(prompt.encode_shared("ab " * k + "\U0001f600" * 8, prompt.default_instruction)) for k in range(4)]
+    assert all("\U0001f600" in t or "ab ab" in t for t in texts)  # the query was cut, not dropped
+    assert not [t for t in texts if "\ufffd" in t], texts

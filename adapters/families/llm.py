@@ -134,6 +134,10 @@ class LlmPromptTokenizer:
             # Cut in token space, then re-tokenize the kept text with its continuation so the
             # result is exactly what a full-string tokenization of the truncated query gives.
             text = self._tok.decode(query_ids[: self._max_query_tokens])
+            # A cut inside a character's bytes (byte-level BPE: an emoji is several tokens) decodes
+            # to U+FFFD, which is no part of the query: drop such a partial character.
+            while text.endswith("\ufffd") and not (before + query).startswith(text):
+                text = text[:-1]
             query = text[len(before):] if text.startswith(before) else text
         shared = self._head(instruction) + self._encode(before + query + self._query_after) + self._middle
         return shared + self._tail(instruction) if self._tail_in_shared else shared
