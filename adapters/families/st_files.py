@@ -35,8 +35,8 @@ __all__ = (
     "cross_encoder_pipeline",
     "cross_encoder_prompt",
     "module_class",
-    "pooling_module",
     "pooling_modes",
+    "pooling_module",
 )
 
 # sentence-transformers' modes, in the order it concatenates several (Pooling.POOLING_MODES).
