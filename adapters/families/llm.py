@@ -326,9 +326,10 @@ def attention_override(device: Any, dtype: Any) -> dict[str, str]:
     return {}
 
 
-def max_position_embeddings(path: str, revision: str | None = None) -> int | None:
+def max_position_embeddings(path: str, revision: str | None = None, *, trust_remote_code: bool = False) -> int | None:
     """The checkpoint's ``max_position_embeddings`` (local directory or hub cache), or None."""
     from transformers import AutoConfig
 
-    value = getattr(AutoConfig.from_pretrained(path, revision=revision), "max_position_embeddings", None)
+    config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    value = getattr(config, "max_position_embeddings", None)
     return int(value) if isinstance(value, int) else None

@@ -41,10 +41,16 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 
+try:  # vLLM with admission control (0.3x): a rejection that carries the HTTP status it means
+    from vllm.exceptions import GracefulHTTPError as _VllmHTTPError
+except ImportError:  # older vLLM (0.26): no such rejections
+    _VllmHTTPError = None
+
 from adapters.base import (
     EngineDeadError,
     EngineError,
     EngineObserver,
+    EngineOverloadedError,
     EngineUnavailableError,
     PromptTokenizer,
     ScoreJob,
@@ -167,7 +173,9 @@ class VllmEngine(abc.ABC):
         # vLLM would refuse a window over the checkpoint's positions deep in its start, with a
         # multi-line validation error: say it in one line naming both numbers instead. Encoder
         # families already cap their window at the checkpoint's, so this bites Qwen3 configs.
-        positions = await anyio.to_thread.run_sync(max_position_embeddings, cfg.path, cfg.revision)
+        positions = await anyio.to_thread.run_sync(
+            lambda: max_position_embeddings(cfg.path, cfg.revision, trust_remote_code=cfg.trust_remote_code)
+        )
         check_window(cfg.name, family.window(), positions, extra_tokens=args["max_model_len"] - family.window())
         factory = _stat_logger_factory(self._stats)
         spawn_if_cuda_initialized()
@@ -236,6 +244,10 @@ class VllmEngine(abc.ABC):
         except (asyncio.CancelledError, EngineError):
             raise
         except Exception as exc:
+            # vLLM's admission control (engine_args max_num_queued_reqs / max_num_queued_tokens)
+            # rejects with a 503 meaning "busy, retry": the gateway's overloaded error, not a 502.
+            if _VllmHTTPError is not None and isinstance(exc, _VllmHTTPError) and int(exc.http_status) == 503:
+                raise EngineOverloadedError(f"vLLM engine is busy: {exc}") from exc
             if engine.errored:  # a dead engine surfaces as other errors too (closed sockets)
                 raise EngineDeadError("vLLM engine died; restarting") from exc
             raise EngineError(f"vLLM failed: {type(exc).__name__}: {exc}") from exc

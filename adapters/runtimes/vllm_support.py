@@ -112,6 +112,9 @@ def build_engine_args(config: VllmEngineConfig, runner_args: dict[str, Any], *, 
         "model": config.path,
         "tokenizer": config.path,
         "revision": config.revision,
+        # vLLM loads the config, tokenizer and weights itself: a model whose code ships with the
+        # checkpoint needs the same consent the family's own tokenizer load was given.
+        "trust_remote_code": config.trust_remote_code,
         "dtype": dtype,
         # The prompt window is the engine's window: the service never sends a longer prompt.
         "max_model_len": max_length or config.max_length,
