@@ -183,7 +183,8 @@ class TransformersEngine:
             family.load_tokenizer()
             # A window over the checkpoint's positions would score positions the model never saw;
             # encoder families cap theirs at the checkpoint's, so this bites Qwen3 configs.
-            check_window(cfg.name, family.window(), max_position_embeddings(cfg.path, cfg.revision))
+            check_window(cfg.name, family.window(),
+                         max_position_embeddings(cfg.path, cfg.revision, trust_remote_code=cfg.trust_remote_code))
         with WEIGHTS_LOCK:
             family.load_torch(device, dtype)
         self._device, self._dtype, self._loaded = device, dtype, True

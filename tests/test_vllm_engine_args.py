@@ -1,4 +1,4 @@
-"""Review of the vLLM engines: failures that need no vLLM engine start (vLLM's engine is faked)."""
+"""The vLLM engines' arguments and error mapping, without a vLLM engine start (vLLM's engine is faked)."""
 
 from __future__ import annotations
 
