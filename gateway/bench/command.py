@@ -123,14 +123,27 @@ def _label(url: str, given: str | None) -> str:
     return given or urlsplit(url).netloc.rpartition("@")[2]
 
 
-async def _drive(args: argparse.Namespace, endpoints: list[Any], progress: Any) -> tuple[list[Any], list[dict[str, Any]]]:
+# Level i > 0 draws its texts with seed + i x this: a level never re-sends an earlier level's
+# bodies (a server's prefix or response cache would answer them), and level 0 is what it was.
+LEVEL_SEED_STEP = 7919
+
+
+def _level(ep: Any, levels: list[list[Any]], i: int) -> Any:
+    import msgspec
+
+    return msgspec.structs.replace(ep, requests=levels[i])
+
+
+async def _drive(args: argparse.Namespace, endpoints: list[Any], progress: Any,
+                 levels: list[list[list[Any]]]) -> tuple[list[Any], list[dict[str, Any]]]:
+    """``levels[e][i]``: endpoint ``e``'s requests at load level ``i`` (fresh texts per level)."""
     from gateway.bench.driver import run_closed, run_compare, run_open
     from gateway.bench.report import ratios, summarize
 
     runs, comparisons = [], []
     if args.compare:
-        a, b = endpoints
-        for c in args.concurrency:
+        for i, c in enumerate(args.concurrency):
+            a, b = (_level(ep, levels[e], i) for e, ep in enumerate(endpoints))
             size = args.round_size or c
             ra, rb = await run_compare(a, b, concurrency=c, total=args.requests, round_size=size,
                                        timeout=args.timeout, progress=progress)
@@ -138,16 +151,15 @@ async def _drive(args: argparse.Namespace, endpoints: list[Any], progress: Any) 
             comparisons.append({"a": a.label, "b": b.label, "concurrency": c, "round_size": size,
                                 "ratios": ratios(summarize(ra), summarize(rb))})
         return runs, comparisons
-    ep = endpoints[0]
     if args.rate:
-        for r in args.rate:
-            runs.append(await run_open(ep, rate=r, total=args.requests, timeout=args.timeout,
-                                       max_in_flight=args.max_in_flight, poisson=args.poisson,
+        for i, r in enumerate(args.rate):
+            runs.append(await run_open(_level(endpoints[0], levels[0], i), rate=r, total=args.requests,
+                                       timeout=args.timeout, max_in_flight=args.max_in_flight, poisson=args.poisson,
                                        seed=args.seed, progress=progress))
     else:
-        for c in args.concurrency:
-            runs.append(await run_closed(ep, concurrency=c, total=args.requests, timeout=args.timeout,
-                                         progress=progress))
+        for i, c in enumerate(args.concurrency):
+            runs.append(await run_closed(_level(endpoints[0], levels[0], i), concurrency=c, total=args.requests,
+                                         timeout=args.timeout, progress=progress))
     return runs, comparisons
 
 
@@ -181,6 +193,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             model=args.model, seed=args.seed, docs_file=args.docs_file, queries_file=args.queries_file,
         )
         requests = build_workload(spec, counter)
+        seeds = [spec.seed + LEVEL_SEED_STEP * i for i in range(len(args.rate or args.concurrency))]
+        workloads = [[requests] + [build_workload(msgspec.structs.replace(spec, seed=s), counter) for s in seeds[1:]]]
+        measured = [r for level in workloads[0] for r in level]
         warm_spec = msgspec.structs.replace(spec, requests=max(1, args.warmup), seed=spec.seed + 1_000_003)
         warmup = build_workload(warm_spec, counter) if args.warmup > 0 else []
         endpoints = [Endpoint(label=redactor.scrub(_label(url, args.label)), url=url, headers=_headers(args.header, args.api_key),
@@ -193,6 +208,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                 requests=build_workload(other, counter),
                 warmup=build_workload(msgspec.structs.replace(warm_spec, model=other.model), counter) if warmup else [],
             ))
+            workloads.append([endpoints[1].requests] + [build_workload(msgspec.structs.replace(other, seed=s), counter)
+                                                     for s in seeds[1:]])
             if endpoints[0].label == endpoints[1].label:
                 endpoints[1].label += " (compare)"
     except (ValueError, OSError) as exc:
@@ -216,7 +233,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                 bar.set_postfix(errors=errors)
 
     try:
-        runs, comparisons = asyncio.run(_drive(args, endpoints, progress))
+        runs, comparisons = asyncio.run(_drive(args, endpoints, progress, workloads))
     finally:
         if bar is not None:
             bar.close()
@@ -224,7 +241,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     out_dir = Path(args.out or f"bench-out/{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(r) for r in runs]
-    n = len(requests) * args.documents
+    n = len(measured) * args.documents
     doc = {
         "tool": "rerank-gateway bench",
         "command": redactor.command(argv if argv is not None else sys.argv[2:]),
@@ -232,9 +249,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         "workload": msgspec.to_builtins(spec) | {"requests": args.requests, "distinct_requests": len(requests)},
         "workload_description": spec.describe(),
         "measured": (
-            f"query {sum(r.query_tokens for r in requests) / len(requests):.1f} tokens, document "
-            f"{sum(r.doc_tokens for r in requests) / n:.1f} tokens on average, "
-            f"{sum(r.unique_documents for r in requests) / len(requests):.1f} unique documents per request "
+            f"query {sum(r.query_tokens for r in measured) / len(measured):.1f} tokens, document "
+            f"{sum(r.doc_tokens for r in measured) / n:.1f} tokens on average, "
+            f"{sum(r.unique_documents for r in measured) / len(measured):.1f} unique documents per request "
             + ("(exact, with the given tokenizer)" if counter.exact else "(estimated: 1 word = 1 token)")
         ),
         "summaries": summaries,
