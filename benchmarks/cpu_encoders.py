@@ -14,7 +14,7 @@ Shapes (random-weight checkpoints built here, offline):
 
 Workload: 1 query x 50 documents of 60-140 tokens. Each round runs every contestant in a
 rotated order: ``--requests`` requests one after another (1 client), then 4 clients each
-sending ``--requests`` requests at once; docs/s per contestant and round, and ratios to the
+sending half as many (``--requests // 2``, at least one) at once; docs/s per contestant and round, and ratios to the
 gateway's ``transformers`` engine as the median of per-round ratios (the machine's load moves
 between rounds, both sides of a ratio see the same one). Top-10 agreement: each contestant's
 scores for ``--agree`` requests against the transformers engine's fp32 scores (same documents
