@@ -147,7 +147,14 @@ def test_check_config_fails_for_an_engine_whose_packages_are_missing(monkeypatch
 
 
 def test_a_missing_engine_package_at_start_gives_the_install_hint(monkeypatch):
-    monkeypatch.setitem(__import__("sys").modules, "vllm", None)
+    import sys
+
+    # vLLM as if not installed, whatever earlier tests of this process imported: an engine module
+    # or a vllm submodule already in sys.modules would import without touching "vllm" itself (the
+    # load then failed on the path instead, in one CI run's test order).
+    for name in [n for n in sys.modules if n.startswith(("vllm.", "adapters.runtimes.vllm"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "vllm", None)
     monkeypatch.setattr("adapters.registry._has_nvidia_gpu", lambda: False)
     settings = Settings(models=(VllmScoreEngineConfig(name="v", path="/models/qwen"),))
     with TestClient(create_app(settings, configure_logs=False)) as client:
