@@ -146,6 +146,34 @@ async def test_concurrent_requests_each_get_their_own_scores(dirs, batching):
     await engine.stop()
 
 
+async def test_every_infer_request_infers_once_at_start_before_the_workers_exist(dirs, monkeypatch):
+    """The workers' first numpy conversions of a result, made at once, can deadlock in pybind11
+    (``OpenVinoEngine._warm_up`` says how): the start thread runs one inference per infer request,
+    one after another, before the batcher's workers are made."""
+    import threading
+
+    calls: list[int] = []
+    at_batcher: list[int] = []
+    real_infer, real_batcher = OpenVinoEngine._infer, ov_engine.RowBatcher
+
+    def infer(self: OpenVinoEngine, arrays: Any) -> Any:
+        calls.append(threading.get_ident())
+        return real_infer(self, arrays)
+
+    def batcher(*args: Any, **kwargs: Any) -> Any:
+        at_batcher.append(len(calls))
+        return real_batcher(*args, **kwargs)
+
+    monkeypatch.setattr(OpenVinoEngine, "_infer", infer)
+    monkeypatch.setattr(ov_engine, "RowBatcher", batcher)
+    engine = await _engine(dirs["bert"], dirs["cache"], streams=2)
+    try:
+        assert engine.streams == 2 and at_batcher == [2] and len(set(calls)) == 1
+        assert (await engine.score(_job(engine, Q, _DOCS))).scores  # and it serves
+    finally:
+        await engine.stop()
+
+
 async def test_a_cancelled_request_leaves_the_engine_serving(dirs):
     import anyio
 

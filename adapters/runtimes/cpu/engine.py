@@ -131,6 +131,7 @@ class OpenVinoEngine:
 
     async def start(self) -> None:
         await anyio.to_thread.run_sync(self._load)
+        await anyio.to_thread.run_sync(self._warm_up)
         cfg = self._config
         # One worker per infer request; "shared" plans the oldest requests' rows together, until
         # they hold a few batches per stream, the oldest's own rows included ("per-request": that one alone).
@@ -349,6 +350,26 @@ class OpenVinoEngine:
             "threads": str(self.threads),
             "streams": str(self.streams),
         }
+
+    def _warm_up(self) -> None:
+        """One small inference on every infer request, one after another, before the workers own them.
+
+        Why: pyopenvino converts a result to numpy through pybind11's numpy API, whose first use
+        initialises a function-local static that imports numpy under the GIL. Two workers making
+        that first conversion at once can deadlock when the GIL switches during the import: one
+        holds the static's guard and waits for the GIL, the other holds the GIL and waits for the
+        guard (seen: an fp32 model's first concurrent requests hung, on a loaded machine, in two
+        starts of four, one worker waiting for the GIL inside ``infer``, the other on a one-time
+        initialisation lock; reduced precisions were spared because the parity gate infers at
+        start, one batch at a time). Done here, every such first use is behind us; it also takes
+        the plugin's first-inference setup off the first request's latency."""
+        assert self._family is not None
+        tok = self._family.tokenizer
+        shared = tok.encode_shared("warm-up", "")
+        job = ScoreJob(query="warm-up", instruction="", shared_ids=shared, item_ids=tok.encode_documents(["warm-up"]))
+        arrays = self._arrays(self._family.rows(job))
+        for _ in range(self.streams):  # _infer takes the oldest idle request and puts it back last
+            self._infer(arrays)
 
     def _golden_rows(self, golden: list[GoldenQuery]) -> list[tuple[ScoreJob, list[Row]]]:
         assert self._family is not None
