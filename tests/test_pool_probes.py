@@ -3,66 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
 from adapters.base import ScoreJob
 from adapters.upstreams.pool import PoolEngine
 from schemas.config import PoolEngineConfig
-
-
-class Upstream:
-    """A vLLM-shaped /rerank server; ``delay_s`` slows its POSTs, GET /health is always fast."""
-
-    def __init__(self, delay_s: float = 0.0) -> None:
-        self.delay_s = delay_s
-        self.healthy = True
-        self.posts = 0
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                self._send(200 if fake.healthy else 503, b'{"status":"ok"}')
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                if not fake.healthy:
-                    return self._send(503, b'{"error":"down"}')
-                fake.posts += 1
-                time.sleep(fake.delay_s)
-                results = [{"index": i, "relevance_score": 0.5} for i in range(len(body["documents"]))]
-                self._send(200, json.dumps({"results": results}).encode())
-
-            def _send(self, status: int, data: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+from tests.test_pool import FakeReplica
 
 
 @pytest.fixture
 def slow_upstream():
-    up = Upstream(delay_s=1.0)
+    up = FakeReplica("infinity")  # vLLM's /rerank body and answer are Infinity's
+    up.delay_s = 1.0  # slows its POSTs; GET /health stays fast
     yield up
     up.close()
 
@@ -92,7 +46,7 @@ def test_busy_connection_pool_does_not_fail_health_probes(slow_upstream):
 
 @pytest.fixture
 def upstream():
-    up = Upstream()
+    up = FakeReplica("infinity")
     yield up
     up.close()
 
