@@ -243,10 +243,9 @@ def compare(got, want):
 packed = [x[0] for x in rep.score(reqs[0])]
 same = padded(model, reqs[0])  # the replica shares the model's weights
 out["vs_transformers_same_dtype"] = compare(packed, same)
-fp32 = padded(load_cross_encoder(model_dir, None, torch.float32).to(dev), reqs[0])
-out["vs_transformers_fp32"] = compare(packed, fp32)
-out["transformers_same_dtype_vs_fp32"] = compare(same, fp32)  # the precision's own noise, for scale
-del fp32
+fp32_ref = padded(load_cross_encoder(model_dir, None, torch.float32).to(dev), reqs[0])
+out["vs_transformers_fp32"] = compare(packed, fp32_ref)
+out["transformers_same_dtype_vs_fp32"] = compare(same, fp32_ref)  # the precision's own noise, for scale
 
 
 def dist(fn, n=40):
@@ -294,6 +293,48 @@ try:
 except Exception as exc:  # a diagnostic: never lose the rest
     out["tokenize_d100"] = {"error": f"{type(exc).__name__}: {exc}"}
 
+def gelu_epilogue_probe(prompts):
+    """An experiment, not the product: the MLP's up-projection and its GELU as one cuBLASLt call
+    (``torch._addmm_activation(use_gelu=True)``, a bias + GELU epilogue: the tanh approximation,
+    where XLM-R's config says the exact erf one), so the 4x-wide activation is written once
+    instead of written, read and written again. Time of the x4 step eagerly both ways, and its
+    logits against the eager forward and against fp32 transformers (the ranking must stay)."""
+    import torch.nn.functional as F
+    from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica
+
+    base = PackedEncoderReplica._forward
+
+    def fused(self, ids, positions, types, cu_long, max_len, lens):
+        add_ln_, _ = self._regions
+        cu = cu_long.to(torch.int32)
+        first = cu_long[:-1]
+        e = self._emb
+        h = e.LayerNorm(e.word_embeddings(ids) + e.token_type_embeddings(types) + e.position_embeddings(positions))
+        n_tokens, last = h.shape[0], len(self._layers) - 1
+        for i, w in enumerate(self._layers):
+            q, k, v = F.linear(h, w.qkv_w, w.qkv_b).view(n_tokens, 3, w.heads, w.dim).unbind(1)
+            o = self._attend(q, k, v, cu, cu, max_len, max_len, lens, lens).reshape(n_tokens, -1)
+            if i == last:
+                h, o = h[first], o[first]
+            h = add_ln_(F.linear(o, w.o_w, w.o_b), h, *w.ln1)
+            up = torch._addmm_activation(w.up_b, h, w.up_w.t(), use_gelu=True)
+            h = add_ln_(F.linear(up, w.down_w, w.down_b), h, *w.ln2)
+        return self._head(h)
+
+    res = {"standard_x4_ms": dist(lambda: rep.score(prompts), 20)}
+    want = [x[0] for x in rep.score(reqs[0])]
+    PackedEncoderReplica._forward = fused
+    try:
+        res["epilogue_x4_ms"] = dist(lambda: rep.score(prompts), 20)
+        got = [x[0] for x in rep.score(reqs[0])]
+    finally:
+        PackedEncoderReplica._forward = base
+    res["vs_standard"] = compare(got, want)
+    res["vs_transformers_fp32_standard"] = out["vs_transformers_fp32"]
+    res["vs_transformers_fp32_epilogue"] = compare(got, fp32_ref)
+    return res
+
+
 if on_gpu:  # CUDA graphs (adapters/runtimes/packed/graphs.py) against the eager launches, same replica
     from adapters.runtimes.packed.graphs import bucket_key, run_padded, token_bucket
 
@@ -320,6 +361,8 @@ if on_gpu:  # CUDA graphs (adapters/runtimes/packed/graphs.py) against the eager
         d = host.to(dev)
         pads[name] = {"key": key, **dist(lambda: run_padded(rep._forward, d, key)[:1].tolist(), 20)}
     out["padded_x4_by_dimension_ms"] = pads
+    if hasattr(rep, "_layers"):  # XLM-R / BERT: the up-projection's GELU in cuBLASLt's epilogue
+        out["gelu_epilogue"] = gelu_epilogue_probe(four)
     t = time.perf_counter()
     rep.use_graphs(token_bucket(65536 + 1), (reqs[0][:3], [None] * 3))
     out["use_graphs_s"] = time.perf_counter() - t
@@ -543,8 +586,8 @@ def summary(results: dict[str, Any]) -> str:
     if fwd.get("graph_x1_ms") or fwd.get("graph_error") or fwd.get("tokenize_d100"):
         g = {k: fwd.get(k) for k in ("eager_x1_ms", "graph_x1_ms", "eager_x4_ms", "graph_x4_ms", "padded_own_bucket_ms",
                                      "padded_pairs2048_len8192_ms", "graph_vs_eager_max_abs", "graph_vs_eager_unwarmed_buckets_max_abs",
-                                     "graph_pipelined_equal",
-                                     "graph_stats", "graph_error", "use_graphs_s", "tokenize_d100")}
+                                     "graph_pipelined_equal", "padded_x4_by_dimension_ms", "capture_during_x4_step",
+                                     "gelu_epilogue", "graph_stats", "graph_error", "use_graphs_s", "tokenize_d100")}
         lines += ["Replica alone, eager launches vs one CUDA graph per step (wall ms incl. scores home, p50 / p99 / max): "
                   f"`{json.dumps(g)}`", ""]
     lines += ["| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",
