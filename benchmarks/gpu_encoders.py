@@ -90,6 +90,8 @@ RUNTIMES: dict[str, dict[str, Any]] = {
 RUNTIME_SITE = {"packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n",
                 # captures as before this branch: torch.cuda.graph (device sync, gc, cache flush)
                 "packed-synccapture": (
+                    # site runs before the gateway's own path is set: the checkout first
+                    f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})\n"
                     "import torch\nfrom adapters.runtimes.packed import graphs\n"
                     "def _capture(self, key):\n"
                     "    import time\n"
