@@ -82,6 +82,10 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     "packed-gil1ms": {**COMMON, "engine": "packed", "batch_tokens": 65536},
     # the packed default without CUDA graphs: each step's ~300 kernels launched from Python
     "packed-eager": {**COMMON, "engine": "packed", "batch_tokens": 65536, "cuda_graphs": "off"},
+    # the packed default with the MLP's GELU on its own (not in the up-projection GEMM's epilogue)
+    "packed-noepilogue": {**COMMON, "engine": "packed", "batch_tokens": 65536, "gelu_epilogue": "off"},
+    # the packed default with every request submitted as one job (no two-part submit when idle)
+    "packed-one-job": {**COMMON, "engine": "packed", "batch_tokens": 65536, "overlap_tokenizing": "off"},
     "packed-synccapture": {**COMMON, "engine": "packed", "batch_tokens": 65536},
     "vllm-score": {**COMMON, "engine": "vllm-score", "max_num_batched_tokens": 65536, "max_num_seqs": 512},
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
@@ -227,12 +231,15 @@ on_gpu = device == "cuda"
 dev = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
 model = load_cross_encoder(model_dir, None, torch.bfloat16 if on_gpu else torch.float32)
 vocab, bos, eos = model.config.vocab_size, model.config.bos_token_id, model.config.eos_token_id
-rep = make_replica(model, dev, attention="auto", compile=on_gpu)
+# as the engine builds it by default: on CUDA in bf16, the MLP's GELU in the GEMM's epilogue
+rep = make_replica(model, dev, attention="auto", compile=on_gpu, gelu_epilogue="auto")
+out_epilogue = getattr(rep, "epilogue", None)
 rng = random.Random(0)
 # [CLS]/<s> + random ids + [SEP]/</s>: one special pair less than a real pair, lengths as measured
 reqs = [[[bos] + [rng.randrange(5, vocab - 1) for _ in range(n - 2)] + [eos] for n in req] for req in lens]
 rep.warm_up([(reqs[0][:1], [None]), (reqs[0][:3], [None] * 3), (reqs[0], [None] * len(reqs[0]))])
-out = {"attention": rep.attention_name, "compiled": rep.compiled, "compile_error": rep.compile_error}
+out = {"attention": rep.attention_name, "compiled": rep.compiled, "compile_error": rep.compile_error,
+       "gelu_epilogue": out_epilogue}
 for k in (1, 4):
     prompts = [p for r in reqs[:k] for p in r]
     for _ in range(3):
@@ -320,44 +327,39 @@ except Exception as exc:  # a diagnostic: never lose the rest
     out["tokenize_d100"] = {"error": f"{type(exc).__name__}: {exc}"}
 
 def gelu_epilogue_probe(prompts):
-    """An experiment, not the product: the MLP's up-projection and its GELU as one cuBLASLt call
-    (``torch._addmm_activation(use_gelu=True)``, a bias + GELU epilogue: the tanh approximation,
-    where XLM-R's config says the exact erf one), so the 4x-wide activation is written once
-    instead of written, read and written again. Time of the x4 step eagerly both ways, and its
-    logits against the eager forward and against fp32 transformers (the ranking must stay)."""
-    import torch.nn.functional as F
-    from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica
-
-    base = PackedEncoderReplica._forward
-
-    def fused(self, ids, positions, types, cu_long, max_len, lens):
-        add_ln_, _ = self._regions
-        cu = cu_long.to(torch.int32)
-        first = cu_long[:-1]
-        e = self._emb
-        h = e.LayerNorm(e.word_embeddings(ids) + e.token_type_embeddings(types) + e.position_embeddings(positions))
-        n_tokens, last = h.shape[0], len(self._layers) - 1
-        for i, w in enumerate(self._layers):
-            q, k, v = F.linear(h, w.qkv_w, w.qkv_b).view(n_tokens, 3, w.heads, w.dim).unbind(1)
-            o = self._attend(q, k, v, cu, cu, max_len, max_len, lens, lens).reshape(n_tokens, -1)
-            if i == last:
-                h, o = h[first], o[first]
-            h = add_ln_(F.linear(o, w.o_w, w.o_b), h, *w.ln1)
-            up = torch._addmm_activation(w.up_b, h, w.up_w.t(), use_gelu=True)
-            h = add_ln_(F.linear(up, w.down_w, w.down_b), h, *w.ln2)
-        return self._head(h)
-
-    res = {"standard_x4_ms": dist(lambda: rep.score(prompts), 20)}
-    want = [x[0] for x in rep.score(reqs[0])]
-    PackedEncoderReplica._forward = fused
+    """The MLP's up-projection and its GELU as one cuBLASLt call (``gelu_epilogue``: a bias + GELU
+    epilogue, GELU's tanh approximation where XLM-R's config says the exact erf one) against the
+    two ops: x1 and x4 steps eagerly both ways, and the logits against fp32 transformers (the
+    ranking must stay). The replica's own setting is restored after."""
+    saved = rep.epilogue
+    res = {}
+    got = {}
     try:
-        res["epilogue_x4_ms"] = dist(lambda: rep.score(prompts), 20)
-        got = [x[0] for x in rep.score(reqs[0])]
+        for name, mode in (("standard", None), ("epilogue", "gelu")):
+            rep.epilogue = mode
+            res[f"{name}_x1_ms"] = dist(lambda: rep.score(reqs[0]), 20)
+            res[f"{name}_x4_ms"] = dist(lambda: rep.score(prompts), 20)
+            got[name] = [x[0] for x in rep.score(reqs[0])]
     finally:
-        PackedEncoderReplica._forward = base
-    res["vs_standard"] = compare(got, want)
-    res["vs_transformers_fp32_standard"] = out["vs_transformers_fp32"]
-    res["vs_transformers_fp32_epilogue"] = compare(got, fp32_ref)
+        rep.epilogue = saved
+    res["vs_standard"] = compare(got["epilogue"], got["standard"])
+    res["vs_transformers_fp32_standard"] = compare(got["standard"], fp32_ref)
+    res["vs_transformers_fp32_epilogue"] = compare(got["epilogue"], fp32_ref)
+    return res
+
+
+def gemm_by_m(ms):
+    """One layer's four GEMMs (bias included, as the forward runs them) at each token count M, ms
+    per layer: does a graph bucket's M land on a slower cuBLAS pick than the step's own M?"""
+    cfg = model.config
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    shapes = {"qkv": (3 * d, d), "out": (d, d), "up": (f, d), "down": (d, f)}
+    ws = {k: (torch.randn(n, kk, device=dev, dtype=torch.bfloat16) * 0.02, torch.zeros(n, device=dev, dtype=torch.bfloat16))
+          for k, (n, kk) in shapes.items()}
+    res = {}
+    for m in ms:
+        xs = {k: torch.randn(m, kk, device=dev, dtype=torch.bfloat16) for k, (n, kk) in shapes.items()}
+        res[str(m)] = dist(lambda: [torch.nn.functional.linear(xs[k], *ws[k]) for k in shapes], 30)["p50"]
     return res
 
 
@@ -388,7 +390,16 @@ if on_gpu:  # CUDA graphs (adapters/runtimes/packed/graphs.py) against the eager
         pads[name] = {"key": key, **dist(lambda: run_padded(rep._forward, d, key)[:1].tolist(), 20)}
     out["padded_x4_by_dimension_ms"] = pads
     if hasattr(rep, "_layers"):  # XLM-R / BERT: the up-projection's GELU in cuBLASLt's epilogue
-        out["gelu_epilogue"] = gelu_epilogue_probe(four)
+        try:
+            out["gelu_epilogue_ab"] = gelu_epilogue_probe(four)
+        except Exception as exc:  # a diagnostic: never lose the rest
+            out["gelu_epilogue_ab"] = {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        b1 = bucket_key(sum(map(len, reqs[0])), len(reqs[0]), max(map(len, reqs[0])))[0]
+        out["gemm_by_m_ms"] = gemm_by_m(sorted({sum(map(len, reqs[0])), b1, b1 - 128, b1 + 128, t4, t4 + 1,
+                                               t4 + 128 - t4 % 128, b4[0], b4[0] - 64, b4[0] + 512}))
+    except Exception as exc:
+        out["gemm_by_m_ms"] = {"error": f"{type(exc).__name__}: {exc}"}
     t = time.perf_counter()
     rep.use_graphs(token_bucket(65536 + 1), (reqs[0][:3], [None] * 3))
     out["use_graphs_s"] = time.perf_counter() - t
@@ -613,7 +624,7 @@ def summary(results: dict[str, Any]) -> str:
         g = {k: fwd.get(k) for k in ("eager_x1_ms", "graph_x1_ms", "eager_x4_ms", "graph_x4_ms", "padded_own_bucket_ms",
                                      "padded_pairs2048_len8192_ms", "graph_vs_eager_max_abs", "graph_vs_eager_unwarmed_buckets_max_abs",
                                      "graph_pipelined_equal", "padded_x4_by_dimension_ms", "capture_during_x4_step",
-                                     "gelu_epilogue", "graph_stats", "graph_error", "use_graphs_s", "tokenize_d100")}
+                                     "gelu_epilogue", "gelu_epilogue_ab", "gemm_by_m_ms", "graph_stats", "graph_error", "use_graphs_s", "tokenize_d100")}
         lines += ["Replica alone, eager launches vs one CUDA graph per step (wall ms incl. scores home, p50 / p99 / max): "
                   f"`{json.dumps(g)}`", ""]
     lines += ["| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",

@@ -27,6 +27,7 @@ __all__ = (
     "CHUNK",
     "CUT_RIGHT",
     "LongTexts",
+    "check_total_chunks",
     "chunk_ids",
     "dedup",
     "rank_texts",
@@ -125,14 +126,19 @@ async def token_job(
         for piece in pieces:
             items.append(piece)
             owners.append(owner)
-    if len(items) > limits.max_total_chunks:
+    check_total_chunks(limits, len(items))
+    job = ScoreJob(query=query, instruction=instruction, shared_ids=shared, item_ids=items, raw_scores=raw_scores)
+    return job, owners
+
+
+def check_total_chunks(limits: LimitsConfig, chunks: int) -> None:
+    """413 when a request's documents split into more than ``limits.max_total_chunks`` chunks."""
+    if chunks > limits.max_total_chunks:
         raise PayloadTooLargeError(
-            f"too many chunks: the documents split into {len(items)} chunks > "
+            f"too many chunks: the documents split into {chunks} chunks > "
             f"{limits.max_total_chunks} (limits.max_total_chunks); lower max_chunks_per_doc "
             "or max_tokens_per_doc, or send fewer documents"
         )
-    job = ScoreJob(query=query, instruction=instruction, shared_ids=shared, item_ids=items, raw_scores=raw_scores)
-    return job, owners
 
 
 def wants_raw_scores(runtime: ModelRuntime, engine: Any) -> bool:

@@ -18,6 +18,7 @@ vLLM's ``use_activation: false``). The job-building names callers import from he
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -30,7 +31,9 @@ from adapters.base import (
     EngineError,
     EngineOverloadedError,
     EngineTimeoutError,
+    PromptTokenizer,
     ScoreJob,
+    ScoreResult,
 )
 from gateway.errors import InvalidRequestError, PayloadTooLargeError, RawScoresUnsupportedError
 from gateway.security.auth import authorize_model, current_key_id, record_usage
@@ -39,6 +42,7 @@ from gateway.serving.jobs import (
     CHUNK,
     CUT_RIGHT,
     LongTexts,
+    check_total_chunks,
     chunk_ids,
     dedup,
     rank_texts,
@@ -64,6 +68,13 @@ __all__ = ("CHUNK", "LongTexts", "RerankOutcome", "RerankService", "chunk_ids", 
 
 # Cohere v2's documented default for max_tokens_per_doc.
 V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
+# Engines that say ``overlaps_tokenizing`` (packed on CUDA, steps replayed as CUDA graphs) get
+# a request of at least this many distinct documents, when it is the model's only one in flight,
+# in two parts: the first quarter is tokenized and submitted, and the device starts on it while
+# the rest is tokenized (the Rust tokenizer runs in a worker thread, without the GIL). The
+# engine's scores do not depend on how items are grouped into steps (packed attention stays
+# within each pair). Under load the device is busy with other requests anyway: one job.
+_OVERLAP_MIN_DOCUMENTS = 64
 _json = msgspec.json.Encoder()
 
 
@@ -150,11 +161,15 @@ class RerankService:
             t0 = time.perf_counter()
             tokenizer = engine.tokenizer
             owners: Sequence[int]
+            result = None
             if tokenizer is not None:
                 max_chunks = request.max_chunks_per_doc or getattr(runtime.config, "max_chunks_per_doc", 1)
-                job, owners = await token_job(
-                    self._limits, tokenizer, query, instruction, unique, max_tokens, max_chunks, long_texts, raw_scores
-                )
+                args = (tokenizer, query, instruction, unique, max_tokens, max_chunks, long_texts, raw_scores)
+                if (getattr(engine, "overlaps_tokenizing", False) and len(unique) >= _OVERLAP_MIN_DOCUMENTS
+                        and runtime.in_flight == 1):
+                    job, owners, t1, result = await self._overlapped(runtime, *args)
+                else:
+                    job, owners = await token_job(self._limits, *args)
             else:
                 job = ScoreJob(
                     query=query,
@@ -165,10 +180,11 @@ class RerankService:
                     top_n=top_n_hint(request.top_n, len(documents), len(unique)),
                 )
                 owners = range(len(unique))
-            if wants_raw_scores(runtime, engine):
-                job = msgspec.structs.replace(job, raw_scores=True)
-            t1 = time.perf_counter()
-            result = await self._score(runtime, job)
+            if result is None:
+                if wants_raw_scores(runtime, engine):
+                    job = msgspec.structs.replace(job, raw_scores=True)
+                t1 = time.perf_counter()
+                result = await self._score(runtime, job)
             t2 = time.perf_counter()
         finally:
             runtime.in_flight -= 1
@@ -253,6 +269,40 @@ class RerankService:
             "raw_scores": raw_scores,
         }
         return cache_key(scope=scope, api_version=api_version, model=runtime.name, request=request, effective=effective)
+
+    async def _overlapped(
+        self, runtime: ModelRuntime, tokenizer: PromptTokenizer, query: str, instruction: str, unique: list[str],
+        *rest: Any,
+    ) -> tuple[ScoreJob, list[int], float, ScoreResult]:
+        """Tokenize and submit the first quarter, tokenize the rest while it is scored, then score
+        the rest: (the whole job, owners, when tokenizing ended, the whole result). Same checks
+        and errors as one job; a failure of either part cancels the other."""
+        raw = wants_raw_scores(runtime, runtime.usable_engine())
+        cut = len(unique) // 4
+        head, head_owners = await token_job(self._limits, tokenizer, query, instruction, unique[:cut], *rest)
+        raw = raw or head.raw_scores  # the model's config, or the request (TEI's raw_scores)
+        head = msgspec.structs.replace(head, raw_scores=raw)
+        first = asyncio.ensure_future(self._score(runtime, head))
+        second: asyncio.Future[Any] | None = None
+        try:
+            await asyncio.sleep(0)  # ``first`` runs to its submit: the engine starts on it now
+            tail, tail_owners = await token_job(self._limits, tokenizer, query, instruction, unique[cut:], *rest)
+            items = [*head.item_ids, *tail.item_ids]
+            check_total_chunks(self._limits, len(items))  # each part was checked alone
+            t1 = time.perf_counter()
+            second = asyncio.ensure_future(self._score(runtime, msgspec.structs.replace(tail, raw_scores=raw)))
+            a, b = await first, await second
+        finally:
+            for task in (first, second):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+        job = msgspec.structs.replace(head, item_ids=items)
+        owners = [*head_owners, *(cut + o for o in tail_owners)]
+        result = ScoreResult(scores=[*a.scores, *b.scores], input_tokens=a.input_tokens + b.input_tokens,
+                             queue_s=a.queue_s)
+        return job, owners, t1, result
 
     async def _score(self, runtime: ModelRuntime, job: ScoreJob) -> Any:
         engine = runtime.usable_engine()

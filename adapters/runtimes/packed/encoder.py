@@ -44,6 +44,9 @@ class PackedEncoderEngine(PackedEngineBase):
         self._scheduler: PackedScheduler | None = None
         self._replicas: list[PackedPairReplica] = []
         self._dtype: torch.dtype | None = None
+        # Read by the rerank service (``overlap_tokenizing``): a large request is submitted in two
+        # parts, the device starting on the first while the rest is tokenized.
+        self.overlaps_tokenizing = False
 
     @property
     def tokenizer(self) -> PairTokenizer | None:
@@ -63,7 +66,11 @@ class PackedEncoderEngine(PackedEngineBase):
         """Shown by ``/ready`` per model: the attention kernel, compilation, and the scheduler's counters."""
         graphs = [r.graphs.stats() for r in self._replicas if r.graphs is not None]
         errors = [r.graph_error for r in self._replicas if r.graph_error]
-        base: dict[str, Any] = {"cuda_graphs": graphs[0] if len(graphs) == 1 else graphs or None}
+        base: dict[str, Any] = {"cuda_graphs": graphs[0] if len(graphs) == 1 else graphs or None,
+                                # the MLP activation in the up-projection's GEMM epilogue ("gelu" / "relu"), or None
+                                "gelu_epilogue": getattr(self._replicas[0], "epilogue", None) if self._replicas else None,
+                                # large idle requests submitted in two parts (the rerank service reads it)
+                                "overlap_tokenizing": self.overlaps_tokenizing}
         if errors:
             base["cuda_graph_error"] = errors[0]
         return self._stats(base)
@@ -114,9 +121,12 @@ class PackedEncoderEngine(PackedEngineBase):
         with WEIGHTS_LOCK:  # transformers' init contexts are process-wide (see engine.py)
             model = load_cross_encoder(cfg.path, cfg.revision, dtype)
         compile_ = cfg.compile == "on" or (cfg.compile == "auto" and on_gpu)
-        replicas = [make_replica(model if i == len(devices) - 1 else copy.deepcopy(model), dev,
-                                 attention=cfg.attention, compile=compile_)
-                    for i, dev in enumerate(devices)]
+        try:
+            replicas = [make_replica(model if i == len(devices) - 1 else copy.deepcopy(model), dev,
+                                     attention=cfg.attention, compile=compile_, gelu_epilogue=cfg.gelu_epilogue)
+                        for i, dev in enumerate(devices)]
+        except ValueError as exc:  # gelu_epilogue = "on" for an activation without an epilogue
+            raise EngineConfigError(f"model '{cfg.name}': {exc}") from None
         for r in replicas:  # compile and warm every replica before traffic
             check = _warm_up(r, family)
             if r.device.type == "cuda":
@@ -124,6 +134,8 @@ class PackedEncoderEngine(PackedEngineBase):
                     r.use_graphs(token_bucket(cfg.batch_tokens + 1), check)
                 _reserve_full_step(r, family, cfg.batch_tokens, cfg.max_items_per_step)
         self._family, self._replicas, self._dtype = family, replicas, dtype
+        self.overlaps_tokenizing = cfg.overlap_tokenizing == "on" or (
+            cfg.overlap_tokenizing == "auto" and all(r.graphs is not None for r in replicas))
         self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
                                           policy=cfg.policy, error_type=EngineError)
 

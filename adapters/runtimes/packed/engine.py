@@ -185,6 +185,9 @@ class PackedQwen3Engine(PackedEngineBase):
         if detection.family != "qwen3":  # a cross-encoder goes to encoder.PackedEncoderEngine (build_packed_engine)
             raise EngineConfigError(f"model '{cfg.name}': {detection.family} model given to the Qwen3 packed engine; "
                                     "restart the model (its family is read when the engine is built)")
+        if cfg.gelu_epilogue == "on":
+            raise EngineConfigError(f"model '{cfg.name}': gelu_epilogue = 'on' is for cross-encoders; Qwen3's MLP is "
+                                    "gated (SiLU): drop it")
         prompt = Qwen3PromptTokenizer(load_hf_tokenizer(cfg.path, cfg.revision), max_length=cfg.max_length,
                                       max_query_tokens=cfg.max_query_tokens)
         # transformers 5 loads weights under process-wide init contexts (meta device): two packed
