@@ -86,39 +86,13 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     "packed-noepilogue": {**COMMON, "engine": "packed", "batch_tokens": 65536, "gelu_epilogue": "off"},
     # the packed default with every request submitted as one job (no two-part submit when idle)
     "packed-one-job": {**COMMON, "engine": "packed", "batch_tokens": 65536, "overlap_tokenizing": "off"},
-    "packed-synccapture": {**COMMON, "engine": "packed", "batch_tokens": 65536},
     "vllm-score": {**COMMON, "engine": "vllm-score", "max_num_batched_tokens": 65536, "max_num_seqs": 512},
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
 }
 # runtime -> code run at the gateway's interpreter start (an experiment, not a product setting)
-RUNTIME_SITE = {"packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n",
-                # captures as before this branch: torch.cuda.graph (device sync, gc, cache flush)
-                "packed-synccapture": (
-                    # site runs before the gateway's own path is set: the checkout first
-                    f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})\n"
-                    "import torch\nfrom adapters.runtimes.packed import graphs\n"
-                    "def _capture(self, key):\n"
-                    "    import time\n"
-                    "    t, n, _ = key\n"
-                    "    inputs = torch.zeros(3 * t + n + 1, dtype=torch.long, device=self.device)\n"
-                    "    inputs[t:2 * t] = self._offset\n"
-                    "    t0 = time.perf_counter()\n"
-                    "    if key[1:] not in self._warmed:\n"
-                    "        side = torch.cuda.Stream(self.device)\n"
-                    "        side.wait_stream(torch.cuda.current_stream(self.device))\n"
-                    "        with torch.cuda.stream(side):\n"
-                    "            self._run(inputs, key)\n"
-                    "        torch.cuda.current_stream(self.device).wait_stream(side)\n"
-                    "        self._warmed.add(key[1:])\n"
-                    "    graph = torch.cuda.CUDAGraph()\n"
-                    "    with torch.cuda.graph(graph, pool=self._pool, capture_error_mode='thread_local'):\n"
-                    "        out = self._run(inputs, key)\n"
-                    "    self.captures += 1\n"
-                    "    self.capture_s += time.perf_counter() - t0\n"
-                    "    return graphs._Graph(graph, inputs, out)\n"
-                    "graphs.StepGraphs._capture = _capture\n")}
+RUNTIME_SITE = {"packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n"}
 # runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
-NEEDS = {"packed": 75, "packed-eager": 75, "packed-synccapture": 75, "packed-32k": 75, "packed-gil1ms": 75, "vllm-score": 170, "transformers": 60}
+NEEDS = {"packed": 75, "packed-eager": 75, "packed-one-job": 75, "packed-noepilogue": 75, "packed-32k": 75, "packed-gil1ms": 75, "vllm-score": 170, "transformers": 60}
 # --model: (real config, --tiny config, checkpoint folder name, report title)
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
     "xlmr-large": (REAL_CONFIG, TINY_CONFIG, "xlmr", "bge-reranker-v2-m3 shape (XLM-R large)"),

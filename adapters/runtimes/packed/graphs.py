@@ -107,7 +107,6 @@ class StepGraphs:
         self.max_tokens, self._limit = max_tokens, limit
         self._graphs: dict[Key, _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle()
-        self._stream: torch.cuda.Stream | None = None  # the captures' (made on the first)
         self.captures = 0
         self.capture_s = 0.0
         self.replays = 0
@@ -150,35 +149,17 @@ class StepGraphs:
         # count, which the compiled regions take symbolically (dynamic=True) and the kernels
         # as a launch size, so they skip that run: it was most of a capture's ~90 ms under load
         # (a whole forward), and a bucket that still fails to capture runs eagerly (CaptureError).
-        current = torch.cuda.current_stream(self.device)
         if key[1:] not in self._warmed:
             side = torch.cuda.Stream(self.device)
-            side.wait_stream(current)
+            side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 self._run(inputs, key)
-            current.wait_stream(side)
+            torch.cuda.current_stream(self.device).wait_stream(side)
             self._warmed.add(key[1:])
-        # Captured by hand, not with ``torch.cuda.graph``: its entry synchronizes the device,
-        # runs a full ``gc.collect()`` and empties the allocator's cache. Mid-serving the first
-        # drains the pipeline (the device idles while the host records ~300 launches: 66-90 ms
-        # per capture under 16 clients on the H200), the third makes later steps allocate
-        # afresh. None is needed here: the capture stream waits for the current stream's work
-        # (the inputs' zeros), every allocation during capture comes from the graphs' private
-        # pool, and only this thread launches on this device (vLLM skips the gc and the cache
-        # flush for the same reason). The step in flight keeps the device busy meanwhile.
         graph = torch.cuda.CUDAGraph()
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(self.device)
-        stream = self._stream
-        stream.wait_stream(current)
-        with torch.cuda.stream(stream):
-            # thread_local: another device's worker may be capturing at the same time
-            graph.capture_begin(self._pool, capture_error_mode="thread_local")
-            try:
-                out = self._run(inputs, key)
-            finally:
-                graph.capture_end()  # raises too if the capture was invalidated
-        current.wait_stream(stream)
+        # thread_local: another device's worker may be capturing at the same time
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            out = self._run(inputs, key)
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
         return _Graph(graph, inputs, out)
