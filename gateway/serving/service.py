@@ -35,7 +35,7 @@ from adapters.base import (
     ScoreJob,
     ScoreResult,
 )
-from gateway.errors import InvalidRequestError, PayloadTooLargeError, RawScoresUnsupportedError
+from gateway.errors import InputTooLongError, InvalidRequestError, PayloadTooLargeError, RawScoresUnsupportedError
 from gateway.security.auth import authorize_model, current_key_id, record_usage
 from gateway.serving.cache import CachedAnswer, ResponseCache, cache_key
 from gateway.serving.jobs import (
@@ -279,14 +279,14 @@ class RerankService:
         and errors as one job; a failure of either part cancels the other."""
         raw = wants_raw_scores(runtime, runtime.usable_engine())
         cut = len(unique) // 4
-        head, head_owners = await token_job(self._limits, tokenizer, query, instruction, unique[:cut], *rest)
+        head, head_owners = await self._part_job(tokenizer, query, instruction, unique, slice(None, cut), rest)
         raw = raw or head.raw_scores  # the model's config, or the request (TEI's raw_scores)
         head = msgspec.structs.replace(head, raw_scores=raw)
         first = asyncio.ensure_future(self._score(runtime, head))
         second: asyncio.Future[Any] | None = None
         try:
             await asyncio.sleep(0)  # ``first`` runs to its submit: the engine starts on it now
-            tail, tail_owners = await token_job(self._limits, tokenizer, query, instruction, unique[cut:], *rest)
+            tail, tail_owners = await self._part_job(tokenizer, query, instruction, unique, slice(cut, None), rest)
             items = [*head.item_ids, *tail.item_ids]
             check_total_chunks(self._limits, len(items))  # each part was checked alone
             t1 = time.perf_counter()
@@ -303,6 +303,22 @@ class RerankService:
         result = ScoreResult(scores=[*a.scores, *b.scores], input_tokens=a.input_tokens + b.input_tokens,
                              queue_s=a.queue_s)
         return job, owners, t1, result
+
+    async def _part_job(
+        self, tokenizer: PromptTokenizer, query: str, instruction: str, unique: list[str], part: slice,
+        rest: tuple[Any, ...],
+    ) -> tuple[ScoreJob, list[int]]:
+        """``token_job`` on ``unique[part]``. A part over ``limits.max_total_chunks`` refuses the
+        request as one job does: with the whole request's chunk count, or with the 413 of a
+        document too long further on (long_texts reject), which one job finds first. Only on that
+        error path is the whole request tokenized once more."""
+        try:
+            return await token_job(self._limits, tokenizer, query, instruction, unique[part], *rest)
+        except InputTooLongError:
+            raise
+        except PayloadTooLargeError:  # the part's chunk count
+            await token_job(self._limits, tokenizer, query, instruction, unique, *rest)  # raises one job's error
+            raise
 
     async def _score(self, runtime: ModelRuntime, job: ScoreJob) -> Any:
         engine = runtime.usable_engine()
