@@ -298,6 +298,8 @@ class RerankService:
                     task.cancel()
                     with contextlib.suppress(BaseException):
                         await task
+                elif task is not None and not task.cancelled():
+                    task.exception()  # retrieved: the request answers with the first error only
         job = msgspec.structs.replace(head, item_ids=items)
         owners = [*head_owners, *(cut + o for o in tail_owners)]
         result = ScoreResult(scores=[*a.scores, *b.scores], input_tokens=a.input_tokens + b.input_tokens,
