@@ -13,7 +13,7 @@ import pytest
 from adapters.base import EngineError
 from gateway.serving.service import RerankService
 from schemas.config import LimitsConfig
-from tests.test_review2_overlap import TEXTS, _request, served  # noqa: F401  (the fixture)
+from tests.test_overlap_refusals import TEXTS, _request, served  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.anyio
 
