@@ -254,12 +254,12 @@ class KeyLimiter:
 
     @property
     def shared(self) -> bool:
-        return self._config.redis_url is not None
+        return bool(self._config.redis_url)  # "" (an empty RERANK_LIMITS__REDIS_URL) is unset
 
     async def start(self) -> None:
         self._local = _Backend(MemoryStorage(), _LocalSlots())
         url = self._config.redis_url
-        if url is None:
+        if not url:  # unset or empty: limits in this process, as without the variable
             return
         import redis.asyncio
         from limits.aio.storage import RedisStorage
