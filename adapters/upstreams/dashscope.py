@@ -10,7 +10,9 @@ planned on :func:`estimate_tokens`, an estimate meant to err high; items over th
 limit are truncated by DashScope (not rejected), so they count at most that limit.
 
 Errors (their envelope is ``{code, message, request_id}``): 400/413 become the client's 422
-with their message; 401/403 are the gateway's own credentials (502, details only in the log);
+with their message, except the 400s about the operator's account (``Arrearage``,
+``UnsupportedOperation``: 502, details only in the log); 401/403 are the gateway's own
+credentials (502, details only in the log);
 429, 5xx and connect errors are retried (backoff with jitter, at least ``Retry-After``) and
 then become 503; a read timeout is 504.
 """
@@ -46,6 +48,13 @@ NATIVE_PATH = "/api/v1/services/rerank/text-rerank/text-rerank"
 COMPATIBLE_PATH = "/compatible-api/v1/reranks"
 
 log = structlog.get_logger("adapters.upstreams.dashscope")
+
+# DashScope answers these with HTTP 400, but they are about the gateway's DashScope account or
+# the configured model, not the client's request: 502 like a refused key, not the client's 422.
+_ACCOUNT_CODES = {
+    "Arrearage": "the account has an overdue payment",
+    "UnsupportedOperation": "the configured model does not support this operation",
+}
 _encoder = msgspec.json.Encoder()
 _DROP_DIGITS = str.maketrans("", "", "0123456789")
 
@@ -248,6 +257,10 @@ class DashScopeEngine:
         message, code = upstream_message(response.content, f"HTTP {status}")
         request_id = _request_id(response.content)
         fields = {"model": self._config.name, "status": status, "code": code, "request_id": request_id}
+        if code in _ACCOUNT_CODES:
+            # 400s about the operator's account or model, not the request: nothing the client can change.
+            log.error("dashscope_account_refused", **fields, message=message)
+            return EngineError(f"{self._upstream} refused the gateway's account ({code}: {_ACCOUNT_CODES[code]})")
         if status in (400, 413):
             log.info("dashscope_rejected_input", **fields, message=message)
             return EngineInputError(f"DashScope rejected the request ({code or status}): {message}")
