@@ -20,10 +20,12 @@ invalid body, a forbidden model, an engine failure); requests refused with 429 d
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -204,7 +206,7 @@ class _Backend:
                         tokens=admission.tokens,
                     )
         except BaseException:
-            await self._release_quietly(admission)
+            await _uninterrupted(self._release_quietly(admission))
             raise
         return admission
 
@@ -227,6 +229,26 @@ class _Backend:
         except StorageError:
             pass  # the lease expires on its own in Redis
         admission.lease = None
+
+
+async def _uninterrupted(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` to its end even if this task is cancelled meanwhile, then re-raise.
+
+    A shielded anyio scope does not hold off asyncio's own ``Task.cancel()``: a request cancelled
+    twice (its client left, then the server shuts down) had the second cancellation interrupt a
+    slot's release in flight (a Redis ZREM), so the slot stayed taken until its lease expired.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    with anyio.CancelScope(shield=True):  # anyio's own cancellations are not delivered here at all
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                cancelled = True  # re-raised once the work is done
+    if cancelled:
+        raise asyncio.CancelledError
+    task.result()
 
 
 def _limits_uri(url: str) -> str:
@@ -311,11 +333,14 @@ class KeyLimiter:
         """Release the request's slot and charge its tokens; never raises for a store outage."""
         if admission.backend is None:
             return
-        with anyio.CancelScope(shield=True):  # a disconnected client must not leak a slot
-            try:
-                await admission.backend.finish(admission, tokens)
-            except StorageError as exc:
-                self._warn(exc, "could not release a slot or charge tokens")
+        # A disconnected client must not leak a slot, nor a second cancellation (shutdown).
+        await _uninterrupted(self._finish(admission.backend, admission, tokens))
+
+    async def _finish(self, backend: _Backend, admission: Admission, tokens: int) -> None:
+        try:
+            await backend.finish(admission, tokens)
+        except StorageError as exc:
+            self._warn(exc, "could not release a slot or charge tokens")
 
     def _warn(self, exc: Exception, consequence: str) -> None:
         now = time.monotonic()
