@@ -141,6 +141,16 @@ class VllmScoreRequest(msgspec.Struct, kw_only=True, frozen=True):
         int, msgspec.Meta(ge=0, description="Truncate each text of the second side to this many tokens; 0: none.")
     ] = 0
     instruction: Annotated[str | None, msgspec.Meta(description="Task instruction (Qwen3).")] = None
+    instruct: Annotated[str | None, msgspec.Meta(description="Alias of `instruction` (as on /rerank).")] = None
+    chat_template_kwargs: Annotated[
+        dict[str, Any] | None,
+        msgspec.Meta(
+            description=(
+                "vLLM's template variables: its `instruction` (or `instruct`) is the task instruction "
+                "when the request gives none; other keys are ignored."
+            )
+        ),
+    ] = None
     use_activation: Annotated[
         bool | None,
         msgspec.Meta(description="false returns the model's raw output (a logit) instead of a score in [0, 1]."),

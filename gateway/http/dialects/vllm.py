@@ -9,7 +9,9 @@ texts is 1:N; N against N is N pairs (1:1 each); anything else is "Input lengths
 The service scores one query per call, so N:N pairs are grouped by query (identical queries
 share a call and so their prompt prefix) and the groups run a few at a time; their tokens add
 up in the usage, the rate-limit charge and the log line. ``use_activation: false`` asks for raw
-scores. Errors use vLLM's body ``{"error": {"message", "type", "param", "code"}}``; vLLM answers
+scores. The instruction (Qwen3) is ``instruction``, else ``chat_template_kwargs["instruction"]``
+(vLLM's template variable), else ``instruct`` (as on /rerank), else the kwargs' ``instruct``.
+Errors use vLLM's body ``{"error": {"message", "type", "param", "code"}}``; vLLM answers
 invalid requests with 400, so the gateway's 422 becomes 400 here.
 """
 
@@ -67,6 +69,14 @@ def _sides(data: VllmScoreRequest) -> tuple[list[str], list[str]]:
     return ([first] if isinstance(first, str) else list(first)), ([second] if isinstance(second, str) else list(second))
 
 
+def _template_instruction(data: VllmScoreRequest, name: str) -> str | None:
+    """``chat_template_kwargs[name]``: vLLM's template reads the instruction from there too."""
+    value = (data.chat_template_kwargs or {}).get(name)
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequestError(f"invalid request: chat_template_kwargs.{name} must be a string")
+    return value
+
+
 def _pairs(queries: list[str], texts: list[str]) -> list[str]:
     """The query of each pair (vLLM's 1:1 / 1:N / N:N rules and messages)."""
     if len(queries) > 1 and len(queries) != len(texts):
@@ -118,6 +128,9 @@ async def score(request: Request[Any, Any, Any], data: JSONBody[VllmScoreRequest
         raise PayloadTooLargeError(
             f"too many pairs: {len(texts)} > {settings.limits.max_documents} (limits.max_documents)"
         )
+    # vLLM's order: the request's instruction, else the template's `instruction`, else `instruct`.
+    kw_instruction, kw_instruct = (_template_instruction(data, name) for name in ("instruction", "instruct"))
+    instruction, instruct = data.instruction or kw_instruction, data.instruct or kw_instruct
     groups: dict[str, list[int]] = {}
     for i, query in enumerate(pair_queries):
         groups.setdefault(query, []).append(i)
@@ -134,7 +147,8 @@ async def score(request: Request[Any, Any, Any], data: JSONBody[VllmScoreRequest
             documents=[texts[i] for i in indices],
             model=data.model,
             max_tokens_per_doc=data.max_tokens_per_doc or None,
-            instruction=data.instruction,
+            instruction=instruction,
+            instruct=instruct,
         )
         async with gate:
             return await service.rerank(
