@@ -15,6 +15,7 @@ two gateways exporting the same model at once both end with one whole entry.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -27,7 +28,8 @@ from typing import Any
 
 import structlog
 
-__all__ = ("EXPORT_VERSION", "ModelCache", "cache_key", "checkpoint_digest", "checkpoint_dir", "default_cache_dir")
+__all__ = ("EXPORT_VERSION", "ModelCache", "cache_key", "checkpoint_digest", "checkpoint_dir", "default_cache_dir",
+           "hub_patterns")
 
 log = structlog.get_logger("adapters.runtimes.cpu")
 
@@ -46,12 +48,40 @@ def default_cache_dir() -> Path:
 
 
 def checkpoint_dir(path: str, revision: str | None) -> Path:
-    """The checkpoint's local directory: ``path`` itself, or its snapshot in the Hugging Face cache."""
+    """The checkpoint's local directory: ``path`` itself, or its snapshot in the Hugging Face cache.
+
+    Only what the gateway reads is fetched (:func:`hub_patterns`), not the whole repository.
+    """
     if os.path.isdir(path):
         return Path(path)
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import HfApi, snapshot_download
 
-    return Path(snapshot_download(path, revision=revision))
+    try:
+        files: list[str] | None = HfApi().list_repo_files(path, revision=revision)
+    except Exception:  # noqa: BLE001 -- offline or unreachable: snapshot_download says what is wrong
+        files = None
+    allow, ignore = hub_patterns(files)
+    return Path(snapshot_download(path, revision=revision, allow_patterns=allow, ignore_patterns=ignore))
+
+
+# Config, tokenizer (tokenizer.json, vocab.txt, merges.txt, *.model) and sentence-transformers'
+# files (modules.json, 1_Pooling/config.json, ...), and remote code; weights are picked apart.
+_HUB_SMALL = ("*.json", "*.txt", "*.model", "*.py")
+
+
+def hub_patterns(files: Iterable[str] | None) -> tuple[list[str], list[str] | None]:
+    """``(allow_patterns, ignore_patterns)`` for a hub repo listing ``files``: the small files
+    and the top-level weights in one format, safetensors when there are any, else ``.bin``
+    (as transformers loads them), never onnx/, openvino/ or other frameworks' weights.
+    Without a listing: the small files and top-level safetensors and .bin files."""
+    if files is None:
+        return [*_HUB_SMALL, "*.safetensors", "*.bin"], ["*/*.safetensors", "*/*.bin"]
+    top = [f for f in files if "/" not in f]
+    for suffixes in ((".safetensors",), (".bin",), (".pt", ".pth")):
+        weights = [glob.escape(f) for f in top if f.endswith(suffixes)]
+        if weights:
+            break
+    return [*_HUB_SMALL, *weights], None
 
 
 def _sha256(file: Path) -> str:
