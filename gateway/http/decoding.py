@@ -9,8 +9,9 @@ recursion, and every failure becomes one of our errors:
 - empty body, not JSON, invalid UTF-8, lone surrogates, NaN/Infinity, trailing bytes -> 400
   :class:`~gateway.errors.MalformedRequestError`;
 - nesting deeper than :data:`MAX_JSON_DEPTH` -> 400 (a clear message, checked before decoding);
-- valid JSON of the wrong shape or type -> 422 :class:`~gateway.errors.InvalidRequestError`
-  whose message carries msgspec's JSON path (``... - at `$.top_n```).
+- valid JSON of the wrong shape or type, or a number too large for a float (``1e400``) -> 422
+  :class:`~gateway.errors.InvalidRequestError` whose message carries msgspec's JSON path
+  (``... - at `$.top_n```).
 
 One exception to "no coercion": a number with no fractional part (``148.0``, ``2e1``) is accepted
 where an integer is expected. The OpenAPI says ``integer``, and JSON Schema's ``integer`` is "a
@@ -130,6 +131,10 @@ def decode_json(body: bytes, type_: type[T]) -> T:
         # decode untyped, turn integral floats at integer-typed places into ints, validate again.
         # Any other error (2.5, or a later field) is then reported as the typed decode would.
         return _convert(_integral(msgspec.json.decode(body), _type_info(type_)), type_)
+    except msgspec.ValidationError as exc:
+        # The untyped decode's only ValidationError: a number too large for a float (1e400) is
+        # valid JSON but an invalid value, a 422 as the typed decode reports it (not a 400).
+        raise InvalidRequestError(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         text = str(exc)
         raise MalformedRequestError(text if text.startswith("JSON is malformed") else f"JSON is malformed: {text}") from None
