@@ -34,6 +34,7 @@ from gateway.errors import (
     describe_error,
 )
 from gateway.http.middleware import request_id
+from gateway.security.auth import authorize_model
 from gateway.serving.models import ModelRegistry, ModelRuntime
 from gateway.serving.service import CHUNK, LongTexts, RerankService
 from schemas.config import Settings
@@ -73,6 +74,10 @@ async def tei_rerank(request: Request[Any, Any, Any], body: TeiRerankRequest) ->
     request.scope.setdefault("state", {})[_SCOPE_KEY] = TEI  # errors from here on are TEI's
     settings: Settings = request.app.state.settings
     service: RerankService = request.app.state.service
+    registry: ModelRegistry = request.app.state.registry
+    # 404/403 before the texts are looked at, as on the Cohere routes: a key without the model
+    # learns nothing about the limits.
+    authorize_model(registry.get(_tei_model(settings)).name)
     if not body.texts:
         raise EmptyTextsError("`texts` cannot be empty")
     limit = settings.limits.max_documents

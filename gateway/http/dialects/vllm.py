@@ -32,6 +32,7 @@ from gateway.errors import InvalidRequestError, PayloadTooLargeError, describe_e
 from gateway.http.decoding import StrictBody
 from gateway.http.dialects.common import finish
 from gateway.http.middleware import request_id
+from gateway.security.auth import authorize_model
 from gateway.serving.models import ModelRegistry
 from gateway.serving.service import RerankOutcome, RerankService
 from schemas.config import Settings
@@ -123,6 +124,11 @@ async def score(request: Request[Any, Any, Any], data: JSONBody[VllmScoreRequest
     settings: Settings = request.app.state.settings
     service: RerankService = request.app.state.service
     queries, texts = _sides(data)
+    registry: ModelRegistry = request.app.state.registry
+    # 404/403 before the pairs are looked at, as on the Cohere routes: a key without the model
+    # learns nothing about the limits.
+    runtime = registry.get(data.model)
+    authorize_model(runtime.name)
     pair_queries = _pairs(queries, texts)
     if len(texts) > settings.limits.max_documents:
         raise PayloadTooLargeError(
@@ -137,8 +143,7 @@ async def score(request: Request[Any, Any, Any], data: JSONBody[VllmScoreRequest
     rid = request_id(request.scope)
     # Each group is one service call holding one of the model's max_concurrent_requests slots:
     # never more at once than the model admits, or one request on an idle model refuses itself.
-    registry: ModelRegistry = request.app.state.registry
-    limit = registry.get(data.model).config.max_concurrent_requests
+    limit = runtime.config.max_concurrent_requests
     gate = asyncio.Semaphore(max(1, min(_GROUPS_AT_ONCE, limit)))
 
     async def run(query: str, indices: Sequence[int]) -> RerankOutcome:
