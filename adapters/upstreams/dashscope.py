@@ -103,7 +103,7 @@ class _Usage(msgspec.Struct):
 
     def tokens(self) -> int | None:
         for value in (self.total_tokens, self.input_tokens, self.prompt_tokens):
-            if value is not None:
+            if value is not None and value >= 0:  # a negative count is no count
                 return value
         return None
 

@@ -186,7 +186,7 @@ def _decode(content: bytes, type_: type[Any], upstream: str) -> Any:
 def _usage_tokens(usage: _Usage | None, call: UpstreamCall, body_bytes: int) -> int:
     if usage is not None:
         for value in (usage.prompt_tokens, usage.total_tokens):
-            if value is not None:
+            if value is not None and value >= 0:  # a negative count is no count (it would break the metrics)
                 return value
     return estimate_tokens(call, body_bytes)
 
@@ -232,7 +232,9 @@ class TeiRerank(WireProtocol):
     def decode(self, content: bytes, headers: Mapping[str, str], call: UpstreamCall, body_bytes: int) -> UpstreamAnswer:
         ranks = _decode(content, list[_Indexed], self.name)
         reported = headers.get("x-compute-tokens")
-        tokens = int(reported) if reported and reported.isdigit() else estimate_tokens(call, body_bytes)
+        # ASCII digits, and few enough for int() (a header of thousands of digits made it raise).
+        ok = reported is not None and 0 < len(reported) <= 18 and reported.isascii() and reported.isdigit()
+        tokens = int(reported) if ok else estimate_tokens(call, body_bytes)
         return UpstreamAnswer(_in_order(ranks, len(call.texts), self.name), tokens)
 
 
@@ -264,7 +266,7 @@ class CohereRerank(VllmRerank):
         tokens = None
         if ranked.meta is not None:
             for part in (ranked.meta.tokens, ranked.meta.billed_units):
-                if part is not None and part.input_tokens is not None:
+                if part is not None and part.input_tokens is not None and part.input_tokens >= 0:
                     tokens = int(part.input_tokens)
                     break
         if tokens is None:
