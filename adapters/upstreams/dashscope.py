@@ -31,6 +31,7 @@ import structlog
 from adapters.base import EngineConfigError, EngineError, EngineInputError, EngineUnavailableError, ScoreJob, ScoreResult
 from adapters.upstreams.http import (
     RetryableUpstreamError,
+    answer_limit,
     call_with_retries,
     gather_or_cancel,
     make_client,
@@ -223,15 +224,29 @@ class DashScopeEngine:
     async def _call(
         self, client: httpx.AsyncClient, job: ScoreJob, texts: Sequence[str]
     ) -> tuple[list[float], int | None]:
+        body = self._body(job, texts)
+        limit = answer_limit(len(body))
         try:
-            response = await client.post(
-                self._path, content=self._body(job, texts), headers={"Content-Type": "application/json"}
-            )
+            # Streamed, so a body past the limit is refused without holding it (see answer_limit).
+            async with client.stream(
+                "POST", self._path, content=body, headers={"Content-Type": "application/json"}
+            ) as response:
+                length = response.headers.get("content-length", "")
+                if length.isascii() and length.isdigit() and (len(length) > 18 or int(length) > limit):
+                    raise EngineError(f"{self._upstream} answered over {limit} bytes")
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.aiter_bytes():  # decoded: a gzip bomb counts as what it holds
+                    size += len(chunk)
+                    if size > limit:
+                        raise EngineError(f"{self._upstream} answered over {limit} bytes")
+                    chunks.append(chunk)
         except httpx.TransportError as exc:
             raise map_transport_error(exc, self._upstream) from None
+        content = b"".join(chunks)
         if response.status_code == 200:
-            return self._parse(response.content, len(texts))
-        raise self._status_error(response)
+            return self._parse(content, len(texts))
+        raise self._status_error(response, content)
 
     def _parse(self, body: bytes, size: int) -> tuple[list[float], int | None]:
         try:
@@ -252,10 +267,10 @@ class DashScopeEngine:
             raise EngineError(f"{self._upstream} returned {len(results)} results for {size} documents")
         return scores, usage.tokens() if usage is not None else None
 
-    def _status_error(self, response: httpx.Response) -> EngineError:
+    def _status_error(self, response: httpx.Response, content: bytes) -> EngineError:
         status = response.status_code
-        message, code = upstream_message(response.content, f"HTTP {status}")
-        request_id = _request_id(response.content)
+        message, code = upstream_message(content, f"HTTP {status}")
+        request_id = _request_id(content)
         fields = {"model": self._config.name, "status": status, "code": code, "request_id": request_id}
         if code in _ACCOUNT_CODES:
             # 400s about the operator's account or model, not the request: nothing the client can change.

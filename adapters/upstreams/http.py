@@ -35,6 +35,7 @@ from adapters.base import EngineError, EngineOverloadedError, EngineTimeoutError
 
 __all__ = (
     "RetryableUpstreamError",
+    "answer_limit",
     "call_with_retries",
     "gather_or_cancel",
     "make_client",
@@ -50,6 +51,14 @@ T = TypeVar("T")
 
 # Upstream error text is shown to clients (422) and logged: keep it to one bounded line.
 _MAX_MESSAGE = 500
+# An answer is bounded by its request (vLLM echoes every document, in JSON as the request had
+# them): a larger body is broken or padded and is not read into memory (see answer_limit).
+_ANSWER_FLOOR = 16 * 1024 * 1024
+
+
+def answer_limit(request_bytes: int) -> int:
+    """Most bytes an upstream answer to a ``request_bytes`` long request body may have."""
+    return _ANSWER_FLOOR + 4 * request_bytes
 
 
 class RetryableUpstreamError(EngineUnavailableError):

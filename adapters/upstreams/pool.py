@@ -42,6 +42,7 @@ from adapters.base import (
 )
 from adapters.upstreams.http import (
     RetryableUpstreamError,
+    answer_limit,
     gather_or_cancel,
     make_session,
     map_aiohttp_error,
@@ -234,7 +235,7 @@ class PoolEngine:
         replica.outstanding += 1
         try:
             async with self._client.post(replica.url + self._protocol.path, data=body) as response:
-                content = await response.read()
+                content = await _read_bounded(response, answer_limit(len(body)))
                 status, headers = response.status, response.headers
         except (aiohttp.ClientError, TimeoutError) as exc:
             error = map_aiohttp_error(exc, upstream)
@@ -302,3 +303,19 @@ class PoolEngine:
         now = time.monotonic()
         waits = [r.ejected_until - now for r in self._replicas if r.ejected_until is not None]
         return max(1, int(min(waits, default=self._config.cooldown_s)) + 1)
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, or :class:`EngineError` (502) once it is past ``limit`` bytes (the connection is dropped)."""
+    if response.content_length is not None and response.content_length > limit:
+        response.close()
+        raise EngineError(f"upstream answer of {response.content_length} bytes is over the limit of {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            response.close()
+            raise EngineError(f"upstream answer is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
