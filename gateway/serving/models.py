@@ -360,10 +360,12 @@ class ModelRegistry:
             except EngineDeadError as exc:  # died while idle: restart it now, not at the next request
                 rt.engine_died(engine, exc)
             except Exception as exc:  # any failed probe means "not ready", with the reason
-                rt.state, rt.error = ModelState.UNHEALTHY, describe_exception(exc)
-                rt.down_since = rt.down_since or time.monotonic()
+                if rt.engine is engine and not rt.restarting:  # not a replaced engine's verdict
+                    rt.state, rt.error = ModelState.UNHEALTHY, describe_exception(exc)
+                    rt.down_since = rt.down_since or time.monotonic()
             else:
-                rt.state, rt.error, rt.down_since = ModelState.READY, None, None
+                if rt.engine is engine and not rt.restarting:
+                    rt.state, rt.error, rt.down_since = ModelState.READY, None, None
 
     def liveness_failure(self) -> str | None:
         """Why the process should be restarted, or None while it is alive.
