@@ -221,6 +221,10 @@ def _add_env_key(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
             key = Path(path).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(f"{API_KEY_FILE_ENV}: cannot read {path} ({type(exc).__name__})") from None
+        if not key:
+            # An empty mounted secret (or one caught mid-rewrite by a SIGHUP reload) is a mistake,
+            # not "no key": the gateway would run open, or a reload would drop this key.
+            raise ConfigError(f"{API_KEY_FILE_ENV}: {path} is empty")
     if not key:
         return
     source = API_KEY_FILE_ENV if path else API_KEY_ENV
