@@ -186,7 +186,7 @@ def _convert_env(value: EnvValue, tp: Any, path: Path) -> Any:
     if all(k is str or get_origin(k) is Literal for k in kinds) and kinds:
         return str(value)  # a string field takes the text as is, even one starting with "[" or "{"
     text = str(value)
-    if text[:1] in "[{":
+    if text[:1] in ("[", "{"):  # not `in "[{"`: "" is in every string
         try:
             return msgspec.json.decode(text)
         except msgspec.DecodeError:

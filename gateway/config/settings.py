@@ -123,6 +123,8 @@ def load_settings(
             raw = msgspec.toml.decode(Path(path).read_bytes())
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except OSError as exc:  # a directory, no permission, ...: one line, not a traceback
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror or type(exc).__name__}") from None
         except msgspec.DecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     defaulted = not raw.get("models")
