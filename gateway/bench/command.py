@@ -23,6 +23,10 @@ def _endpoint_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"not an http(s) URL: {url!r}")
+    try:
+        parts.port  # noqa: B018 -- raises for a port outside 0-65535, which httpx would not catch
+    except ValueError:
+        raise ValueError(f"bad port in URL {url!r}: it must be 0-65535") from None
     return url.rstrip("/") + "/v2/rerank" if parts.path in ("", "/") else url
 
 
@@ -212,6 +216,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                                                      for s in seeds[1:]])
             if endpoints[0].label == endpoints[1].label:
                 endpoints[1].label += " (compare)"
+        # Before the run, not after it: a folder that cannot be made must not cost the results.
+        out_dir = Path(args.out or f"bench-out/{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}")
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OSError(f"--out {out_dir}: cannot create the folder ({exc.strerror or type(exc).__name__})") from None
     except (ValueError, OSError) as exc:
         print(redactor.scrub(f"rerank-gateway bench: {exc}"), file=sys.stderr)
         return 2
@@ -238,8 +248,6 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         if bar is not None:
             bar.close()
 
-    out_dir = Path(args.out or f"bench-out/{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}")
-    out_dir.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(r) for r in runs]
     n = len(measured) * args.documents
     doc = {
