@@ -40,6 +40,16 @@ def _numbers(text: str, kind: type) -> list[Any]:
     return values
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:  # --max-in-flight 0: a semaphore that never admits a request, a hang
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
 _DESCRIPTION = """\
 Measure a Cohere/Jina-compatible rerank endpoint (this gateway, LiteLLM, vllm serve, ...):
 latency percentiles, throughput and errors per load level, written as a JSON + Markdown report
@@ -73,7 +83,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     load.add_argument("--rate", type=lambda t: _numbers(t, float),
                       help="open loop instead: requests per second, a list sweeps")
     load.add_argument("--poisson", action="store_true", help="open loop: Poisson arrivals instead of fixed spacing")
-    load.add_argument("--max-in-flight", type=int, default=1024, help="open loop: cap on outstanding requests")
+    load.add_argument("--max-in-flight", type=_positive_int, default=1024, help="open loop: cap on outstanding requests")
     load.add_argument("--warmup", type=int, default=2, help="unmeasured requests before each level (default 2)")
     load.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
     wl = p.add_argument_group("workload")
