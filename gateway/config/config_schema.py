@@ -203,6 +203,9 @@ def _convert_env(value: EnvValue, tp: Any, path: Path) -> Any:
         raise _Problem(path, f"{dotted(path)}: {_sentence(message, path, tp, text, env=True)}", value.var) from None
 
 
+# Environment values this long are not quoted in errors: RERANK_API_KEY needs at least 16
+# characters, so a key put into the wrong variable (RERANK_AUTH__KEYS=rk-...) stays out of the log.
+_SECRET_LENGTH = 16
 _KIND = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
          "object": "a table", "array": "an array", "null": "nothing", "datetime": "a date-time"}
 _BOUND = {">=": "at least", "<=": "at most", ">": "greater than", "<": "less than"}
@@ -243,6 +246,8 @@ def _sentence(what: str, path: Path, tp: Any, value: Any, *, env: bool = False) 
     if typed:
         want, got = _KIND.get(typed[1], typed[1]), typed[2]
         if env:  # an environment value is always text: say which text did not convert
+            if len(str(value)) >= _SECRET_LENGTH:  # perhaps a key in the wrong variable: not in logs
+                return f"expected {want}, got a text of {len(str(value))} characters (not shown)"
             return f"expected {want}, got {value!r}"
         if got == "str" and typed[1] in ("int", "float", "bool") and isinstance(value, str):
             return f"expected {want}, got the string {value!r}; write it without quotes"
