@@ -109,4 +109,6 @@ class UsageMetrics:
 def metrics_endpoint(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus text exposition of the usage counters."""
     metrics: UsageMetrics = request.app.state.usage_metrics
-    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    # As a header, not media_type: Litestar appends "; charset=utf-8" to a text/ media type, and
+    # CONTENT_TYPE_LATEST has one already; the repeated parameter makes Prometheus 3 fail the scrape.
+    return Response(metrics.render(), headers={"content-type": CONTENT_TYPE_LATEST})
