@@ -59,12 +59,18 @@ def _exceptions() -> Processor:
     return structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False))
 
 
+def _console() -> Processor:
+    # structlog's console default is rich's traceback with frame locals (the request scope with
+    # its Authorization header, the documents): the plain traceback instead.
+    return structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
+
+
 def stdlib_formatter(fmt: str = "json") -> logging.Formatter:
     """A stdlib formatter rendering records exactly like structlog's own lines."""
     if fmt == "json":
         tail: list[Processor] = [_exceptions(), structlog.processors.JSONRenderer(serializer=_dumps_str)]
     else:
-        tail = [structlog.dev.ConsoleRenderer(colors=False)]
+        tail = [_console()]
     return structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*_shared(), structlog.stdlib.add_logger_name],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *tail],
@@ -77,7 +83,7 @@ def configure_logging(level: str = "INFO", *, fmt: str = "json", cache: bool = T
         tail: list[Processor] = [_exceptions(), structlog.processors.JSONRenderer(serializer=_dumps)]
         factory: Any = structlog.BytesLoggerFactory(sys.stdout.buffer)
     else:
-        tail = [structlog.dev.ConsoleRenderer(colors=False)]
+        tail = [_console()]
         factory = structlog.PrintLoggerFactory(sys.stdout)
     structlog.configure(
         processors=_shared() + tail,
