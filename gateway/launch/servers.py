@@ -8,7 +8,9 @@ under ``[server]``:
   byte (slow-loris); else the connection is closed without an answer.
 - ``body_read_timeout_s``: the whole body must arrive within this time of the headers; else
   the gateway answers 408 and closes (enforced in the app, ``gateway.http.middleware``, so it is the
-  same under both servers).
+  same under both servers). A request answered without its body being read (404, 401, 413 by
+  ``Content-Length``) is not read by the app, so under uvicorn the protocol closes the
+  connection once this time has passed (each trickled byte would reset the keep-alive timer).
 
 uvicorn has a keep-alive timeout but no header timeout and leaves a fresh connection that sends
 nothing open forever; :class:`TimedHttpToolsProtocol` adds both. granian (hyper) has a header
@@ -77,7 +79,7 @@ def create_worker_app() -> Any:
     return app
 
 
-def _timed_protocol(header_timeout_s: float | None) -> Any:
+def _timed_protocol(header_timeout_s: float | None, body_timeout_s: float | None = None) -> Any:
     """uvicorn's httptools protocol with a header-read deadline and an idle timer from connect.
 
     ``None``: the class reads the deadline from this process's settings (worker processes of
@@ -86,7 +88,9 @@ def _timed_protocol(header_timeout_s: float | None) -> Any:
     base = _module_protocol()
     if header_timeout_s is None:
         return base
-    return type("TimedHttpToolsProtocol", (base,), {"header_timeout_s": header_timeout_s})
+    return type(
+        "TimedHttpToolsProtocol", (base,), {"header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s}
+    )
 
 
 _PROTOCOL: Any = None
@@ -104,7 +108,9 @@ def _build_protocol() -> Any:
 
     class TimedHttpToolsProtocol(HttpToolsProtocol):
         header_timeout_s: float | None = None
+        body_timeout_s: float | None = None
         _header_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None
         _awaiting_headers = True
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -124,19 +130,39 @@ def _build_protocol() -> Any:
             self._cancel_header_timer()
             self._awaiting_headers = False
             super().on_headers_complete()
+            # The body must be complete by then; one the app does not read (it answered without
+            # it) would otherwise hold the connection as long as its bytes keep trickling in.
+            self._cancel_body_timer()
+            self._body_timer = self.loop.call_later(_body_timeout(self), self._body_timeout)
 
         def on_message_complete(self) -> None:
             self._awaiting_headers = True  # the next bytes start the next request's headers
+            self._cancel_body_timer()
             super().on_message_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_header_timer()
+            self._cancel_body_timer()
             super().connection_lost(exc)
 
         def _cancel_header_timer(self) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
+
+        def _cancel_body_timer(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+
+        def _body_timeout(self) -> None:
+            self._body_timer = None
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete:
+                if not self.transport.is_closing():
+                    self.transport.close()
+            else:
+                cycle.keep_alive = False  # still answering (the app's 408 if it reads): close after it
 
         def _header_timeout(self) -> None:
             self._header_timer = None
@@ -154,6 +180,14 @@ def _header_timeout(protocol: Any) -> float:
 
         type(protocol).header_timeout_s = load_settings().server.header_read_timeout_s
     return float(protocol.header_timeout_s)
+
+
+def _body_timeout(protocol: Any) -> float:
+    if protocol.body_timeout_s is None:  # a worker process: its settings (same env as the parent)
+        from gateway.config.settings import load_settings
+
+        type(protocol).body_timeout_s = load_settings().server.body_read_timeout_s
+    return float(protocol.body_timeout_s)
 
 
 def __getattr__(name: str) -> Any:
@@ -193,7 +227,7 @@ def run_uvicorn(settings: Settings, config_path: str | None = None) -> bool:
     heap.enable()
     config = uvicorn.Config(
         create_app(settings, config_path=config_path),  # SIGHUP re-reads the keys from it
-        http=_timed_protocol(server.header_read_timeout_s),
+        http=_timed_protocol(server.header_read_timeout_s, server.body_read_timeout_s),
         **common,
     )
     runner = _graceful_server(uvicorn.Server)(config)
