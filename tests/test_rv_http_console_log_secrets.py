@@ -44,6 +44,11 @@ def test_console_traceback_has_no_locals(capsys) -> None:
         assert DOC not in text
     finally:
         structlog.reset_defaults()
+        root = logging.getLogger()
+        for handler in list(root.handlers):  # configure_logging's, bound to capsys's stdout
+            if getattr(handler, "_rerank_gateway", False):
+                root.removeHandler(handler)
+        logging.captureWarnings(False)
 
 
 def test_console_stdlib_formatter_has_no_locals() -> None:
