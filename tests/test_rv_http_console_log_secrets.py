@@ -11,7 +11,7 @@ import structlog
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.observability.logging import stdlib_formatter
+from gateway.observability.logging import configure_logging, stdlib_formatter
 from schemas.config import Settings, StaticEngineConfig
 from schemas.config.server import ApiKeyConfig, AuthConfig, LoggingConfig
 
@@ -27,7 +27,9 @@ def test_console_traceback_has_no_locals(capsys) -> None:
         models=(StaticEngineConfig(name="slow", delay_s=2.0, timeout_s=0.1),),
     )
     try:
-        app = create_app(settings, configure_logs=True)
+        # As create_app(configure_logs=True) does, without caching loggers bound to capsys's stdout.
+        configure_logging(settings.logging.level, fmt="console", cache=False)
+        app = create_app(settings, configure_logs=False)
         with TestClient(app) as client:
             for _ in range(100):
                 if client.get("/ready").status_code == 200:
