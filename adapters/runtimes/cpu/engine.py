@@ -98,6 +98,9 @@ class OpenVinoEngine:
         self._exact: queue.SimpleQueue[Any] | None = None
         self._exact_model: Any = None
         self._delta = 0.0
+        # The bound per request kind (raw_scores or not): a softmax head orders its probabilities
+        # for scores but its logits for raw scores, whose errors differ (refine_space).
+        self._deltas: dict[bool, float] = {}
         self._refined = [0, 0]  # items re-scored in fp32, items scored
         self.observer: EngineObserver | None = None
         self._batcher: RowBatcher | None = None
@@ -183,7 +186,7 @@ class OpenVinoEngine:
             sub = msgspec.structs.replace(space, item_ids=[job.item_ids[i] for i in pick], top_n=None)
             return family.scores(sub, self._infer_all(family.rows(sub), self._exact))
 
-        values, refined = refine(values, delta=self._delta, top=self._config.refine_top, exact=exact,
+        values, refined = refine(values, delta=self._deltas[space.raw_scores], top=self._config.refine_top, exact=exact,
                                  rounds=self._config.refine_rounds, tied=lambda lo, hi: to_score(hi) - to_score(lo) < tie)
         self._refined[0] += refined
         self._refined[1] += len(values)
@@ -295,7 +298,7 @@ class OpenVinoEngine:
             # gate on golden queries it was not measured on.
             calibration = generate_golden_set(family.tokenizer.vocab, queries=max(4, cfg.parity_queries // 4),
                                               documents=cfg.parity_documents, seed=21)
-            calibration_fp32 = self._score_golden(calibration, space=True)
+            calibration_fp32 = self._space_values(calibration)
             exact = (self._compiled, self._requests)  # the requests keep their compiled model's reference
         if cfg.precision == "bf16":
             self._use(core, fp32, "bf16")
@@ -305,9 +308,13 @@ class OpenVinoEngine:
                 int8, _ = cache.get_or_build(key, core, lambda: _compress_int8(fp32), info)
             self._use(core, int8, "f32", dynamic_group=_INT8_GROUP)
         if cfg.refine_top:
-            change = max(abs(a - b) for ref, red in zip(calibration_fp32, self._score_golden(calibration, space=True),
-                                                        strict=True) for a, b in zip(ref, red, strict=True))
-            self._delta = cfg.refine_margin * change
+            calibration_reduced = self._space_values(calibration)
+            self._deltas = {
+                raw: cfg.refine_margin * max(abs(a - b) for ref, red in zip(calibration_fp32[raw], calibration_reduced[raw],
+                                                                            strict=True) for a, b in zip(ref, red, strict=True))
+                for raw in (False, True)
+            }
+            self._delta = self._deltas[cfg.raw_scores]
             self._exact_model, self._exact = exact
         reduced = self._score_golden(golden)
         report = compare_rankings(reference, reduced, tie=cfg.parity_tie)
@@ -383,16 +390,25 @@ class OpenVinoEngine:
             out.append((job, self._family.rows(job)))
         return out
 
-    def _score_golden(self, golden: list[GoldenQuery], *, space: bool = False) -> list[list[float]]:
-        """Each golden query's scores, as a request gets them (refined when refining); with
-        ``space``, the values refinement orders (see _space), unrefined."""
+    def _space_values(self, golden: list[GoldenQuery]) -> dict[bool, list[list[float]]]:
+        """The values refinement orders (refine_space), unrefined, for each golden query: for
+        requests with and without raw_scores (the same, but for a softmax head's)."""
+        assert self._family is not None
+        out: dict[bool, list[list[float]]] = {False: [], True: []}
+        for job, rows in self._golden_rows(golden):
+            outputs = self._infer_all(rows)
+            for raw, values in out.items():
+                space = refine_space(self._family, msgspec.structs.replace(job, raw_scores=raw))[0]
+                values.append(self._family.scores(space, outputs))
+        return out
+
+    def _score_golden(self, golden: list[GoldenQuery]) -> list[list[float]]:
+        """Each golden query's scores, as a request gets them (refined when refining)."""
         assert self._family is not None
         scores = []
         for job, rows in self._golden_rows(golden):
             outputs = self._infer_all(rows)
-            if space:
-                scores.append(self._family.scores(refine_space(self._family, job)[0], outputs))
-            elif self._exact is not None:
+            if self._exact is not None:
                 scores.append(self._refine(job, outputs))
             else:
                 scores.append(self._family.scores(job, outputs))
