@@ -141,7 +141,8 @@ class OpenVinoEngine:
         window = 0 if cfg.batching == "per-request" else 2 * self.streams * cfg.batch_tokens
         runners = [self._runner(self._requests.get_nowait()) for _ in range(self.streams)]
         self._batcher = RowBatcher(runners, batch_tokens=cfg.batch_tokens, max_batch_size=cfg.max_batch_size,
-                                   window_tokens=window, on_batch=self._counted, name=f"openvino-{cfg.name}")
+                                   window_tokens=window, on_batch=self._counted, name=f"openvino-{cfg.name}",
+                                   error_type=EngineUnavailableError)  # stopped: retry (503), as once stopped
 
     async def stop(self) -> None:
         batcher, self._batcher = self._batcher, None
