@@ -156,7 +156,8 @@ class OpenVinoEngine:
             raise EngineUnavailableError("model is not loaded")
 
     async def score(self, job: ScoreJob) -> ScoreResult:
-        family, batcher = self._family, self._batcher
+        # Read once: a stop() meanwhile must neither skip refinement nor pull the fp32 model from under it.
+        family, batcher, exact = self._family, self._batcher, self._exact
         if family is None or batcher is None or self._compiled is None:
             raise EngineUnavailableError("model is not loaded")
         rows = family.rows(job)
@@ -167,25 +168,25 @@ class OpenVinoEngine:
             # Timeout or client gone: the rows no batch has taken are dropped.
             batcher.cancel(pending)
             raise
-        if self._exact is not None:
+        if exact is not None:
             # The fp32 re-scoring runs on the fp32 model's own infer requests, beside the batcher's.
-            scores = await anyio.to_thread.run_sync(self._refine, job, outputs)
+            scores = await anyio.to_thread.run_sync(self._refine, job, outputs, exact)
         else:
             scores = family.scores(job, outputs)
         return ScoreResult(scores=scores, input_tokens=sum(len(r.ids) for r in rows))
 
-    def _refine(self, job: ScoreJob, outputs: np.ndarray) -> list[float]:
-        """``job``'s scores, the items the reduced precision cannot order re-scored in fp32 (refine.py)."""
-        assert self._family is not None and self._exact is not None
-        space, to_score = refine_space(self._family, job)
-        values = self._family.scores(space, outputs)
+    def _refine(self, job: ScoreJob, outputs: np.ndarray, pool: queue.SimpleQueue[Any]) -> list[float]:
+        """``job``'s scores, the items the reduced precision cannot order re-scored in fp32 (refine.py)
+        on the fp32 model's infer requests ``pool``."""
+        family = self._family
+        assert family is not None
+        space, to_score = refine_space(family, job)
+        values = family.scores(space, outputs)
         tie = self._config.parity_tie
 
         def exact(pick: list[int]) -> list[float]:
-            family = self._family
-            assert family is not None and self._exact is not None
             sub = msgspec.structs.replace(space, item_ids=[job.item_ids[i] for i in pick], top_n=None)
-            return family.scores(sub, self._infer_all(family.rows(sub), self._exact))
+            return family.scores(sub, self._infer_all(family.rows(sub), pool))
 
         values, refined = refine(values, delta=self._deltas[space.raw_scores], top=self._config.refine_top, exact=exact,
                                  rounds=self._config.refine_rounds, tied=lambda lo, hi: to_score(hi) - to_score(lo) < tie)
@@ -410,7 +411,7 @@ class OpenVinoEngine:
         for job, rows in self._golden_rows(golden):
             outputs = self._infer_all(rows)
             if self._exact is not None:
-                scores.append(self._refine(job, outputs))
+                scores.append(self._refine(job, outputs, self._exact))
             else:
                 scores.append(self._family.scores(job, outputs))
         return scores
