@@ -19,6 +19,10 @@ __all__ = ("SpecialLayout", "checkpoint_window", "load_encoder_tokenizer", "load
 
 # Huge "model_max_length" values mean "not set" in Hugging Face tokenizer configs.
 _UNSET_LENGTH = 1_000_000
+# Encoders whose positions start at the config's pad_token_id + 1 (transformers'
+# create_position_ids_from_input_ids); MPNet's too, from a padding index fixed at 1.
+_PAD_NUMBERED = frozenset({"roberta", "xlm-roberta", "camembert", "xlm-roberta-xl", "roberta-prelayernorm",
+                           "data2vec-text", "ibert", "xmod", "longformer", "luke"})
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,8 @@ def checkpoint_window(files: ModelFiles, tokenizer: Any) -> int:
     positions = cfg.get("max_position_embeddings")
     if isinstance(positions, int) and positions > 0:
         # RoBERTa/XLM-R number positions from padding_idx + 1: 514 embeddings hold 512 tokens.
-        offset = (cfg.get("pad_token_id") or 0) + 1 if cfg.get("model_type") in ("roberta", "xlm-roberta", "camembert") else 0
+        kind = cfg.get("model_type")
+        offset = (cfg.get("pad_token_id") or 0) + 1 if kind in _PAD_NUMBERED else 2 if kind == "mpnet" else 0
         limits.append(positions - offset)
     model_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(model_max, int) and 0 < model_max < _UNSET_LENGTH:
