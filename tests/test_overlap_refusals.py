@@ -7,16 +7,13 @@ Runs the packed engine on CPU (the tiny XLM-R), ``overlaps_tokenizing`` set by h
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 from gateway.errors import PayloadTooLargeError
-from gateway.serving.models import ModelRegistry
 from gateway.serving.service import LongTexts, RerankService
-from schemas.config import LimitsConfig, PackedEngineConfig, Settings
-from schemas.rerank import RerankRequest
-from tests.corpus import DOCS, Q
-from tests.tiny_encoders import build_tiny_cross_encoder
+from schemas.config import LimitsConfig
+from tests.corpus import DOCS
+from tests.test_overlap import _request, served  # noqa: F401  (the fixture: the same tiny XLM-R engine)
 
 pytestmark = pytest.mark.anyio
 
@@ -24,22 +21,6 @@ pytestmark = pytest.mark.anyio
 # long enough to be chunked (or refused with long_texts reject).
 TEXTS = [f"{DOCS[i % len(DOCS)][:80]} number {i}" for i in range(80)]
 TEXTS[50] = " ".join(DOCS) * 6
-
-
-@pytest.fixture(scope="module")
-async def served(tmp_path_factory: pytest.TempPathFactory):
-    path = build_tiny_cross_encoder(tmp_path_factory.mktemp("review2-overlap") / "xlmr", kind="xlmr")
-    model = PackedEngineConfig(name="p", path=str(path), devices=("cpu",), batch_tokens=96, max_length=128,
-                               max_chunks_per_doc=4)
-    registry = ModelRegistry(Settings(models=(model,)))
-    rt = registry.get("p")
-    await rt.load()
-    yield registry, rt
-    await registry.stop()
-
-
-def _request(texts: list[str]) -> RerankRequest:
-    return msgspec.convert({"model": "p", "query": Q, "documents": texts}, RerankRequest)
 
 
 async def _error(registry, rt, overlap: bool, limits: LimitsConfig, **kw) -> PayloadTooLargeError:
