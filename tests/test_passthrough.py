@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +26,13 @@ from litestar.testing import TestClient
 from gateway.app import create_app
 from schemas.config import PoolEngineConfig, Settings
 from tests.fake_dashscope import fake_score
+from tests.loopback import LoopbackServer
 
 Q = "which document talks about rivers?"
 DOCS = [f"document {i} about {w}" for i, w in enumerate("rivers water lakes cities mountains roads sea sand".split())]
 
 
-class RankingUpstream:
+class RankingUpstream(LoopbackServer):
     """A ``/rerank`` and ``/v2/rerank`` server that ranks with ``fake_score`` and honours top_n.
 
     ``mode`` breaks its answers on purpose: ``"ok"``, or one of the malformed kinds below.
@@ -72,10 +72,7 @@ class RankingUpstream:
             def log_message(self, *args: Any) -> None:
                 return None
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(Handler)
 
     def answer(self, ranked: list[dict[str, Any]], n: int) -> bytes:
         meta = {"billed_units": {"search_units": 1}, "tokens": {"input_tokens": 5 * n}}
@@ -95,10 +92,6 @@ class RankingUpstream:
         # Echoed documents and ids: fields the gateway never reads.
         results = [{**r, "document": {"text": "echo"}} for r in ranked]
         return json.dumps({"id": "up-1", "results": results, "meta": meta, "usage": usage}).encode()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,8 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from gateway.app import create_app
 from schemas.config import PoolEngineConfig, Settings, TransformersEngineConfig
 from tests.conftest import ROOT, free_port, stop_process, wait_http_ok
 from tests.fake_dashscope import fake_score
+from tests.loopback import LoopbackServer
 
 pytestmark = pytest.mark.slow
 
@@ -212,7 +212,7 @@ def test_same_query_sticks_to_one_replica_and_fails_over_when_it_dies(vllm_clien
 
 
 # -- TEI / Infinity protocol servers ---------------------------------------------------------
-class FakeReplica:
+class FakeReplica(LoopbackServer):
     """A TEI or Infinity ``/rerank`` server (their documented bodies) with a health switch."""
 
     def __init__(self, protocol: str) -> None:
@@ -260,14 +260,7 @@ class FakeReplica:
             def log_message(self, *args: Any) -> None:
                 return None
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture

@@ -10,9 +10,8 @@ request body is a 502, and the connection is dropped after reading at most that 
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -20,11 +19,12 @@ from litestar.testing import TestClient
 
 from gateway.app import create_app
 from schemas.config import DashScopeEngineConfig, PoolEngineConfig, Settings
+from tests.loopback import LoopbackServer
 
 PAD = 256 * 1024 * 1024  # whitespace before a valid answer: valid JSON, absurdly large
 
 
-class PaddedUpstream:
+class PaddedUpstream(LoopbackServer):
     """Answers every rerank call validly, after ``PAD`` bytes of JSON whitespace; counts bytes sent."""
 
     def __init__(self) -> None:
@@ -63,14 +63,7 @@ class PaddedUpstream:
             def log_message(self, *args: Any) -> None:
                 return None
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ A count that cannot be right now counts as none reported: the token estimate is 
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -19,9 +18,10 @@ from litestar.testing import TestClient
 
 from gateway.app import create_app
 from schemas.config import DashScopeEngineConfig, PoolEngineConfig, Settings
+from tests.loopback import LoopbackServer
 
 
-class Upstream:
+class Upstream(LoopbackServer):
     """Answers every protocol's rerank call with 0.5 for each text and ``tokens`` as its count."""
 
     def __init__(self) -> None:
@@ -63,14 +63,7 @@ class Upstream:
             def log_message(self, *args: Any) -> None:
                 return None
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture(scope="module")
