@@ -252,6 +252,45 @@ async def test_pipelined_runner_delivers_every_step():
         scheduler.stop()
 
 
+class _HeldRunner(_PipelinedRunner):
+    """Collect waits until the test lets the device "finish"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.device_done = threading.Event()
+
+    def collect(self, handle):
+        self.device_done.wait(10)
+        return super().collect(handle)
+
+
+@pytest.mark.anyio
+async def test_work_queued_while_a_step_computes_is_launched_without_waiting_for_it():
+    """The idle two-part request: its second part arrives while the first part's step computes.
+    It must be launched then (the device gets it right behind), not after that step is collected."""
+    runner = _HeldRunner()
+    scheduler = PackedScheduler([runner], batch_tokens=1000, max_items=64)
+    try:
+        first = scheduler.submit([1], [[2, 3]], [4])
+        assert await _until(lambda: runner.launched == [1])
+        second = scheduler.submit([1], [[5]], [4])
+        assert await _until(lambda: runner.launched == [1, 1]), "the second step waited for the first's collect"
+        assert runner.collected == 0 and not first.future.done()
+        runner.device_done.set()
+        assert await asyncio.wait_for(asyncio.gather(first.future, second.future), 5) == [[0.04], [0.03]]
+    finally:
+        runner.device_done.set()
+        scheduler.stop()
+
+
+async def _until(check, timeout: float = 5.0) -> bool:
+    for _ in range(int(timeout / 0.01)):
+        if check():
+            return True
+        await asyncio.sleep(0.01)
+    return check()
+
+
 class _SlowRunner(_PipelinedRunner):
     """Launch (host prep) takes 20 ms, collect (the device) 60 ms: the stats must tell them apart."""
 

@@ -270,9 +270,9 @@ async def test_a_failed_step_fails_its_requests_only_and_the_rest_is_not_compute
         with pytest.raises(ValueError):  # A's last document shared the failed step
             await asyncio.wait_for(a.future, 5)
         await asyncio.sleep(0.05)
-        # B's other documents are never run -- except, pipelined, the step already launched when the
-        # failed one is collected
-        assert [n for s in runner.steps for pre, n in s if pre == PB] == ([1, 2] if pipelined else [1])
+        # B's other documents are never run -- except, pipelined, a step already launched when the
+        # failed one is collected (the launcher may take it while the collector waits for the device)
+        assert [n for s in runner.steps for pre, n in s if pre == PB] in (([1], [1, 2]) if pipelined else ([1],))
         c = scheduler.submit(*BLOCKER)  # and the scheduler keeps serving
         assert await asyncio.wait_for(c.future, 5) == [_value(BLOCKER[0], [*BLOCKER[1][0], *BLOCKER[2]])]
     finally:

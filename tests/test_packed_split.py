@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import msgspec
 import pytest
@@ -188,6 +189,7 @@ class _StageRunner:
 
     def collect(self, handle):
         k, scores = handle
+        time.sleep(0.02)  # the device's time: a collect waits for it, launches do not
         with self.lock:
             self.events.append(("collect", k))
             self.outstanding -= 1

@@ -1,4 +1,5 @@
-"""Continuous batching across HTTP requests: one shared queue, one worker thread per device.
+"""Continuous batching across HTTP requests: one shared queue, one worker thread per device
+(two on CUDA: one launches steps, one collects them; ``_launch_loop`` says why).
 
 Each worker, when its device is free, fills its next step from the items of *every* waiting
 request, up to a token budget, runs it, and hands each finished request its scores on the
@@ -80,6 +81,18 @@ class PendingRequest:
         resolve_from_thread(self._loop, self.future, result)
 
 
+class _Lane:
+    """A pipelined runner's launched steps, in order, until its collector has finished them
+    (guarded by the scheduler's lock)."""
+
+    __slots__ = ("launching", "out", "steps")
+
+    def __init__(self) -> None:
+        self.steps: collections.deque[Any] = collections.deque()  # (taken, tokens, handle, error, t0, prep)
+        self.out = 0  # steps taken by the launcher and not yet finished by the collector
+        self.launching = True  # False once the launcher has ended (stop)
+
+
 class PackedScheduler:
     def __init__(self, runners: Sequence[Runner], *, batch_tokens: int, max_items: int, policy: str = "fifo",
                  error_type: type[Exception] = RuntimeError, share_prefix: bool = False) -> None:
@@ -102,8 +115,12 @@ class PackedScheduler:
         self._engine_s = 0.0  # submit -> last score, summed over finished requests
         self._finished = 0
         self._dropped = 0
-        self._threads = [threading.Thread(target=self._work, args=(i,), name=f"packed-{getattr(r, 'label', r.device)}", daemon=True)
-                         for i, r in enumerate(self._runners)]
+        self._lanes = [_Lane() for _ in runners]
+        names = [f"packed-{getattr(r, 'label', r.device)}" for r in runners]
+        self._threads = [threading.Thread(target=self._work, args=(i,), name=names[i], daemon=True)
+                         for i in range(len(self._runners))]
+        self._threads += [threading.Thread(target=self._collect_loop, args=(i,), name=f"{names[i]}-collect", daemon=True)
+                          for i, r in enumerate(self._runners) if getattr(r, "pipelined", False)]
         for t in self._threads:
             t.start()
 
@@ -119,7 +136,8 @@ class PackedScheduler:
             if self._stopping:
                 raise self._error_type("engine is stopping")
             self._queue.append(req)
-            self._cond.notify()
+            # all: one condition serves every device's launcher and collector
+            self._cond.notify_all()
         return req
 
     def cancel(self, req: PendingRequest) -> None:
@@ -205,53 +223,91 @@ class PackedScheduler:
 
     def _work(self, index: int) -> None:
         runner, counters = self._runners[index], self._dev[index]
-        # A pipelined runner (CUDA) splits a step into launch (host prep + queued kernels) and
-        # collect (wait for the scores): step k+1 is launched before step k is collected, so the
-        # host prepares the next step while the device computes. Elsewhere steps run whole.
-        # A runner split over devices (split = "pipeline") keeps one step per stage in flight.
-        pipelined = bool(getattr(runner, "pipelined", False))
+        if getattr(runner, "pipelined", False):
+            self._launch_loop(index)
+            return
+        while True:  # whole steps (CPU): take, run, finish
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                taken = self._take()
+                if self._queue:
+                    self._cond.notify_all()  # more work: wake another idle device
+            tp = time.perf_counter()
+            work, segments, tokens = self._assemble(taken)
+            t0 = time.perf_counter()
+            score = runner.score_groups if self._share else runner.score
+            try:
+                out = score(work) if self._share else score(work, segments)  # type: ignore[arg-type]
+                self._finish(counters, runner, taken, tokens, out, None, t0, t0 - tp)
+            except Exception as exc:  # noqa: BLE001  # fail this step's requests, keep serving
+                self._finish(counters, runner, taken, tokens, None, exc, t0, t0 - tp)
+
+    def _launch_loop(self, index: int) -> None:
+        """A pipelined runner (CUDA) splits a step into launch (host prep + queued kernels, returns
+        before they ran) and collect (wait for the scores). This thread launches; a collector
+        thread (``_collect_loop``) waits for each step in turn and hands its scores over.
+
+        Why two threads: a launcher that also collected sat blocked in the oldest step's collect
+        while work queued behind it, so the device idled from that step's end until the next was
+        prepared and launched. That is the idle case of a request submitted in two parts
+        (``overlap_tokenizing``): the second part arrives while the first computes. Now the next
+        step is prepared and queued on the device as soon as it is queued here, up to ``depth``
+        + 1 steps launched and not yet collected (``depth``: the runner's ``in_flight``, one per
+        pipeline stage), so the host prepares step k+1 while the device computes step k.
+        """
+        runner = self._runners[index]
         depth = max(1, int(getattr(runner, "in_flight", 1)))
-        inflight: collections.deque[tuple[list[tuple[PendingRequest, int]], tuple[int, int], Any, BaseException | None, float, float]]
-        inflight = collections.deque()
+        lane = self._lanes[index]
         while True:
             with self._cond:
-                while not self._queue and not self._stopping and not inflight:
+                while not self._stopping and (not self._queue or lane.out > depth):
                     self._cond.wait()
-                taken = self._take() if self._queue and not self._stopping else []
+                if self._stopping:
+                    lane.launching = False
+                    self._cond.notify_all()  # the collector drains what is out, then ends
+                    return
+                taken = self._take()
                 if self._queue:
-                    self._cond.notify()  # more work: wake another idle device
-            if taken:
-                tp = time.perf_counter()
-                work, segments, tokens = self._assemble(taken)
-                t0 = time.perf_counter()
-                if pipelined:
-                    launch = runner.launch_groups if self._share else runner.launch  # type: ignore[attr-defined]
-                    try:
-                        handle = launch(work) if self._share else launch(work, segments)
-                        inflight.append((taken, tokens, handle, None, t0, time.perf_counter() - tp))
-                    except Exception as exc:  # noqa: BLE001  # fail this step's requests, keep serving
-                        inflight.append((taken, tokens, None, exc, t0, time.perf_counter() - tp))
-                else:
-                    score = runner.score_groups if self._share else runner.score
-                    try:
-                        out = score(work) if self._share else score(work, segments)  # type: ignore[arg-type]
-                        self._finish(counters, runner, taken, tokens, out, None, t0, t0 - tp)
-                    except Exception as exc:  # noqa: BLE001
-                        self._finish(counters, runner, taken, tokens, None, exc, t0, t0 - tp)
-            # Collect the oldest step once more than ``depth`` are out, or one when nothing new came
-            # (one at a time: work queued meanwhile is launched before the next collect).
-            for _ in range(len(inflight) - depth if taken else min(len(inflight), 1)):
-                taken_, tokens_, handle, error, t0_, prep = inflight.popleft()
-                scores = None
-                tw = time.perf_counter()
-                if error is None:
-                    try:
-                        scores = runner.collect(handle)  # type: ignore[attr-defined]
-                    except Exception as exc:  # noqa: BLE001
-                        error = exc
-                self._finish(counters, runner, taken_, tokens_, scores, error, t0_, prep, tw)
-            if not inflight and self._stopping:
-                return
+                    self._cond.notify_all()
+                lane.out += 1
+            tp = time.perf_counter()
+            work, segments, tokens = self._assemble(taken)
+            t0 = time.perf_counter()
+            launch = runner.launch_groups if self._share else runner.launch  # type: ignore[attr-defined]
+            handle, error = None, None
+            try:
+                handle = launch(work) if self._share else launch(work, segments)
+            except Exception as exc:  # noqa: BLE001  # fails this step's requests when collected
+                error = exc
+            with self._cond:
+                lane.steps.append((taken, tokens, handle, error, t0, time.perf_counter() - tp))
+                self._cond.notify_all()
+
+    def _collect_loop(self, index: int) -> None:
+        """Collect a pipelined runner's launched steps, oldest first; ends once its launcher has
+        ended and every launched step is collected."""
+        runner, counters, lane = self._runners[index], self._dev[index], self._lanes[index]
+        while True:
+            with self._cond:
+                while not lane.steps and lane.launching:
+                    self._cond.wait()
+                if not lane.steps:
+                    return
+                taken, tokens, handle, error, t0, prep = lane.steps.popleft()
+            scores = None
+            tw = time.perf_counter()
+            if error is None:
+                try:
+                    scores = runner.collect(handle)  # type: ignore[attr-defined]
+                except Exception as exc:  # noqa: BLE001
+                    error = exc
+            self._finish(counters, runner, taken, tokens, scores, error, t0, prep, tw)
+            with self._cond:
+                lane.out -= 1
+                self._cond.notify_all()  # a slot is free: the launcher may go on
 
     def _assemble(self, taken: list[tuple[PendingRequest, int]]) -> tuple[list[Any], list[int | None] | None, tuple[int, int]]:
         """The step's work for the runner -- whole prompts with their token-type starts, or (shared,
