@@ -47,6 +47,7 @@ one-line GPU check of the ModernBERT path::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -86,13 +87,16 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     "packed-noepilogue": {**COMMON, "engine": "packed", "batch_tokens": 65536, "gelu_epilogue": "off"},
     # the packed default with every request submitted as one job (no two-part submit when idle)
     "packed-one-job": {**COMMON, "engine": "packed", "batch_tokens": 65536, "overlap_tokenizing": "off"},
+    # the packed default on asyncio's own event loop (RUNTIME_SITE hides uvloop, so uvicorn's "auto" falls back)
+    "packed-asyncio": {**COMMON, "engine": "packed", "batch_tokens": 65536},
     "vllm-score": {**COMMON, "engine": "vllm-score", "max_num_batched_tokens": 65536, "max_num_seqs": 512},
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
 }
 # runtime -> code run at the gateway's interpreter start (an experiment, not a product setting)
-RUNTIME_SITE = {"packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n"}
+RUNTIME_SITE = {"packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n",
+                "packed-asyncio": "import sys\nsys.modules['uvloop'] = None\n"}
 # runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
-NEEDS = {"packed": 75, "packed-eager": 75, "packed-one-job": 75, "packed-noepilogue": 75, "packed-32k": 75, "packed-gil1ms": 75, "vllm-score": 170, "transformers": 60}
+NEEDS = {"packed": 75, "packed-asyncio": 75, "packed-eager": 75, "packed-one-job": 75, "packed-noepilogue": 75, "packed-32k": 75, "packed-gil1ms": 75, "vllm-score": 170, "transformers": 60}
 # --model: (real config, --tiny config, checkpoint folder name, report title)
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
     "xlmr-large": (REAL_CONFIG, TINY_CONFIG, "xlmr", "bge-reranker-v2-m3 shape (XLM-R large)"),
@@ -352,7 +356,8 @@ def summary(results: dict[str, Any]) -> str:
     floor = results.get("floor") or {}
     lines = [f"# {results.get('title', MODELS['xlmr-large'][3])}, d100, over HTTP: {results.get('device', '?')} ({results['date_utc']})", "",
              f"Workload: 1 query x {DOCS} documents of U[{DOC_TOKENS.replace('-', ',')}] tokens, query {QUERY_TOKENS} tokens: "
-             f"{floor.get('tokens_per_request', 0):,.0f} tokens and {floor.get('tflop_per_request', 0):.2f} TFLOP per request.", ""]
+             f"{floor.get('tokens_per_request', 0):,.0f} tokens and {floor.get('tflop_per_request', 0):.2f} TFLOP per request. "
+             f"Gateway event loop: {results.get('event_loop', 'asyncio (not recorded before 2026-12-02)')}.", ""]
     if floor.get("ms_at_100pct_square"):
         lines += [f"Compute floor: bf16 matmul {floor['square_tflops']:.0f} TFLOP/s (8192^3), {floor['gemm_tflops']:.0f} TFLOP/s "
                   f"(the model's GEMMs at 16k tokens) -> {floor['ms_at_100pct_square']:.1f} ms per request at 100 % "
@@ -464,6 +469,8 @@ def main() -> None:
     model_dir = work / (f"{folder}-tiny" if args.tiny else args.model)
     rates = build(model_dir, cfg, "cpu" if args.tiny else "cuda")
     results["device"] = rates.get("device", "cpu (--tiny: a logic check, not a measurement)")
+    # uvicorn's loop = "auto": uvloop when it is installed (a dependency of the project; the GPU bundle added it 2026-12-02)
+    results["event_loop"] = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     lens = pair_lengths(model_dir, cfg)
     tokens = sum(sum(x) for x in lens) / len(lens)
     flop = sum(flops_per_request(cfg, x) for x in lens) / len(lens)

@@ -166,6 +166,44 @@ def main() -> None:  # one probe, read top to bottom
         return res
 
 
+    def gemm_sweep(ms):
+        """One layer's GEMMs as the forward runs them (the up-projection with its GELU epilogue when
+        the replica uses one), ms per layer by token count M: the minimum of 3 x 10 back-to-back runs,
+        each 10 synchronized once. A bucket of graphs pads a step's M up to a multiple of 256 or 512:
+        this shows whether such an M gets a slower cuBLAS pick than its neighbours."""
+        from adapters.runtimes.packed.encoder_forward import up_act_fused
+
+        cfg = model.config
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        w = {k: (torch.randn(n, kk, device=dev, dtype=torch.bfloat16) * 0.02, torch.zeros(n, device=dev, dtype=torch.bfloat16))
+             for k, (n, kk) in {"qkv": (3 * d, d), "out": (d, d), "up": (f, d), "down": (d, f)}.items()}
+        top = max(ms)
+        xd, xf = torch.randn(top, d, device=dev, dtype=torch.bfloat16), torch.randn(top, f, device=dev, dtype=torch.bfloat16)
+        lin = torch.nn.functional.linear
+
+        def layer(m):
+            a, b = xd[:m], xf[:m]
+            lin(a, *w["qkv"]), lin(a, *w["out"]), lin(b, *w["down"])
+            if rep.epilogue is not None:
+                up_act_fused(a, w["up"][0], w["up"][1], rep.epilogue)
+            else:
+                lin(a, *w["up"])
+
+        res = {}
+        for m in ms:
+            layer(m)
+            best = float("inf")
+            for _ in range(3):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(10):
+                    layer(m)
+                torch.cuda.synchronize()
+                best = min(best, (time.perf_counter() - t) / 10)
+            res[str(m)] = round(1e3 * best, 4)
+        return res
+
+
     if on_gpu:  # CUDA graphs (adapters/runtimes/packed/graphs.py) against the eager launches, same replica
         from adapters.runtimes.packed.graphs import bucket_key, run_padded, token_bucket
 
@@ -203,6 +241,10 @@ def main() -> None:  # one probe, read top to bottom
                                                    t4 + 128 - t4 % 128, b4[0], b4[0] - 64, b4[0] + 512}))
         except Exception as exc:
             out["gemm_by_m_ms"] = {"error": f"{type(exc).__name__}: {exc}"}
+        try:  # finer: the token counts of an idle two-part request's parts and of a whole d100 step
+            out["gemm_sweep_ms"] = gemm_sweep([*range(3200, 4401, 16), *range(10000, 12001, 32), *range(14000, 15401, 16)])
+        except Exception as exc:
+            out["gemm_sweep_ms"] = {"error": f"{type(exc).__name__}: {exc}"}
         t = time.perf_counter()
         rep.use_graphs(token_bucket(65536 + 1), (reqs[0][:3], [None] * 3))
         out["use_graphs_s"] = time.perf_counter() - t
