@@ -1,7 +1,8 @@
 """Response cache: an exact repeat of a rerank request is answered without the engine.
 
 Off by default (``[cache] enabled = true``). The key is a SHA-256 over everything that shapes
-the answer: the API version, the canonical model name (aliases resolved), the whole request
+the answer: the API version, the canonical model name (aliases resolved) and its fingerprint
+(:mod:`gateway.serving.fingerprint`: the config and checkpoint files behind it), the whole request
 body except ``model`` and ``priority`` (so query, documents, rank_fields, top_n,
 return_documents, max_tokens_per_doc, max_chunks_per_doc and any field added later are all
 part of it), the effective instruction, truncation and chunk cap after defaults, and the
@@ -50,13 +51,22 @@ _answer_encoder = msgspec.msgpack.Encoder()
 _answer_decoder = msgspec.msgpack.Decoder(CachedAnswer)
 
 
-def cache_key(*, scope: str, api_version: str, model: str, request: Any, effective: dict[str, Any]) -> str:
-    """Hex SHA-256 naming one exact request for one caller scope."""
+def cache_key(
+    *, scope: str, api_version: str, model: str, request: Any, effective: dict[str, Any], fingerprint: str
+) -> str:
+    """Hex SHA-256 naming one exact request for one caller scope, to one model as configured now."""
     body = msgspec.to_builtins(request)
     body.pop("model", None)
     body.pop("priority", None)  # accepted for compatibility, changes nothing in the answer
     canonical = _encode(
-        {"scope": scope, "api_version": api_version, "model": model, "body": body, "effective": effective}
+        {
+            "scope": scope,
+            "api_version": api_version,
+            "model": model,
+            "fingerprint": fingerprint,
+            "body": body,
+            "effective": effective,
+        }
     )
     return hashlib.sha256(canonical).hexdigest()
 

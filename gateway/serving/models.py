@@ -25,6 +25,7 @@ from adapters.registry import build_engine, imports_heavy_libraries
 from gateway.errors import ModelUnavailableError, UnknownModelError
 from gateway.observability.logging import adopt_library_loggers
 from gateway.serving import heap
+from gateway.serving.fingerprint import model_fingerprint
 from gateway.serving.load_failures import fix_for
 from schemas.config import EngineConfig, ServerConfig, Settings, VllmEngineConfig
 
@@ -95,6 +96,18 @@ class ModelRuntime:
         self.observer: EngineObserver | None = None
         # Set once the first load attempt has ended, loaded or failed (ModelRegistry.start's order).
         self.first_attempt_done = asyncio.Event()
+        self._fingerprint: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of the config and checkpoint files behind the scores (the response cache keys on it).
+
+        Taken when an engine has started, from the files it has just read; before that (a hit
+        may be served while the model loads) from the files it is about to read.
+        """
+        if self._fingerprint is None:
+            self._fingerprint = model_fingerprint(self.config)
+        return self._fingerprint
 
     @property
     def restarting(self) -> bool:
@@ -240,6 +253,7 @@ class ModelRuntime:
             await _quietly(engine.stop())
             raise
         self.engine = engine
+        self._fingerprint = model_fingerprint(self.config)
         heap.settle(f"model {self.name} loaded")
 
     @property

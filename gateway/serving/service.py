@@ -268,7 +268,14 @@ class RerankService:
             "long_texts": msgspec.to_builtins(long_texts),
             "raw_scores": raw_scores,
         }
-        return cache_key(scope=scope, api_version=api_version, model=runtime.name, request=request, effective=effective)
+        return cache_key(
+            scope=scope,
+            api_version=api_version,
+            model=runtime.name,
+            request=request,
+            effective=effective,
+            fingerprint=runtime.fingerprint,
+        )
 
     async def _overlapped(
         self, runtime: ModelRuntime, tokenizer: PromptTokenizer, query: str, instruction: str, unique: list[str],
