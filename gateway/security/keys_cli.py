@@ -31,13 +31,17 @@ def format_entry(entry: dict[str, object]) -> str:
         if isinstance(value, str):
             text = _json_str(value)
         elif isinstance(value, datetime):
-            text = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            text = _utc_text(value)
         elif isinstance(value, list | tuple):
             text = "[" + ", ".join(_json_str(v) for v in value) + "]"
         else:
             text = str(value)
         lines.append(f"{name} = {text}")
     return "\n".join(lines) + "\n"
+
+
+def _utc_text(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _models(values: list[str]) -> list[str]:
@@ -60,6 +64,11 @@ def _create(args: argparse.Namespace) -> int:
             raise ConfigError(f"--expires-at: not an ISO 8601 date/time: {args.expires_at!r}") from None
         if expires_at.tzinfo is None:
             expires_at = expires_at.replace(tzinfo=UTC)
+        if expires_at <= datetime.now(UTC):  # the gateway would refuse the key from its first request
+            raise ConfigError(
+                f"--expires-at: {_utc_text(expires_at)} is in the past (a time without an offset is UTC); "
+                "give a later one, or leave it out for a key that does not expire"
+            )
     elif args.expires_in_days:
         expires_at = (datetime.now(UTC) + timedelta(days=args.expires_in_days)).replace(microsecond=0)
     key = generate_key()
@@ -120,7 +129,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     create.add_argument("--tpm", type=_positive, help="input tokens per minute, as the engine counts them")
     create.add_argument("--max-concurrent", type=_positive, help="requests in flight at once")
     expiry = create.add_mutually_exclusive_group()
-    expiry.add_argument("--expires-at", help="ISO 8601 date/time (UTC if no offset)")
+    expiry.add_argument("--expires-at", help="ISO 8601 date/time, in the future (UTC if no offset)")
     expiry.add_argument("--expires-in-days", type=_positive, metavar="DAYS",
                         help="the key expires this many days from now (UTC)")
     create.set_defaults(func=_create)
