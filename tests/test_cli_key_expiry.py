@@ -1,7 +1,8 @@
 """``keys create`` refuses an expiry that makes a dead key, in one line with exit 2.
 
 An ``--expires-at`` in the past printed a key and an entry the gateway refuses with 401 from the
-first request.
+first request. An expiry past the year 9999 (``--expires-in-days 3000000``, or an offset that
+pushes 9999-12-31 over in UTC) ended in an OverflowError traceback.
 """
 
 from __future__ import annotations
@@ -49,3 +50,14 @@ def test_future_expiry_is_written_in_utc(when: str, written: str) -> None:
     proc = create("--expires-at", when)
     assert proc.returncode == 0, proc.stderr
     assert f"expires_at = {written}" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--expires-in-days", "3000000"),  # past the year 9999: was an OverflowError traceback
+        ("--expires-at", "9999-12-31T23:59:59-01:00"),  # a valid moment whose UTC time is past 9999
+    ],
+)
+def test_expiry_past_the_calendar_is_one_line(args: tuple[str, str]) -> None:
+    assert "9999" in refused(create(*args))

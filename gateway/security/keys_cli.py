@@ -64,13 +64,26 @@ def _create(args: argparse.Namespace) -> int:
             raise ConfigError(f"--expires-at: not an ISO 8601 date/time: {args.expires_at!r}") from None
         if expires_at.tzinfo is None:
             expires_at = expires_at.replace(tzinfo=UTC)
+        try:
+            expires_at = expires_at.astimezone(UTC)
+        except OverflowError:  # 9999-12-31T23:00-02:00 parses, but its UTC time does not exist
+            raise ConfigError(
+                f"--expires-at: {args.expires_at!r} is outside the years 1-9999 once converted to UTC; "
+                "give another, or leave it out for a key that does not expire"
+            ) from None
         if expires_at <= datetime.now(UTC):  # the gateway would refuse the key from its first request
             raise ConfigError(
                 f"--expires-at: {_utc_text(expires_at)} is in the past (a time without an offset is UTC); "
                 "give a later one, or leave it out for a key that does not expire"
             )
     elif args.expires_in_days:
-        expires_at = (datetime.now(UTC) + timedelta(days=args.expires_in_days)).replace(microsecond=0)
+        try:
+            expires_at = (datetime.now(UTC) + timedelta(days=args.expires_in_days)).replace(microsecond=0)
+        except OverflowError:
+            raise ConfigError(
+                f"--expires-in-days: {args.expires_in_days} days from now is past the year 9999; "
+                "give fewer, or leave it out for a key that does not expire"
+            ) from None
     key = generate_key()
     entry: dict[str, object] = {
         "id": args.name,
