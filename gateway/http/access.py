@@ -27,7 +27,7 @@ from gateway.config.settings import ConfigError
 from gateway.errors import RateLimitedError, classify
 from gateway.http.middleware import CLIENT_CLOSED, log_fields
 from gateway.observability.metrics import ANONYMOUS, UNAUTHENTICATED, UsageMetrics
-from gateway.security.auth import KeyStore, RequestAccess, check_exposure, request_access
+from gateway.security.auth import KeyStore, RequestAccess, check_exposure, request_access, scope_warnings
 from gateway.security.ratelimit import Admission, KeyLimiter
 from gateway.serving.telemetry import GatewayTelemetry, request_timing
 from schemas.config import Settings
@@ -84,6 +84,8 @@ class AccessControl:
             name for name in ("logging", "limits", "cache", "dialects", "models")
             if getattr(fresh, name) != getattr(self._settings, name)
         ]
+        for warning in scope_warnings(msgspec.structs.replace(fresh, models=self._settings.models)):
+            log.warning("keys_scope_matches_no_model", warning=warning)
         log.info(
             "keys_reloaded", keys=len(new), added=sorted(new - old), removed=sorted(old - new),
             **({"restart_needed_for": ignored} if ignored else {}),

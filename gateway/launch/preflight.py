@@ -56,7 +56,7 @@ def preflight(settings: Settings) -> Preflight:
 
 
 def _server(settings: Settings, report: Preflight) -> None:
-    from gateway.security.auth import KeyStore, check_exposure
+    from gateway.security.auth import KeyStore, check_exposure, scope_warnings
     from gateway.serving.cache import build_cache
 
     # The app's own constructors: what would raise while it is built raises here first.
@@ -69,6 +69,7 @@ def _server(settings: Settings, report: Preflight) -> None:
         report.findings.append(Finding(
             "server.runner = \"granian\" needs the granian package: pip install 'rerank-gateway[granian]', "
             "or set server.runner = \"uvicorn\"", refuses=True))
+    report.warnings += scope_warnings(settings)
     workers = settings.server.workers
     limited = [k.id for k in settings.auth.keys if k.rpm or k.tpm or k.max_concurrent]
     if workers > 1 and limited and not settings.limits.redis_url:

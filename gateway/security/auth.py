@@ -41,6 +41,7 @@ __all__ = (
     "presented_key",
     "record_usage",
     "request_access",
+    "scope_warnings",
 )
 
 # A recognisable prefix lets secret scanners (and people) spot leaked keys.
@@ -121,6 +122,32 @@ class KeyStore:
         """Raise :class:`ForbiddenModelError` (403) unless ``model`` (canonical name) is in scope."""
         if not any(fnmatchcase(model, pattern) for pattern in key.models):
             raise ForbiddenModelError(f"API key '{key.id}' is not allowed to use model '{model}'")
+
+
+def scope_warnings(settings: Settings) -> list[str]:
+    """One line per key scope that matches no configured model: its requests would all get 403.
+
+    A warning, not a refusal: a key may be made before its model is deployed, and removing a
+    model must not stop the gateway from starting because a key still names it.
+    """
+    names = [m.name for m in settings.models]
+    aliases = {alias: m.name for m in settings.models for alias in m.aliases}
+    out = []
+    for i, key in enumerate(settings.auth.keys):
+        for pattern in key.models:
+            if not names or any(fnmatchcase(name, pattern) for name in names):
+                continue
+            where = f"auth.keys[{i}] ({key.id}): models entry {pattern!r}"
+            if pattern in aliases:
+                canonical = aliases[pattern]
+                out.append(
+                    f"{where} is an alias of {canonical!r}: scopes match canonical names only, write {canonical!r}"
+                )
+            else:
+                out.append(
+                    f"{where} matches no configured model (canonical names: {', '.join(names)}), so it allows nothing now"
+                )
+    return out
 
 
 def _auth_error(message: str) -> AuthError:
