@@ -19,7 +19,7 @@ import anyio
 import anyio.to_thread
 import torch
 
-from adapters.base import EngineObserver, EngineUnavailableError, PromptTokenizer, ScoreJob, ScoreResult
+from adapters.base import EngineError, EngineObserver, EngineUnavailableError, PromptTokenizer, ScoreJob, ScoreResult
 from adapters.families import create_family
 from adapters.families.base import WEIGHTS_LOCK, Family, Row
 from adapters.families.checkpoint import check_window
@@ -166,9 +166,7 @@ class TransformersEngine:
         scores: list[float] = []
         for start in range(0, len(job.texts), size):
             block = job.texts[start : start + size]
-            scores += await anyio.to_thread.run_sync(
-                lambda b=block: family.score_block(job.query, b, raw=job.raw_scores), limiter=self._limiter
-            )
+            scores += await anyio.to_thread.run_sync(self._block, family, job, block, limiter=self._limiter)
         blocks = -(-len(job.texts) // size)
         return ScoreResult(scores=scores, input_tokens=family.count_tokens(job.query, job.texts, blocks))
 
@@ -198,12 +196,28 @@ class TransformersEngine:
     def _timed_forward(self, family: Family, rows: list[Row], waiting: list[bool]) -> tuple[float, list[torch.Tensor]]:
         started = time.perf_counter()
         self._leave_queue(waiting)
-        return started, self._forward(family, rows)
+        try:
+            return started, self._forward(family, rows)
+        except Exception as exc:
+            raise _forward_failed(exc) from exc
+
+    @staticmethod
+    def _block(family: Any, job: ScoreJob, block: list[str]) -> list[float]:
+        try:
+            return family.score_block(job.query, block, raw=job.raw_scores)
+        except Exception as exc:
+            raise _forward_failed(exc) from exc
 
     @staticmethod
     @torch.inference_mode()
     def _forward(family: Family, rows: list[Row]) -> list[torch.Tensor]:
         return list(family.forward(rows).float().cpu())
+
+
+def _forward_failed(exc: Exception) -> EngineError:
+    """The engine's failure (502), not an unexpected 500: torch's text (a shape, CUDA out of
+    memory) goes to the log with the cause, never to the client."""
+    return EngineError(f"forward pass failed: {type(exc).__name__}: {exc}")
 
 
 # Kept for code written before families existed.

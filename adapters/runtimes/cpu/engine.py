@@ -32,6 +32,7 @@ import structlog
 
 from adapters.base import (
     EngineConfigError,
+    EngineError,
     EngineObserver,
     EngineUnavailableError,
     PromptTokenizer,
@@ -212,11 +213,14 @@ class OpenVinoEngine:
             results: list[np.ndarray] = []
             for start in range(0, len(batches), len(held)):
                 wave = list(zip(held, batches[start : start + len(held)], strict=False))
-                for request, batch in wave:
-                    request.start_async(self._arrays([rows[i] for i in batch]))
-                for request, _ in wave:
-                    request.wait()
-                    results.append(np.array(request.get_output_tensor(0).data, dtype=np.float32, copy=True))
+                try:
+                    for request, batch in wave:
+                        request.start_async(self._arrays([rows[i] for i in batch]))
+                    for request, _ in wave:
+                        request.wait()
+                        results.append(np.array(request.get_output_tensor(0).data, dtype=np.float32, copy=True))
+                except Exception as exc:
+                    raise _inference_failed(exc) from exc
         finally:
             for request in held:
                 pool.put(request)
@@ -228,7 +232,10 @@ class OpenVinoEngine:
     def _runner(self, request: Any) -> Any:
         """A worker's batch function: its own infer request, right-padded arrays in, outputs out."""
         def run(rows: list[Row]) -> np.ndarray:
-            result = request.infer(self._arrays(rows))
+            try:
+                result = request.infer(self._arrays(rows))
+            except Exception as exc:
+                raise _inference_failed(exc) from exc
             return np.array(result[0], dtype=np.float32, copy=True)  # the request's buffer is reused
         return run
 
@@ -416,6 +423,11 @@ class OpenVinoEngine:
                 scores.append(self._family.scores(job, outputs))
         return scores
 
+
+def _inference_failed(exc: Exception) -> EngineError:
+    """The engine's failure (502) for the batch's requests, not an unexpected 500: the plugin's
+    text (an op, a shape) goes to the log with the cause, never to the client."""
+    return EngineError(f"OpenVINO inference failed: {type(exc).__name__}: {exc}")
 
 
 def _type_name(value: Any) -> str:
