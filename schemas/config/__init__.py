@@ -33,6 +33,7 @@ from .families import (
     runtime_refusal,
 )
 from .local import (
+    PARITY_TOP_K,
     GgufEngineConfig,
     LocalModelConfig,
     OpenVinoEngineConfig,
@@ -83,6 +84,7 @@ __all__ = (
     "OpenVinoEngineConfig",
     "PACKED_ENCODER_TYPES",
     "PackedEngineConfig",
+    "PARITY_TOP_K",
     "PoolEngineConfig",
     "Positive",
     "PositiveFloat",

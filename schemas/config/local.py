@@ -148,6 +148,11 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
             raise ValueError("precision = 'fp8' is for Qwen3 rerankers on engine 'packed'; cross-encoders run in `dtype`")
 
 
+# The parity gate admits a reduced precision on each golden query's fp32 top this-many order
+# (adapters/runtimes/cpu/parity.py).
+PARITY_TOP_K = 10
+
+
 class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
     """Encoder families (cross-encoder, bi-encoder) on OpenVINO's CPU plugin.
 
@@ -190,7 +195,8 @@ class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
     parity_set: str | None = None
     # bf16 / int8 only: re-score in fp32 the documents the reduced precision cannot order within
     # each request's top this-many (their reduced scores closer to a neighbour's than twice the
-    # error measured at start), so that top order is fp32's; 0: off. The gate checks the result.
+    # error measured at start), so that top order is fp32's; 0: off, else at least 10 (the gate's
+    # top-10, which it checks the result on).
     refine_top: Annotated[int, msgspec.Meta(ge=0)] = 0
     # The error bound refinement trusts: this many times the largest score change measured at
     # start on calibration queries (not the golden ones the gate then checks).
@@ -205,6 +211,11 @@ class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
         if self.refine_top and self.precision == "fp32":
             raise ValueError("refine_top re-scores a reduced precision's uncertain documents in fp32; with "
                              "precision = 'fp32' every score already is: set precision = 'bf16' or 'int8', or drop refine_top")
+        if 0 < self.refine_top < PARITY_TOP_K:
+            # Below the gate's top-10 the gate would refuse (or admit) on documents refinement never ordered.
+            raise ValueError(f"refine_top = {self.refine_top}: the parity gate admits a reduced precision on the fp32 "
+                             f"top-{PARITY_TOP_K} order, which refining fewer documents does not keep; set refine_top "
+                             f">= {PARITY_TOP_K}, or 0 (off)")
 
 
 class VllmEngineConfig(LocalModelConfig):

@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from schemas.config import PARITY_TOP_K
+
 __all__ = ("GoldenQuery", "ParityReport", "compare_rankings", "generate_golden_set", "read_golden_set")
 
-TOP_K = 10
+TOP_K = PARITY_TOP_K
 
 
 @dataclass(frozen=True)
