@@ -10,23 +10,35 @@ pooling, labels), the quantization recipe, and the versions of
 OpenVINO, NNCF, torch and transformers. Its ``manifest.json`` records the SHA-256 of each file;
 an entry whose files do not match (a crash mid-write, a disk error, a hand edit) is removed and
 rebuilt, never loaded. Entries are written to a temporary directory and renamed into place, so
-two gateways exporting the same model at once both end with one whole entry.
+two gateways exporting the same model at once both end with one whole entry. The writer holds a
+lock on an owner file in its temporary directory; a start removes the temporary directories whose
+lock is free (their writer died, ``kill -9`` included: the kernel drops the lock with the process)
+and that nothing wrote to for a minute, and those without an owner file once idle half an hour.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import structlog
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: temporary directories are judged by age alone
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ("EXPORT_VERSION", "ModelCache", "cache_key", "checkpoint_digest", "checkpoint_dir", "default_cache_dir",
            "hub_patterns")
@@ -38,6 +50,13 @@ log = structlog.get_logger("adapters.runtimes.cpu")
 # (version 1's SDPA graphs gave NaN for rows padded past half the window).
 EXPORT_VERSION = 2
 _XML, _BIN, _MANIFEST = "model.xml", "model.bin", "manifest.json"
+_OWNER = ".owner"  # in a temporary directory: locked by its writer while it writes
+_TEMP = re.compile(r"\.[0-9a-f]{32}-")  # tempfile.mkdtemp(prefix=f".{key}-")
+# A free lock proves the writer gone; the grace covers the instant between mkdtemp and the lock.
+_ABANDONED_S = 60.0
+# Without an owner file (written by an older version, or on a system without flock) only age
+# tells: far longer than writing an entry takes (seconds, a minute for a large model).
+_UNOWNED_S = 30 * 60.0
 # Files whose content is the model (tokenizer files do not change the graph: the gateway tokenizes).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -164,22 +183,53 @@ class ModelCache:
 
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=self.root))
+        owner = _claim(tmp)
         try:
             # fp32 weights stay fp32 in the file: compression would change the exact mode's numbers.
             ov.save_model(model, str(tmp / _XML), compress_to_fp16=False)
             manifest = {"key": key, "files": {n: _sha256(tmp / n) for n in (_XML, _BIN)}, **info}
             (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
+            (tmp / _OWNER).unlink(missing_ok=True)  # not part of the entry
             try:
                 os.replace(tmp, self.root / key)
-            except OSError:
-                # Another process stored the same entry first (rename onto a non-empty directory).
+            except OSError as exc:
+                # ENOTEMPTY / EEXIST: another process stored the same entry first, which is fine.
+                # Anything else (permissions, a full disk) leaves every start exporting again.
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    log.warning(
+                        "openvino_cache_store_failed",
+                        entry=str(self.root / key),
+                        error=f"{type(exc).__name__}: {exc}",
+                        action="serving the export uncached",
+                    )
                 shutil.rmtree(tmp, ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        finally:
+            if owner is not None:
+                os.close(owner)
+
+    def sweep(self) -> None:
+        """Remove the temporary directories no writer will finish (see the module's docstring)."""
+        try:
+            folders = [p for p in self.root.iterdir() if _TEMP.match(p.name) and p.is_dir()]
+        except OSError:  # no cache directory yet
+            return
+        now = time.time()
+        for folder in folders:
+            try:
+                idle = now - max(p.stat().st_mtime for p in [folder, *folder.iterdir()])
+                alive = _owner_alive(folder)
+            except OSError:  # renamed into place or removed meanwhile
+                continue
+            if (alive is False and idle > _ABANDONED_S) or (alive is None and idle > _UNOWNED_S):
+                log.warning("openvino_cache_temp_removed", folder=str(folder), idle_s=round(idle))
+                shutil.rmtree(folder, ignore_errors=True)
 
     def get_or_build(self, key: str, core: Any, build: Callable[[], Any], info: dict[str, Any]) -> tuple[Any, bool]:
         """(model, True when it came from the cache)."""
+        self.sweep()
         model = self.load(key, core)
         if model is not None:
             return model, True
@@ -188,6 +238,40 @@ class ModelCache:
         # Read back what was stored so a first start runs the very graph later starts will.
         cached = self.load(key, core)
         return (cached if cached is not None else model), False
+
+
+def _claim(folder: Path) -> int | None:
+    """Lock ``folder``'s owner file for as long as the returned descriptor is open."""
+    if fcntl is None:
+        return None
+    fd = os.open(folder / _OWNER, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())  # for a person looking
+    except OSError:  # a file system without locks: the folder is judged by age
+        os.close(fd)
+        (folder / _OWNER).unlink(missing_ok=True)
+        return None
+    return fd
+
+
+def _owner_alive(folder: Path) -> bool | None:
+    """Whether ``folder``'s writer still holds its lock; None when there is no lock to ask."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(folder / _OWNER, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # locks unsupported here
+        return None
+    finally:
+        os.close(fd)  # also releases a lock taken here
+    return False
 
 
 def export_family(family: Any, *, example: Iterable[Iterable[int]] = ((1, 2, 3, 4), (1, 2, 3, 4))) -> Any:
