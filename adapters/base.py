@@ -27,6 +27,7 @@ __all__ = (
     "EngineDeadError",
     "EngineError",
     "EngineInputError",
+    "EngineMisconfiguredError",
     "EngineObserver",
     "EngineOverloadedError",
     "EngineTimeoutError",
@@ -179,6 +180,12 @@ class EngineTimeoutError(EngineError):
 
 class EngineInputError(EngineError):
     """The engine (or upstream) rejected the input itself; the client must change it (422)."""
+
+
+class EngineMisconfiguredError(EngineError):
+    """The engine or upstream is set up so that it cannot score at all (e.g. a pool replica serves
+    a model that is not a reranker): the operator's to fix, not the client's (502). The message is
+    written by the gateway, with no upstream text or address in it: clients read it."""
 
 
 class EngineConfigError(ValueError):

@@ -17,6 +17,7 @@ from litestar.exceptions import HTTPException, InternalServerException, Validati
 from adapters.base import (
     EngineError,
     EngineInputError,
+    EngineMisconfiguredError,
     EngineTimeoutError,
     EngineUnavailableError,
 )
@@ -129,6 +130,7 @@ ERROR_TABLE: Final[dict[type[Exception], int]] = {
     EngineInputError: 422,
     EngineUnavailableError: 503,
     EngineTimeoutError: 504,
+    EngineMisconfiguredError: 502,
     EngineError: 502,
     ValidationException: 422,  # the body decoded but does not fit the request schema
     BodyTimeoutError: 408,
@@ -174,7 +176,7 @@ def _message(exc: Exception, status: int) -> str:
         if status == 400 and "malformed" not in exc.detail.lower():
             return f"JSON is malformed: {exc.detail}"
         return exc.detail if status < 500 else _SAFE_MESSAGES.get(status, "server error")
-    if isinstance(exc, EngineUnavailableError | GatewayError | EngineInputError):
+    if isinstance(exc, EngineUnavailableError | GatewayError | EngineInputError | EngineMisconfiguredError):
         return str(exc)
     if status in _SAFE_MESSAGES:
         return _SAFE_MESSAGES[status]

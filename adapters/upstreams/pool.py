@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import re
 import time
 from typing import Any
 
@@ -35,6 +36,7 @@ import structlog
 from adapters.base import (
     EngineError,
     EngineInputError,
+    EngineMisconfiguredError,
     EngineTimeoutError,
     EngineUnavailableError,
     ScoreJob,
@@ -56,6 +58,14 @@ from schemas.config import PoolEngineConfig
 __all__ = ("PoolEngine", "Replica", "rendezvous_order")
 
 log = structlog.get_logger("adapters.upstreams.pool")
+
+# What vLLM (400 on older versions, 501 on newer), Infinity (400) and TEI (424) answer when the
+# replica serves a model that cannot score pairs: an embedding or generative model, or a server
+# started without a scoring runner. Nothing in the client's request can change that.
+_NOT_A_RERANKER = re.compile(
+    r"does not support\W+(the\W+)?(rerank|scor|pooling)|unsupported task|not a re-?ranker|only enabled for num_labels",
+    re.IGNORECASE,
+)
 
 
 class Replica:
@@ -257,6 +267,19 @@ class PoolEngine:
             raise RetryableUpstreamError(f"{upstream} is unavailable (HTTP {status})", wait_hint=wait)
         if status == 504:
             raise EngineTimeoutError(f"{upstream} timed out (HTTP 504)")
+        if _NOT_A_RERANKER.search(message):
+            # Not counted against the replica: its /health passes, so ejecting it would only flap.
+            log.error(
+                "pool_upstream_misconfigured",
+                model=self._config.name,
+                replica=replica.url,
+                status=status,
+                message=message,
+            )
+            raise EngineMisconfiguredError(
+                f"model '{self._config.name}' is misconfigured: its upstream serves a model that is not a reranker; "
+                "the gateway's operator must fix the upstream (retrying will not help)"
+            )
         if status in (400, 413, 422):
             # The input itself (too long for max_model_len, too many texts): the client's to fix.
             raise EngineInputError(f"upstream rejected the request: {message}")
