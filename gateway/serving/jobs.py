@@ -118,7 +118,9 @@ async def token_job(
         elif long_texts.mode == "truncate":
             pieces = [ids[:room] if long_texts.side == "right" else ids[len(ids) - room :]]
         else:
-            total = len(shared) + len(ids) + tokenizer.suffix_length
+            # What the model would read: the window less the room it leaves a text, plus the text.
+            # A pair family's room is left beside the query; a bi-encoder reads the text alone.
+            total = tokenizer.max_length - room + len(ids)
             raise InputTooLongError(
                 f"Input validation error: `inputs` must have less than {tokenizer.max_length} tokens. "
                 f"Given: {total}; send `truncate: true` to cut long texts"
