@@ -21,6 +21,7 @@ from schemas.config import (
     DashScopeEngineConfig,
     GgufEngineConfig,
     LocalModelConfig,
+    PoolEngineConfig,
     Settings,
     VllmGenerateEngineConfig,
 )
@@ -81,6 +82,14 @@ def _server(settings: Settings, report: Preflight) -> None:
 
 
 def _model(i: int, model: object, report: Preflight) -> None:
+    if isinstance(model, PoolEngineConfig) and model.read_timeout_s >= model.timeout_s:
+        # The request's deadline cancels the call first, and a cancel never counts against a
+        # replica (its budget may have gone to another replica), so a hung one would stay in.
+        report.warnings.append(
+            f"models[{i}] ({model.name}): read_timeout_s ({model.read_timeout_s}) is not below timeout_s "
+            f"({model.timeout_s}), so a replica that stops answering is never ejected for it; set "
+            "read_timeout_s below timeout_s"
+        )
     from adapters.families.checkpoint import missing_local_path
     from adapters.registry import missing_packages
 
