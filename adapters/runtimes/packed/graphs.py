@@ -8,7 +8,7 @@ gpu-h200-2026-12-01-e: 31 ms mean, ~80 ms for the loaded steps), so the GPU wait
 A captured graph is replayed with one call, whatever the GIL is doing.
 
 A graph has fixed shapes, so a step is padded to a bucket (``StepGraphs.key``): its tokens to
-a multiple of a power of two near 1/16 of them (<= 1/16 padding above 4k tokens, 0.7-0.9 % of
+16 short of a multiple of a power of two near 1/16 of them (<= 1/16 padding above 4k tokens, 0.7-0.9 % of
 the tokens replayed on the H200; always at least one padding token), its pairs to a power of
 two above their count (at least one empty pair), its longest pair to a power of two (the varlen
 kernel's ``max_seqlen``). The padding is inert by
@@ -51,11 +51,19 @@ class CaptureError(RuntimeError):
     runs eagerly from then on; the engine keeps serving."""
 
 
+# A bucket's token count is 16 short of a multiple of its step, so never a multiple of 64. On the
+# H200 (report gpu-h200-2026-12-02-b, ``gemm_sweep_ms``) an XLM-R large layer's GEMMs took ~3 %
+# longer at a token count M that is a multiple of 64 than at M +- 16 (up to 6 % around 14.8k
+# tokens): cuBLAS picks another kernel there. That was the "padding costs more than its share"
+# of report gpu-h200-2026-12-02: a 59,254-token step took 68.8 ms, padded to 59,392 72.3 ms.
+_BUCKET_OFFSET = 16
+
+
 def token_bucket(tokens: int) -> int:
-    """``tokens`` rounded up to a multiple of the largest power of two <= tokens / 16 (at least 256):
-    at most 1/16 padding past 4k tokens, ~3 % on average, and 16 buckets per doubling."""
+    """``tokens`` rounded up to 16 short of a multiple of the largest power of two <= tokens / 16 (at
+    least 256): at most 1/16 padding past 4k tokens, ~3 % on average, and 16 buckets per doubling."""
     step = max(256, 1 << max(0, (tokens // 16).bit_length() - 1))
-    return -(-tokens // step) * step
+    return -(-(tokens + _BUCKET_OFFSET) // step) * step - _BUCKET_OFFSET
 
 
 def pow2_bucket(x: int, floor: int) -> int:
