@@ -1,7 +1,7 @@
 """A large request to an engine that ``overlaps_tokenizing`` (packed with CUDA graphs, or
-``overlap_tokenizing = "on"``) is tokenized and submitted in two parts
+``overlap_tokenizing = "on"``) is tokenized and submitted in growing parts
 (``RerankService._overlapped``) when it is the model's only request in flight: the same answer
-as one job -- scores, order, dedup, chunk-and-max, usage -- and the same errors, with the part
+as one job -- scores, order, dedup, chunk-and-max, usage -- and the same errors, with the parts
 already submitted cancelled. Runs the packed engine on CPU (the tiny XLM-R), the flag set."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from gateway.errors import InputTooLongError, PayloadTooLargeError
 from gateway.serving.models import ModelRegistry
-from gateway.serving.service import _OVERLAP_MIN_DOCUMENTS, LongTexts, RerankService
+from gateway.serving.service import _OVERLAP_MIN_DOCUMENTS, _OVERLAP_PARTS, LongTexts, RerankService
 from schemas.config import LimitsConfig, PackedEngineConfig, Settings
 from schemas.rerank import RerankRequest
 from tests.corpus import DOCS, Q
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.anyio
 
 # A 96-token step budget: a pair or two per step, so a request spans many steps.
 # 80 distinct documents, two of them repeated, one long enough to be chunked -- in the part
-# tokenized second (the first quarter is 20 documents), where owners are offset.
+# tokenized last (the parts are documents 0-7, 8-23, 24-47 and 48-79), where owners are offset.
 TEXTS = [f"{DOCS[i % len(DOCS)][:80]} number {i}" for i in range(80)]
 TEXTS[50] = " ".join(DOCS) * 6
 TEXTS += [TEXTS[3], TEXTS[60]]
@@ -60,7 +60,7 @@ async def test_two_parts_answer_as_one_job(served):
     assert len(set(TEXTS)) >= _OVERLAP_MIN_DOCUMENTS
     one, submits_one = await _rerank(registry, rt, False, TEXTS)
     two, submits_two = await _rerank(registry, rt, True, TEXTS)
-    assert (submits_one, submits_two) == (1, 2)  # the engine saw the request in two parts
+    assert (submits_one, submits_two) == (1, len(_OVERLAP_PARTS))  # the engine saw the request in parts
     assert one.items == two.items > len(set(TEXTS))  # the long document was chunked in both
     assert one.input_tokens == two.input_tokens and one.documents == two.documents
     # Steps group the pairs differently: equal within float rounding (so near-ties may swap).
@@ -87,14 +87,14 @@ async def test_under_load_a_large_request_is_one_job(served):
     assert submits == 1 and len(one.response.results) == len(TEXTS)
 
 
-async def test_an_error_in_the_second_part_cancels_the_first(served):
+async def test_an_error_in_the_last_part_cancels_the_others(served):
     registry, rt = served
     dropped = rt.engine.stats()["dropped_items"]
     (replica,) = rt.engine._replicas
     gate, score = threading.Event(), replica.score
     replica.score = lambda *a: (gate.wait(10), score(*a))[1]  # the first step waits for the error
     try:
-        with pytest.raises(InputTooLongError):  # document 50 is in the second part
+        with pytest.raises(InputTooLongError):  # document 50 is in the last part
             await _rerank(registry, rt, True, TEXTS, long_texts=LongTexts(mode="reject"))
     finally:
         gate.set()
@@ -103,7 +103,7 @@ async def test_an_error_in_the_second_part_cancels_the_first(served):
     while rt.engine.stats()["waiting_requests"] and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     assert rt.engine.stats()["waiting_requests"] == 0 and rt.in_flight == 0
-    # 96-token steps: the first part's 20 pairs take several; those not yet taken were dropped.
+    # 96-token steps: the parts' 48 pairs take several; those not yet taken were dropped.
     assert rt.engine.stats()["dropped_items"] > dropped
     # Each part alone is under the chunk limit, both together are not: refused as one job is.
     items = (await _rerank(registry, rt, False, TEXTS))[0].items
@@ -129,11 +129,11 @@ async def test_the_config_decides(served, configured, expected):
         await engine.stop()
 
 
-async def test_raw_scores_in_both_parts(served):
+async def test_raw_scores_in_every_part(served):
     registry, rt = served
     one, _ = await _rerank(registry, rt, False, TEXTS, raw_scores=True)
     two, submits = await _rerank(registry, rt, True, TEXTS, raw_scores=True)
     want = {r.index: r.relevance_score for r in one.response.results}
     got = {r.index: r.relevance_score for r in two.response.results}
-    assert submits == 2 and any(not 0 <= s <= 1 for s in want.values())  # logits, not probabilities
+    assert submits == len(_OVERLAP_PARTS) and any(not 0 <= s <= 1 for s in want.values())  # logits, not probabilities
     assert [got[i] for i in range(len(TEXTS))] == pytest.approx([want[i] for i in range(len(TEXTS))], abs=1e-6)

@@ -1,4 +1,4 @@
-"""Review of ``RerankService._overlapped`` (a large request submitted in two parts): the same
+"""Review of ``RerankService._overlapped`` (a large request submitted in parts): the same
 error bodies as one job (a part over the chunk limit counted only its own chunks, and refused
 before one job's 413 for a document too long further on).
 
@@ -17,8 +17,8 @@ from tests.test_overlap import _request, served  # noqa: F401  (the fixture: the
 
 pytestmark = pytest.mark.anyio
 
-# 80 distinct documents: the first part is the first 20; document 50 (in the second part) is
-# long enough to be chunked (or refused with long_texts reject).
+# 80 distinct documents: the parts are documents 0-7, 8-23, 24-47 and 48-79; document 50 (in
+# the last part) is long enough to be chunked (or refused with long_texts reject).
 TEXTS = [f"{DOCS[i % len(DOCS)][:80]} number {i}" for i in range(80)]
 TEXTS[50] = " ".join(DOCS) * 6
 
@@ -37,8 +37,8 @@ async def _error(registry, rt, overlap: bool, limits: LimitsConfig, **kw) -> Pay
 @pytest.mark.parametrize(
     ("max_total_chunks", "long_texts"),
     [
-        (30, None),  # the second part alone is over the limit: the count must be the request's
-        (10, LongTexts(mode="reject")),  # the first part is over it, but one job refuses document 50 first
+        (30, None),  # the last part alone is over the limit: the count must be the request's
+        (10, LongTexts(mode="reject")),  # the second part is over it, but one job refuses document 50 first
     ],
 )
 async def test_refusals_are_the_one_job_refusals(served, max_total_chunks, long_texts):

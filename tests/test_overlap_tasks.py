@@ -1,6 +1,6 @@
-"""Review of ``RerankService._overlapped``: when both parts fail (a device failing every step, the
-engine stopping), the request answers with the first part's error and the second part's error
-is retrieved too -- not left for asyncio to log "Task exception was never retrieved" with a
+"""Review of ``RerankService._overlapped``: when several parts fail (a device failing every step,
+the engine stopping), the request answers with the first part's error and the others' errors
+are retrieved too -- not left for asyncio to log "Task exception was never retrieved" with a
 traceback at garbage collection, an error line per such request."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tests.test_overlap_refusals import TEXTS, _request, served  # noqa: F401  (
 pytestmark = pytest.mark.anyio
 
 
-async def test_both_parts_failing_leaves_no_unretrieved_task_exception(served):
+async def test_parts_failing_leave_no_unretrieved_task_exception(served):
     registry, rt = served
     loop = asyncio.get_running_loop()
     reported: list[dict] = []
@@ -26,7 +26,7 @@ async def test_both_parts_failing_leaves_no_unretrieved_task_exception(served):
     loop.set_exception_handler(lambda _loop, ctx: reported.append(ctx))
     calls: list[object] = []
 
-    async def failing_score(job):  # e.g. the device failing every step: both parts get the error
+    async def failing_score(job):  # e.g. the device failing every step: every part gets the error
         calls.append(job)
         if len(calls) == 1:  # the first part fails once the second has failed already
             while len(calls) < 2:
@@ -39,7 +39,7 @@ async def test_both_parts_failing_leaves_no_unretrieved_task_exception(served):
     try:
         with pytest.raises(EngineError):
             await RerankService(registry, LimitsConfig()).rerank(_request(TEXTS), api_version="1", request_id="r")
-        assert len(calls) == 2
+        assert len(calls) == 2  # no part is submitted once one has failed
         for _ in range(3):
             gc.collect()
             await asyncio.sleep(0)
@@ -51,7 +51,7 @@ async def test_both_parts_failing_leaves_no_unretrieved_task_exception(served):
     assert rt.in_flight == 0
 
 
-async def test_a_failed_first_part_and_a_refused_second_leave_no_unretrieved_task_exception(served):
+async def test_a_failed_first_part_and_a_refused_later_one_leave_no_unretrieved_task_exception(served):
     from gateway.errors import InputTooLongError
     from gateway.serving.service import LongTexts
 
@@ -67,7 +67,7 @@ async def test_a_failed_first_part_and_a_refused_second_leave_no_unretrieved_tas
     rt.engine.overlaps_tokenizing = True
     rt.engine.score = failing_score
     try:
-        with pytest.raises(InputTooLongError):  # document 50, in the second part
+        with pytest.raises(InputTooLongError):  # document 50, in the last part
             await RerankService(registry, LimitsConfig()).rerank(
                 _request(TEXTS), api_version="1", request_id="r", long_texts=LongTexts(mode="reject"))
         for _ in range(3):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -70,11 +71,17 @@ __all__ = ("CHUNK", "LongTexts", "RerankOutcome", "RerankService", "chunk_ids", 
 V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
 # Engines that say ``overlaps_tokenizing`` (packed on CUDA, steps replayed as CUDA graphs) get
 # a request of at least this many distinct documents, when it is the model's only one in flight,
-# in two parts: the first quarter is tokenized and submitted, and the device starts on it while
-# the rest is tokenized (the Rust tokenizer runs in a worker thread, without the GIL). The
+# in growing parts: the first tenth is tokenized and submitted, and the device starts on it
+# while the next part is tokenized (the Rust tokenizer releases the GIL), and so on. The
 # engine's scores do not depend on how items are grouped into steps (packed attention stays
 # within each pair). Under load the device is busy with other requests anyway: one job.
 _OVERLAP_MIN_DOCUMENTS = 64
+# Where each part ends, as a share of the documents: 10 %, 20 %, 30 %, 40 %. On the H200 a token
+# costs the device ~4x what it costs the host to tokenize (XLM-R large, report
+# gpu-h200-2026-12-02-b), so each part is tokenized while the one before it computes, with room
+# for the tokenizer's tail; a small first part starts the device early (1 part of 4 in the
+# 2026-12-02 report's two-part submit: ~1.5 ms of tokenizing before the device had work).
+_OVERLAP_PARTS = (0.1, 0.3, 0.6, 1.0)
 _json = msgspec.json.Encoder()
 
 
@@ -281,36 +288,43 @@ class RerankService:
         self, runtime: ModelRuntime, tokenizer: PromptTokenizer, query: str, instruction: str, unique: list[str],
         *rest: Any,
     ) -> tuple[ScoreJob, list[int], float, ScoreResult]:
-        """Tokenize and submit the first quarter, tokenize the rest while it is scored, then score
-        the rest: (the whole job, owners, when tokenizing ended, the whole result). Same checks
-        and errors as one job; a failure of either part cancels the other."""
+        """Tokenize and submit the documents in growing parts (``_OVERLAP_PARTS``), each submitted
+        as soon as it is tokenized, then wait for all: (the whole job, owners, when tokenizing
+        ended, the whole result). Same checks and errors as one job; an error cancels every part
+        already submitted, and the request answers with the first error in part order."""
         raw = wants_raw_scores(runtime, runtime.usable_engine())
-        cut = len(unique) // 4
-        head, head_owners = await self._part_job(tokenizer, query, instruction, unique, slice(None, cut), rest)
-        raw = raw or head.raw_scores  # the model's config, or the request (TEI's raw_scores)
-        head = msgspec.structs.replace(head, raw_scores=raw)
-        first = asyncio.ensure_future(self._score(runtime, head))
-        second: asyncio.Future[Any] | None = None
+        bounds = [0, *(max(1, int(f * len(unique))) for f in _OVERLAP_PARTS[:-1]), len(unique)]
+        tasks: list[asyncio.Future[Any]] = []
+        parts: list[tuple[ScoreJob, list[int]]] = []
         try:
-            await asyncio.sleep(0)  # ``first`` runs to its submit: the engine starts on it now
-            tail, tail_owners = await self._part_job(tokenizer, query, instruction, unique, slice(cut, None), rest)
-            items = [*head.item_ids, *tail.item_ids]
-            check_total_chunks(self._limits, len(items))  # each part was checked alone
-            t1 = time.perf_counter()
-            second = asyncio.ensure_future(self._score(runtime, msgspec.structs.replace(tail, raw_scores=raw)))
-            a, b = await first, await second
+            for lo, hi in itertools.pairwise(bounds):
+                job, owners = await self._part_job(tokenizer, query, instruction, unique, slice(lo, hi), rest)
+                if not parts:
+                    raw = raw or job.raw_scores  # the model's config, or the request (TEI's raw_scores)
+                parts.append((job, [lo + o for o in owners]))
+                if hi == len(unique):
+                    items = [i for part, _ in parts for i in part.item_ids]
+                    check_total_chunks(self._limits, len(items))  # each part was checked alone
+                    t1 = time.perf_counter()
+                if any(t.done() and not t.cancelled() and t.exception() is not None for t in tasks):
+                    # A part failed: score no more (its error is raised below), but tokenize on,
+                    # so a refusal further on answers as one job would (before any scoring).
+                    continue
+                tasks.append(asyncio.ensure_future(self._score(runtime, msgspec.structs.replace(job, raw_scores=raw))))
+                await asyncio.sleep(0)  # the part's task runs to its submit: the engine starts on it now
+            results = [await task for task in tasks]
         finally:
-            for task in (first, second):
-                if task is not None and not task.done():
+            for task in tasks:
+                if not task.done():
                     task.cancel()
                     with contextlib.suppress(BaseException):
                         await task
-                elif task is not None and not task.cancelled():
+                elif not task.cancelled():
                     task.exception()  # retrieved: the request answers with the first error only
-        job = msgspec.structs.replace(head, item_ids=items)
-        owners = [*head_owners, *(cut + o for o in tail_owners)]
-        result = ScoreResult(scores=[*a.scores, *b.scores], input_tokens=a.input_tokens + b.input_tokens,
-                             queue_s=a.queue_s)
+        job = msgspec.structs.replace(parts[0][0], item_ids=items, raw_scores=raw)
+        owners = [o for _, part_owners in parts for o in part_owners]
+        result = ScoreResult(scores=[s for r in results for s in r.scores],
+                             input_tokens=sum(r.input_tokens for r in results), queue_s=results[0].queue_s)
         return job, owners, t1, result
 
     async def _part_job(

@@ -106,10 +106,11 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     # bf16 rounding is larger; "on": on every device and dtype; "off": the activation on its own.
     gelu_epilogue: Literal["auto", "on", "off"] = "auto"
     # Cross-encoders: a request of 64+ distinct documents that is the model's only one in flight is
-    # tokenized and submitted in two parts, the device starting on the first quarter while the
-    # rest is tokenized (same scores, errors and usage as one job). "auto": where steps are replayed
-    # as CUDA graphs (one launch each; with ~300 launches from Python per step the second part's
-    # launch cost more than it hid: report gpu-h200-2026-12-01-e); "on": always; "off": one job.
+    # tokenized and submitted in four growing parts (10/20/30/40 % of the documents), the device
+    # starting on each while the next is tokenized (same scores, errors and usage as one job).
+    # "auto": where steps are replayed as CUDA graphs (one launch each; with ~300 launches from
+    # Python per step a part's launch cost more than it hid: report gpu-h200-2026-12-01-e);
+    # "on": always; "off": one job.
     overlap_tokenizing: Literal["auto", "on", "off"] = "auto"
     # "auto": varlen flash attention on CUDA (vLLM's FA3 when vLLM is installed, else flash-attn or
     # PyTorch's varlen_attn), exact per-prompt SDPA on CPU.

@@ -69,7 +69,7 @@ class PackedEncoderEngine(PackedEngineBase):
         base: dict[str, Any] = {"cuda_graphs": graphs[0] if len(graphs) == 1 else graphs or None,
                                 # the MLP activation in the up-projection's GEMM epilogue ("gelu" / "relu"), or None
                                 "gelu_epilogue": getattr(self._replicas[0], "epilogue", None) if self._replicas else None,
-                                # large idle requests submitted in two parts (the rerank service reads it)
+                                # large idle requests submitted in parts (the rerank service reads it)
                                 "overlap_tokenizing": self.overlaps_tokenizing}
         if errors:
             base["cuda_graph_error"] = errors[0]

@@ -252,8 +252,8 @@ class PackedScheduler:
 
         Why two threads: a launcher that also collected sat blocked in the oldest step's collect
         while work queued behind it, so the device idled from that step's end until the next was
-        prepared and launched. That is the idle case of a request submitted in two parts
-        (``overlap_tokenizing``): the second part arrives while the first computes. Now the next
+        prepared and launched. That is the idle case of a request submitted in parts
+        (``overlap_tokenizing``): each part arrives while the one before it computes. Now the next
         step is prepared and queued on the device as soon as it is queued here, up to ``depth``
         + 1 steps launched and not yet collected (``depth``: the runner's ``in_flight``, one per
         pipeline stage), so the host prepares step k+1 while the device computes step k.
