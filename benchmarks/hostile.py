@@ -147,7 +147,9 @@ def hostile_cases(model: str, *, key: str | None, max_body_bytes: int, max_docum
     yield post("float-top-n", body(top_n=1.5), statuses=(422,))  # 1.0 is an integer (JSON Schema), 1.5 is not
     yield post("string-bool", body(return_documents="true"), statuses=(422,))
     yield post("model-number", body(model=7), statuses=(422,))
-    yield post("model-unknown", body(model="x" * 10_000), statuses=(404,))
+    yield post("model-unknown", body(model="x" * 256), statuses=(404,))
+    # Longer than any configured name can be: refused unread, never echoed (schemas.rerank).
+    yield post("model-too-long", body(model="x" * 10_000), statuses=(422,))
     yield post("unicode-soup", body(query="👩‍👩‍👧 \u202e\u0301 ÿ", documents=["\U0010ffff", "日本語"]), "ok")
     # -- content types: the body is read as JSON whatever the header says --------------------
     yield post("text-plain", valid, "ok", content_type="text/plain")

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from schemas.rerank import RequestModelName
+
 __all__ = (
     "TeiClassifierModel",
     "TeiError",
@@ -129,7 +131,9 @@ class VllmScoreRequest(msgspec.Struct, kw_only=True, frozen=True):
     is the query (one for 1:N, or one per pair for N:N), the second the texts scored against it.
     """
 
-    model: Annotated[str | None, msgspec.Meta(description="Public model name (default: the first model).")] = None
+    model: Annotated[
+        RequestModelName | None, msgspec.Meta(description="Public model name (default: the first model).")
+    ] = None
     text_1: QuerySide | None = None
     text_2: TextSide | None = None
     queries: QuerySide | None = None

@@ -15,12 +15,15 @@ from typing import Annotated, Any
 
 import msgspec
 
+from schemas.config.base import MODEL_NAME_MAX_LENGTH
+
 __all__ = (
     "ApiVersion",
     "BilledUnits",
     "ErrorBody",
     "ModelCard",
     "ModelList",
+    "RequestModelName",
     "RerankMeta",
     "RerankRequest",
     "RerankResponse",
@@ -36,6 +39,11 @@ INT32_MAX = 2**31 - 1
 PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
 
 
+# No configured name is longer, so a longer one is refused (422) before it can be echoed whole
+# in the 404 or the access log.
+RequestModelName = Annotated[str, msgspec.Meta(max_length=MODEL_NAME_MAX_LENGTH)]
+
+
 # Constraints the service checks with its own messages (422): stated in the JSON schema only
 # (extra_json_schema), so OpenAPI describes them without changing the decoder's errors.
 NonBlank = msgspec.Meta(extra_json_schema={"minLength": 1, "pattern": r"\S"})
@@ -49,9 +57,7 @@ class TextObject(msgspec.Struct, kw_only=True, frozen=True):
 
 # Schema only: an object document needs a string `text` (or rank_fields naming its keys, which a
 # schema cannot express; the schema states the stricter form).
-DocumentObject = msgspec.Meta(
-    extra_json_schema={"required": ["text"], "properties": {"text": {"type": "string"}}}
-)
+DocumentObject = msgspec.Meta(extra_json_schema={"required": ["text"], "properties": {"text": {"type": "string"}}})
 
 
 class RerankRequest(msgspec.Struct, kw_only=True, frozen=True):
@@ -60,7 +66,7 @@ class RerankRequest(msgspec.Struct, kw_only=True, frozen=True):
     query: Annotated[
         Annotated[str, NonBlank] | TextObject,
         msgspec.Meta(
-            description="The search query (a string, or Jina's {\"text\": ...} object); not empty or only whitespace."
+            description='The search query (a string, or Jina\'s {"text": ...} object); not empty or only whitespace.'
         ),
     ]
     documents: Annotated[
@@ -74,7 +80,7 @@ class RerankRequest(msgspec.Struct, kw_only=True, frozen=True):
             extra_json_schema={"minItems": 1},
         ),
     ]
-    model: Annotated[str | None, msgspec.Meta(description="Public model name.")] = None
+    model: Annotated[RequestModelName | None, msgspec.Meta(description="Public model name.")] = None
     top_n: Annotated[
         PositiveInt | None,
         msgspec.Meta(description="Return only the N best documents (default: all)."),

@@ -13,11 +13,18 @@ DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+# Request bodies bound their `model` by the same length (schemas.rerank): no longer name can
+# match, and a longer one would otherwise be echoed whole in the 404 and the access log.
+MODEL_NAME_MAX_LENGTH = 256
 # `description` is also what a config error says the value must be (gateway.config.config_schema).
 ModelName = Annotated[
     str,
-    msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^\s]+$",
-                 description="a name without spaces, tabs or line breaks (e.g. qwen3-reranker-0.6b)"),
+    msgspec.Meta(
+        min_length=1,
+        max_length=MODEL_NAME_MAX_LENGTH,
+        pattern=r"^[^\s]+$",
+        description="a name without spaces, tabs or line breaks (e.g. qwen3-reranker-0.6b)",
+    ),
 ]
 
 
