@@ -294,6 +294,7 @@ def test_422_semantic_validation(client, body, needle):
 def test_404_unknown_model_and_route(client):
     _error(rerank(client, {"model": "nope", "query": Q, "documents": ["a"]}), 404, "model 'nope' not found")
     _error(rerank(client, {"model": "nope", "query": Q, "documents": ["a"]}, "/v2/rerank"), 404)
+    _error(rerank(client, {"model": "static\n", "query": Q, "documents": ["a"]}), 404, "'static\n' not found")
     _error(client.get("/v3/rerank"), 404)
     _error(client.get("/v1/rerank"), 405)
 

@@ -255,6 +255,8 @@ def _sentence(what: str, path: Path, tp: Any, value: Any, *, env: bool = False) 
     bound = re.fullmatch(r"Expected `(\w+)` (>=|<=|>|<) (\S+)", what)
     if bound:
         return f"must be {_BOUND[bound[2]]} {bound[3]}"
+    # An optional field (`ModelName | None`) keeps its description on the union's member.
+    metas = metas + [m for member in _members(base) for m in _unwrap(member)[1]]
     description = next((m.description for m in reversed(metas) if m.description), None)
     if what.startswith("Expected `str` matching regex") and description:
         return f"must be {description}"

@@ -22,7 +22,7 @@ ModelName = Annotated[
     msgspec.Meta(
         min_length=1,
         max_length=MODEL_NAME_MAX_LENGTH,
-        pattern=r"^[^\s]+$",
+        pattern=r"^[^\s]+\Z",  # \Z: `$` also matches before a final line break
         description="a name without spaces, tabs or line breaks (e.g. qwen3-reranker-0.6b)",
     ),
 ]
