@@ -27,16 +27,17 @@ __all__ = (
     "ERROR_TABLE",
     "AuthError",
     "BodyTimeoutError",
-    "InputTooLongError",
-    "RawScoresUnsupportedError",
     "ForbiddenModelError",
-    "RateLimitStoreError",
-    "RateLimitedError",
     "GatewayError",
+    "InputTooLongError",
     "InvalidRequestError",
     "MalformedRequestError",
     "ModelUnavailableError",
     "PayloadTooLargeError",
+    "RateLimitStoreError",
+    "RateLimitedError",
+    "RawScoresUnsupportedError",
+    "ShuttingDownError",
     "UnknownModelError",
     "describe_error",
     "error_response",
@@ -116,6 +117,13 @@ class BodyTimeoutError(GatewayError):
     headers = {"Connection": "close"}
 
 
+class ShuttingDownError(GatewayError):
+    """The server's shutdown cancelled the request after server.shutdown_timeout_s (503); the
+    client is still there and is told to retry (the SDKs retry 503), elsewhere or later."""
+
+    headers = {"Retry-After": "5", "Connection": "close"}
+
+
 # Most specific class first is not required: lookup walks the exception's MRO.
 ERROR_TABLE: Final[dict[type[Exception], int]] = {
     MalformedRequestError: 400,
@@ -134,6 +142,7 @@ ERROR_TABLE: Final[dict[type[Exception], int]] = {
     EngineError: 502,
     ValidationException: 422,  # the body decoded but does not fit the request schema
     BodyTimeoutError: 408,
+    ShuttingDownError: 503,
 }
 
 # Messages for statuses whose exception text must not reach the client.

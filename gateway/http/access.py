@@ -25,7 +25,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config.settings import ConfigError
 from gateway.errors import RateLimitedError, classify
-from gateway.http.middleware import CLIENT_CLOSED, log_fields
+from gateway.http.middleware import cancelled_status, log_fields
 from gateway.observability.metrics import ANONYMOUS, UNAUTHENTICATED, UsageMetrics
 from gateway.security.auth import KeyStore, RequestAccess, check_exposure, request_access, scope_warnings
 from gateway.security.ratelimit import Admission, KeyLimiter
@@ -145,8 +145,9 @@ class AccessMiddleware:
                 usage = access.usage
                 if admission is not None:
                     await control.limiter.finish(admission, usage.tokens if usage else 0)
-                # No status: the client went away before any response (cancelled), counted as 499.
-                control.metrics.record_request(access.label, access.model, status or CLIENT_CLOSED)
+                # No status: cancelled before any response, by the client leaving (499) or the
+                # server's shutdown (503, answered by gateway.http.middleware).
+                control.metrics.record_request(access.label, access.model, status or cancelled_status(scope))
                 control.telemetry.observe(timing, model=access.model, route=scope.get("path_template", scope["path"]))
                 if usage is not None and access.model is not None:
                     control.metrics.record_usage(

@@ -10,23 +10,37 @@ cancel the handler themselves, so once a POST's body is read, a watcher waits fo
 ``http.disconnect`` and cancels the handler task. Cancellation reaches the engine (batches not
 yet started never run, vLLM requests are aborted, upstream calls are closed) and the request
 is logged and counted with status 499 (nginx's "client closed request").
+
+A request the server itself cancels (uvicorn, once ``server.shutdown_timeout_s`` is over) still
+has its client: it is answered 503 (:class:`~gateway.errors.ShuttingDownError`) and logged and
+counted as 503 with ``cancelled="shutdown"``; the cancellation then propagates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import time
 from contextvars import ContextVar
 from typing import Any
 
+import msgspec
 import structlog
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import BodyTimeoutError
+from gateway.errors import BodyTimeoutError, ShuttingDownError, classify
+from schemas.rerank import ErrorBody
 
-__all__ = ("CLIENT_CLOSED", "client_disconnected", "log_fields", "request_context", "request_id")
+__all__ = (
+    "CLIENT_CLOSED",
+    "cancelled_status",
+    "client_disconnected",
+    "log_fields",
+    "request_context",
+    "request_id",
+)
 
 # nginx's "client closed request": the status logged and counted when the client goes away
 # before it has a response. It is never sent (there is nobody to send it to), and it is not a
@@ -52,6 +66,27 @@ def request_id(scope: Scope) -> str:
 def client_disconnected(scope: Scope) -> bool:
     """The ASGI server told this request that its client went away."""
     return bool(scope.get("state", {}).get("client_disconnected"))
+
+
+def cancelled_status(scope: Scope) -> int:
+    """The status of a request cancelled before its response started: 499 when its client left,
+    else the server cancelled it (shutdown) and :func:`request_context` answers 503."""
+    return CLIENT_CLOSED if client_disconnected(scope) else _SHUTTING_DOWN
+
+
+_SHUTDOWN_MESSAGE = "the gateway is shutting down and cancelled this request (server.shutdown_timeout_s); retry it"
+_SHUTTING_DOWN = classify(ShuttingDownError(_SHUTDOWN_MESSAGE))
+
+
+async def _answer_shutdown(send: Send, rid: str) -> None:
+    message = _SHUTDOWN_MESSAGE
+    body = msgspec.json.encode(ErrorBody(message=message, id=rid, detail=message))
+    headers = [(name.lower().encode(), value.encode()) for name, value in ShuttingDownError.headers.items()]
+    headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    # The connection may be gone already (uvicorn's ClientDisconnected is an OSError): nobody to tell.
+    with contextlib.suppress(OSError, RuntimeError):
+        await send({"type": "http.response.start", "status": _SHUTTING_DOWN, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def _incoming_id(scope: Scope) -> str | None:
@@ -146,6 +181,15 @@ async def request_context(
         elif await watch.run(next_app(scope, receive_wrapper, send_wrapper)):
             status = CLIENT_CLOSED
             fields["disconnected"] = True
+    except asyncio.CancelledError:
+        if not client_disconnected(scope):
+            # The server's cancellation (shutdown timeout), not the client's doing and no bug:
+            # the client still waits, so tell it to retry; the server's own answer is a bare 500.
+            fields["cancelled"] = "shutdown"
+            if not status:
+                await _answer_shutdown(send_wrapper, rid)
+                status = status or _SHUTTING_DOWN  # as counted in /metrics (gateway.http.access)
+        raise
     finally:
         _fields.reset(token)
         if not status:
