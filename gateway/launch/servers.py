@@ -10,7 +10,8 @@ under ``[server]``:
   the gateway answers 408 and closes (enforced in the app, ``gateway.http.middleware``, so it is the
   same under both servers). A request answered without its body being read (404, 401, 413 by
   ``Content-Length``) is not read by the app, so under uvicorn the protocol closes the
-  connection once this time has passed (each trickled byte would reset the keep-alive timer).
+  connection once this time has passed (each trickled byte would reset the keep-alive timer);
+  granian (hyper) closes such a connection itself as soon as the answer is sent.
 
 uvicorn has a keep-alive timeout but no header timeout and leaves a fresh connection that sends
 nothing open forever; :class:`TimedHttpToolsProtocol` adds both. granian (hyper) has a header
