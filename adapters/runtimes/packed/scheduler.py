@@ -258,16 +258,22 @@ class PackedScheduler:
         + 1 steps launched and not yet collected (``depth``: the runner's ``in_flight``, one per
         pipeline stage), so the host prepares step k+1 while the device computes step k.
         """
+        lane = self._lanes[index]
+        try:
+            self._launch_steps(index, lane)
+        finally:  # stopping (or a bug here): the collector drains what is out, then ends
+            with self._cond:
+                lane.launching = False
+                self._cond.notify_all()
+
+    def _launch_steps(self, index: int, lane: _Lane) -> None:
         runner = self._runners[index]
         depth = max(1, int(getattr(runner, "in_flight", 1)))
-        lane = self._lanes[index]
         while True:
             with self._cond:
                 while not self._stopping and (not self._queue or lane.out > depth):
                     self._cond.wait()
                 if self._stopping:
-                    lane.launching = False
-                    self._cond.notify_all()  # the collector drains what is out, then ends
                     return
                 taken = self._take()
                 if self._queue:
