@@ -79,12 +79,16 @@ class GatewayApp(Litestar):
     """
 
     direct = DirectRoutes({})  # set by create_app once the routes are registered
+    # Under granian: the timer that cancels requests still running at shutdown_timeout_s
+    # (gateway.launch.servers.SigtermDrain); None under uvicorn, which has its own.
+    drain: Any = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             timeout = self.state.settings.server.body_read_timeout_s
             next_app = self.direct.match(scope) or super().__call__
-            await request_context(scope, receive, send, next_app, body_timeout_s=timeout)
+            handled = request_context(scope, receive, send, next_app, body_timeout_s=timeout)
+            await (handled if self.drain is None else self.drain.run(handled))
         else:
             await super().__call__(scope, receive, send)
 

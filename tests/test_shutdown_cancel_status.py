@@ -11,18 +11,21 @@ import threading
 import time
 
 import httpx
+import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 CONFIG = (
-    '[logging]\nformat = "json"\n[server]\nshutdown_timeout_s = 1\n'
+    '[logging]\nformat = "json"\n[server]\nrunner = "{runner}"\nshutdown_timeout_s = 1\n'
     '[[models]]\nname = "stuck"\nengine = "static"\ndelay_s = 60.0\ntimeout_s = 120\n'
 )
 
 
-def test_a_request_cancelled_at_shutdown_is_answered_logged_and_counted_503(gateway_server, tmp_path) -> None:
+# granian: the gateway's own timer cancels the request (gateway.launch.servers.SigtermDrain).
+@pytest.mark.parametrize("runner", ["uvicorn", "granian"])
+def test_a_request_cancelled_at_shutdown_is_answered_logged_and_counted_503(gateway_server, tmp_path, runner) -> None:
     # The counters outlive the process in prometheus-client's multiprocess files.
-    server = gateway_server(CONFIG, env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
+    server = gateway_server(CONFIG.format(runner=runner), env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
     result: dict[str, httpx.Response | Exception] = {}
 
     def call() -> None:

@@ -11,9 +11,10 @@ cancel the handler themselves, so once a POST's body is read, a watcher waits fo
 yet started never run, vLLM requests are aborted, upstream calls are closed) and the request
 is logged and counted with status 499 (nginx's "client closed request").
 
-A request the server itself cancels (uvicorn, once ``server.shutdown_timeout_s`` is over) still
-has its client: it is answered 503 (:class:`~gateway.errors.ShuttingDownError`) and logged and
-counted as 503 with ``cancelled="shutdown"``; the cancellation then propagates.
+A request the server itself cancels once ``server.shutdown_timeout_s`` is over (uvicorn; under
+granian the gateway's own timer, ``gateway.launch.servers.SigtermDrain``) still has its client:
+it is answered 503 (:class:`~gateway.errors.ShuttingDownError`) and logged and counted as 503
+with ``cancelled="shutdown"``; the cancellation then propagates.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import math
 import os
 import sys
 from typing import Any
@@ -33,7 +34,14 @@ from typing import Any
 from gateway.serving import heap
 from schemas.config import Settings
 
-__all__ = ("bound_malloc_retention", "create_worker_app", "run_granian", "run_uvicorn")
+__all__ = (
+    "SigtermDrain",
+    "bound_malloc_retention",
+    "create_granian_worker_app",
+    "create_worker_app",
+    "run_granian",
+    "run_uvicorn",
+)
 
 # glibc's mallopt parameter and the threshold it had before it adapts (its documented default).
 _M_MMAP_THRESHOLD = -3
@@ -41,6 +49,9 @@ MMAP_THRESHOLD_BYTES = 128 * 1024
 # Engines that run torch in the serving process: their tensors are malloc'd too, and re-mapping
 # (page-faulting) every large activation on each batch would cost inference time.
 _IN_PROCESS_TORCH = frozenset({"transformers", "packed"})
+# What granian's worker gets after shutdown_timeout_s before it is killed: the engines' stop
+# (a vLLM engine: 2.2 s measured, docs/operating.md) and the worker's exit, with room to spare.
+_GRANIAN_STOP_MARGIN_S = 10
 
 
 def bound_malloc_retention(settings: Settings) -> bool:
@@ -78,6 +89,90 @@ def create_worker_app() -> Any:
     app = create_app()
     bound_malloc_retention(app.state.settings)
     return app
+
+
+def create_granian_worker_app() -> Any:
+    """The app factory of granian's worker processes: :func:`create_worker_app` plus the
+    shutdown timer granian lacks (:class:`SigtermDrain`)."""
+    app = create_worker_app()
+    app.drain = SigtermDrain(app.state.settings.server.shutdown_timeout_s)
+    app.on_startup.append(app.drain.install)  # after granian's own signal handlers are set
+    return app
+
+
+class SigtermDrain:
+    """``server.shutdown_timeout_s`` for granian's workers: cancel the requests still running then.
+
+    On SIGTERM/SIGINT a granian worker stops accepting and waits for every in-flight request
+    without a bound; only then does it run the app's lifespan shutdown (which stops the engines:
+    vLLM's processes, transformers' threads). Its supervisor kills the worker after
+    ``workers_kill_timeout`` (:func:`run_granian`), so one stuck request meant no answer for its
+    client, no request line and no engine stop. This handler, chained before granian's own,
+    logs ``gateway_draining`` and starts a timer; when it fires, the requests still running
+    are cancelled as uvicorn cancels them: :func:`gateway.http.middleware.request_context`
+    answers 503 with ``Retry-After`` and logs them ``cancelled="shutdown"``. granian's drain then
+    ends and the lifespan shutdown runs, well within the kill timeout.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._cancelled: set[asyncio.Task[Any]] = set()
+        self._draining = False
+
+    def install(self) -> None:
+        """Chain a handler before granian's SIGTERM/SIGINT handlers (run in the worker's main thread)."""
+        import signal
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(sig)
+            if not callable(previous):  # nobody handles it as a shutdown: nothing to chain before
+                continue
+
+            def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+                if not self._draining:  # the supervisor forwards the signal: once is enough
+                    self._draining = True
+                    # A signal handler runs between two bytecodes of the loop's thread: hand over.
+                    loop.call_soon_threadsafe(self._start, signal.Signals(signum).name)
+                previous(signum, frame)  # granian's: stop accepting, drain, then the lifespan shutdown
+
+            signal.signal(sig, handler)
+
+    def _start(self, signal_name: str) -> None:
+        import structlog
+
+        structlog.get_logger("gateway.servers").info(
+            "gateway_draining",
+            signal=signal_name,
+            in_flight_requests=len(self._tasks),
+            shutdown_timeout_s=self.timeout_s,
+        )
+        asyncio.get_running_loop().call_later(self.timeout_s, self._cancel_in_flight)
+
+    def _cancel_in_flight(self) -> None:
+        for task in list(self._tasks):
+            self._cancelled.add(task)
+            task.cancel()
+
+    async def run(self, request: Any) -> None:
+        """Await one request's coroutine in its own task, cancellable by the timer."""
+        task = asyncio.current_task()
+        if task is None:  # driven outside a task (granian always makes one): nothing to cancel
+            await request
+            return
+        self._tasks.add(task)
+        try:
+            await request
+        except asyncio.CancelledError:
+            # The timer's alone: the request has been answered 503 and logged; ending the task
+            # normally spares the log granian's "Application callable raised an exception"
+            # traceback. Any other cancellation propagates.
+            if task not in self._cancelled or task.uncancel() > 0:
+                raise
+        finally:
+            self._tasks.discard(task)
+            self._cancelled.discard(task)
 
 
 def _timed_protocol(header_timeout_s: float | None, body_timeout_s: float | None = None) -> Any:
@@ -302,7 +397,7 @@ def run_granian(settings: Settings, config_path: str | None) -> None:
     # it bounds idle keep-alive connections too: use the smaller of the two bounds.
     header_ms = int(min(server.header_read_timeout_s, server.keep_alive_timeout_s) * 1000)
     Granian(
-        "gateway.launch.servers:create_worker_app",
+        "gateway.launch.servers:create_granian_worker_app",
         factory=True,
         address=server.host,
         port=server.port,
@@ -312,6 +407,8 @@ def run_granian(settings: Settings, config_path: str | None) -> None:
         log_access=False,  # our own access line replaces granian's
         log_level="warning",
         log_dictconfig=_granian_logging(settings),
-        # The worker drains in-flight requests on SIGTERM; then it is killed.
-        workers_kill_timeout=max(1, int(settings.server.shutdown_timeout_s) + 1),
+        # On SIGTERM the worker drains, cancelling what still runs at shutdown_timeout_s
+        # (SigtermDrain), then stops its engines (vLLM's processes get 2 s, then are killed).
+        # The kill is the last resort, for a worker stuck past all that (a model still loading).
+        workers_kill_timeout=math.ceil(settings.server.shutdown_timeout_s) + _GRANIAN_STOP_MARGIN_S,
     ).serve()
