@@ -1,0 +1,61 @@
+"""Reliability suite, long part: a soak and fault injection against real processes.
+
+    python -m benchmarks.reliability --clients 16 --soak-s 120 --out docs/reliability
+
+Writes ``<out>/<UTC date>/reliability.json`` and ``reliability.md``. Sections (``--only`` picks):
+
+- ``hostile``: every request of :mod:`benchmarks.hostile` against a gateway with the default
+  limits (10,000 documents, 20 MiB), before and after the soak: no 5xx, every 4xx a JSON body.
+- ``fuzz``: schemathesis' cases for every operation (every check) and the hostile requests, the
+  same list twice after a warm-up, keys and Redis limits on: check failures, RSS after each pass
+  (the second must add < 5 %) and, in a tracemalloc'd twin, where the heap grew
+  (:mod:`benchmarks.fuzz_memory`).
+- ``soak``: N clients x T seconds of valid rerank requests (1-100 documents) against a real
+  gateway process (``static`` engine: the gateway's own code is what runs), RSS every second.
+- ``upstream``: a pool over two stub replicas under load; one is killed (SIGKILL), then
+  replaced by a slow one (1 s per request): errors and p99 per phase.
+- ``redis``: per-key limits in Redis; Redis killed under load then restarted, with
+  ``redis_failure = "closed"`` (503 + Retry-After meanwhile) and ``"open"`` (keeps serving).
+- ``sigterm``: SIGTERM with requests in flight: every one is answered, then the process exits.
+- ``engine``: the vLLM engine on CPU (tiny random Qwen3, ``vllm-score``) killed under load:
+  every request gets exactly one response, 503 + Retry-After meanwhile; recovery time. Holds
+  ``/tmp/vllm.lock`` so two vLLM engines never start at once on a shared machine.
+
+"Recovery" is the time from the fault's end (process back, or the kill for self-healing
+faults) to the first 200. Every request's outcome is counted: a request without a response
+(exception, timeout) is "lost".
+"""
+
+# The sections, the processes they run against and the report live in the modules below; the
+# names are handed on here so that ``benchmarks.reliability.X`` keeps meaning what it did.
+from benchmarks.reliability.cli import main, stub_main
+from benchmarks.reliability.load import Load
+from benchmarks.reliability.processes import KEY, ROOT, Gateway, Proc
+from benchmarks.reliability.sections import (
+    SECTIONS,
+    engine_kill,
+    fuzz,
+    hostile_pass,
+    redis_faults,
+    sigterm,
+    soak,
+    upstream,
+)
+
+__all__ = [
+    "KEY",
+    "ROOT",
+    "SECTIONS",
+    "Gateway",
+    "Load",
+    "Proc",
+    "engine_kill",
+    "fuzz",
+    "hostile_pass",
+    "main",
+    "redis_faults",
+    "sigterm",
+    "soak",
+    "stub_main",
+    "upstream",
+]

@@ -1,0 +1,121 @@
+"""The real processes the reliability sections run against: a gateway, stub upstreams, Redis.
+
+Each is a child with its own log file under the run's work folder, stopped (TERM, then KILL) by
+the section that started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+# The repository root: children run from there so that ``-m benchmarks.X`` and ``-m gateway`` resolve.
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "rk-reliability-long-run-0123456789abcdef"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready in {timeout} s")
+
+
+class Proc:
+    """A child process with its log file; stopped (TERM, then KILL) on exit."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self._fh = log.open("wb")
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self._fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> float:
+        """Signal the process and wait; seconds it took to exit."""
+        start = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._fh.close()
+        return time.monotonic() - start
+
+
+class Gateway(Proc):
+    def __init__(self, config: str, workdir: Path, name: str, traced: Path | None = None) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        path = workdir / f"{name}.toml"
+        path.write_text(config)
+        # traced: the same gateway under tracemalloc, a snapshot into this folder per SIGUSR2.
+        entry = ["benchmarks.fuzz_memory", "traced-serve", str(traced)] if traced else ["gateway"]
+        super().__init__(
+            [sys.executable, "-m", *entry, "serve", "--config", str(path), "--port", str(self.port)],
+            workdir / f"{name}.log",
+            env={"HF_HUB_OFFLINE": "1"},
+        )
+
+    def ready(self, timeout: float = 120) -> Gateway:
+        _wait_http(f"{self.url}/ready", self.proc, timeout)
+        return self
+
+    def rss_mb(self) -> float:
+        with contextlib.suppress(psutil.Error):
+            return psutil.Process(self.proc.pid).memory_info().rss / 2**20
+        return float("nan")
+
+    def statuses(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for line in httpx.get(f"{self.url}/metrics", timeout=5).text.splitlines():
+            if line.startswith("rerank_requests_total{"):
+                status = line.split('status="')[1].split('"')[0]
+                out[status] = out.get(status, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
+
+    def tracebacks(self) -> int:
+        return self.log.read_text(errors="replace").count("Traceback")
+
+
+def _auth_toml(rpm: int | None = None) -> str:
+    from gateway.security.auth import hash_key
+
+    limit = f"rpm = {rpm}\n" if rpm else ""
+    return f'[[auth.keys]]\nid = "reliability"\nhash = "{hash_key(KEY)}"\nmodels = ["*"]\n{limit}\n'
+
+
+def _redis(port: int, workdir: Path) -> Proc:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed")
+    proc = Proc([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)], workdir / f"redis-{port}-{time.monotonic_ns()}.log")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            if s.recv(16).startswith(b"+PONG"):
+                return proc
+        time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
