@@ -1,0 +1,143 @@
+"""Phase 3: one gateway per engine kind over HTTP (``rerank-gateway bench`` as the client), the
+packed engine's own counters per level, then the same engine in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from benchmarks import engine_bench as eb
+from benchmarks.gpu_suite.parity import PARITY_06B
+from benchmarks.gpu_suite.plan import log
+
+
+async def _bench_http(url: str, model: str, model_dir: Path, wl: str, out: Path, small: bool, requests: int,
+                      concurrency: int) -> dict[str, Any]:
+    docs, doc_tokens, _, _ = (eb.SMALL_WORKLOADS if small else eb.WORKLOADS)[wl]
+    args = [sys.executable, "-m", "gateway", "bench", url, "--model", model, "--tokenizer", str(model_dir),
+            "--documents", str(docs), "--doc-tokens", doc_tokens, "--query-tokens", "10", "--concurrency", str(concurrency),
+            "--requests", str(requests), "--warmup", "4", "--seed", str({"d100": 11, "d300": 13}[wl] + concurrency),
+            "--title", f"Gateway over HTTP, {wl}, {concurrency} clients", "--no-progress", "--out", str(out)]
+    proc = await asyncio.create_subprocess_exec(*args)  # a separate process: the client's CPU is not ours
+    if await proc.wait() != 0:
+        raise RuntimeError(f"bench {wl} failed")
+    return json.loads((out / "bench.json").read_text())
+
+
+# Requests per (workload, clients): enough for a p99 and a few seconds of steady load.
+HTTP_REQUESTS = {("d100", 1): 100, ("d100", 16): 160, ("d300", 1): 60, ("d300", 16): 96, ("d100", 32): 320}
+DEFAULT_LEVELS = {"d100": (1, 16), "d300": (1, 16)}
+
+
+def _engine_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The packed engine's own counters over one bench level: queue wait vs steps."""
+    if not before or not after or "steps" not in after:
+        return None
+    d = {k: after[k] - before[k] for k in ("requests", "steps", "queue_s_total", "finished", "engine_s_total")}
+    items = sum(x["items"] for x in after["devices"]) - sum(x["items"] for x in before["devices"])
+    tokens = sum(x["tokens"] for x in after["devices"]) - sum(x["tokens"] for x in before["devices"])
+    busy = sum(x["busy_s"] for x in after["devices"]) - sum(x["busy_s"] for x in before["devices"])
+    return {"requests": d["requests"], "steps": d["steps"],
+            "queue_ms_per_request": 1e3 * d["queue_s_total"] / max(d["requests"], 1),
+            # submit -> scores, minus the queue: time in steps (the request's own and others' items)
+            "in_steps_ms_per_request": 1e3 * (d["engine_s_total"] - d["queue_s_total"]) / max(d["finished"], 1),
+            "step_ms_mean": 1e3 * busy / max(d["steps"], 1), "items_per_step": items / max(d["steps"], 1),
+            "tokens_per_step": tokens / max(d["steps"], 1),
+            "device_busy_s": {x["device"] + f"#{i}": x["busy_s"] - y["busy_s"]
+                              for i, (x, y) in enumerate(zip(after["devices"], before["devices"], strict=True))}}
+
+
+async def phase_gateway(model_dir: Path, kind: str, engine_cfg: dict[str, Any], work: Path, small: bool,
+                        lengths: Any, cfg: dict[str, Any], tflops: float, *, label: str | None = None,
+                        levels: dict[str, tuple[int, ...]] = DEFAULT_LEVELS, service_rows: bool = True,
+                        requests: dict[tuple[str, int], int] | None = None) -> dict[str, Any]:
+    """One gateway serving one model of ``kind`` (named ``label``), over HTTP, then in-process."""
+    import socket
+
+    import uvicorn
+
+    from gateway.app import create_app
+    from schemas.config import Settings
+    from schemas.rerank import RerankRequest
+
+    label = label or kind
+    models = [{"name": label, "engine": kind, "path": str(model_dir), **engine_cfg}]
+    settings = msgspec.convert({"logging": {"level": "WARNING"}, "models": models}, Settings)
+    app = create_app(settings)
+    with socket.socket() as sock:  # a free loopback port, chosen now
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    task = asyncio.create_task(server.serve())
+    t0 = time.time()
+    registry = app.state.registry
+    while not (server.started and registry.ready):
+        if task.done() or any(s["state"] == "failed" for s in registry.statuses()):
+            raise RuntimeError(f"gateway did not start: {registry.statuses()}")
+        await asyncio.sleep(0.5)
+    out: dict[str, Any] = {"start_s": time.time() - t0, "http": {label: {}}, "rows": []}
+    mem = _gpu_mib()
+    if mem:
+        out["gpu_mib"] = {"ready": mem}
+    log(f"gateway ready in {out['start_s']:.0f}s on :{port} with {label} ({kind})")
+
+    def engine_stats() -> dict[str, Any] | None:
+        return registry.statuses()[0].get("engine_stats")
+
+    try:
+        for wl, clients in levels.items():
+            summaries, measured = [], None
+            for c in clients:
+                n = 8 if small else (requests or HTTP_REQUESTS)[(wl, c)]
+                before = engine_stats()
+                d = await _bench_http(f"http://127.0.0.1:{port}", label, model_dir, wl, work / f"http-{label}-{wl}-c{c}",
+                                      small, n, c)
+                delta = _engine_delta(before, engine_stats())
+                for s in d["summaries"]:
+                    s["engine"] = delta
+                    log(f"HTTP {label} {wl} c={s['concurrency']}: {s['docs_per_s']:.0f} docs/s, p50 {s['latency_ms']['p50']:.1f} ms, "
+                        f"p99 {s['latency_ms']['p99']:.1f} ms, timing {s.get('server_timing_ms')}, engine {delta}, errors {s['errors']}")
+                summaries += d["summaries"]
+                measured = d["measured"]
+            out["http"][label][wl] = {"summaries": summaries, "measured": measured}
+        out["engine_stats"] = engine_stats()
+        if mem:
+            out["gpu_mib"]["peak"] = _gpu_mib(peak=True)
+        if PARITY_06B:
+            score = eb.service_score(app.state.service, label, RerankRequest)
+            got = [x for q, docs in PARITY_06B["reqs"] for x in await score((q, docs))]
+            ref = PARITY_06B["reference"]
+            order = sorted(range(len(ref)), key=lambda i: -ref[i])
+            out["parity_0.6b_via_gateway"] = {"max_abs_diff_vs_reference": max(abs(a - b) for a, b in zip(got, ref, strict=True)),
+                                             "same_order": sorted(range(len(got)), key=lambda i: -got[i]) == order,
+                                             "score_range": [min(got), max(got)], "documents": len(got)}
+            log(f"parity 0.6B shape via the gateway, {label}: {out['parity_0.6b_via_gateway']}")
+        if service_rows:
+            sizes = eb.SMALL_WORKLOADS if small else eb.WORKLOADS
+            score = eb.service_score(app.state.service, label, RerankRequest)
+            reqs = {wl: eb.make_requests(str(model_dir), wl, eb.WARMUP + r + eb.CLIENTS * pc, small, salt=101)
+                    for wl, (_, _, r, pc) in sizes.items()}
+            out["rows"] += await eb.bench_variant(f"gateway service + {label} (no HTTP)", score, reqs, lengths, cfg, tflops, small)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 120)
+    return out
+
+
+def _gpu_mib(peak: bool = False) -> list[int] | None:
+    """Each GPU's memory held by this process's tensors (the engines run in-process), or its peak."""
+    if "torch" not in sys.modules:
+        return None
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    read = torch.cuda.max_memory_allocated if peak else torch.cuda.memory_allocated
+    return [read(i) >> 20 for i in range(torch.cuda.device_count())]
