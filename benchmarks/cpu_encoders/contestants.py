@@ -1,0 +1,212 @@
+"""The contestants: the gateway's runtimes and precisions (models of one ``rerank-gateway serve``
+process, over loopback HTTP) and the in-process tools (sentence-transformers, ONNX Runtime,
+FlashRank). Each one is a ``ScoreFn``; the peers that need a venv of their own are in
+``benchmarks.cpu_peers``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+# The repository root: the gateway process runs from there.
+ROOT = Path(__file__).resolve().parents[2]
+GATEWAY_VARIANTS = {  # contestant -> extra TOML lines of its model entry
+    "gateway transformers (fp32)": ['engine = "transformers"', 'device = "cpu"', 'dtype = "float32"'],
+    "gateway openvino fp32": ['engine = "openvino"', 'precision = "fp32"'],
+    # The same with batches that never mix requests: what shared batches gain at 4 clients.
+    "gateway openvino fp32 (per-request batches)": ['engine = "openvino"', 'precision = "fp32"', 'batching = "per-request"'],
+    # Reduced precisions serve whatever the gate measures (parity_min_agreement lowered), so
+    # their speed is reported beside the verdict the default gate (99 %) gives ("gate" column).
+    "gateway openvino bf16": ['engine = "openvino"', 'precision = "bf16"', "parity_min_agreement = 0.001"],
+    "gateway openvino int8": ['engine = "openvino"', 'precision = "int8"', "parity_min_agreement = 0.001"],
+    # bf16 / int8 for every document, fp32 re-scoring the ones they cannot order in the top-10.
+    "gateway openvino bf16 refine10": ['engine = "openvino"', 'precision = "bf16"', "refine_top = 10", "parity_min_agreement = 0.001"],
+    # The same re-scoring both sides of every open pair at once (refine_rounds = 2, the default
+    # above, re-scores one side first and looks again): what the rounds save.
+    "gateway openvino bf16 refine10 (one round)": ['engine = "openvino"', 'precision = "bf16"', "refine_top = 10",
+                                                   "refine_rounds = 1", "parity_min_agreement = 0.001"],
+    "gateway openvino int8 refine10": ['engine = "openvino"', 'precision = "int8"', "refine_top = 10", "parity_min_agreement = 0.001"],
+}
+BASELINE = "gateway transformers (fp32)"
+ScoreFn = Callable[[str, list[str]], list[float]]
+
+
+class Gateway:
+    """One ``rerank-gateway serve`` process holding every gateway contestant as a model."""
+
+    def __init__(self, model_dir: Path, work: Path, names: list[str], gate: str = "") -> None:
+        self.port = 18000 + os.getpid() % 1000
+        self.url = f"http://127.0.0.1:{self.port}"
+        lines = ["[logging]", 'level = "WARNING"', ""]
+        self.models: dict[str, str] = {}
+        for i, name in enumerate(names):
+            model = f"m{i}"
+            self.models[name] = model
+            # A long timeout: 4 clients of 50 documents queue for minutes on a loaded 2-core machine.
+            lines += ["[[models]]", f'name = "{model}"', f'path = "{model_dir}"', "timeout_s = 1800.0", *GATEWAY_VARIANTS[name]]
+            if "openvino" in name:
+                lines.append(f'cache_dir = "{work / "ov-cache"}"')
+            if gate and "parity_min_agreement" in " ".join(GATEWAY_VARIANTS[name]):
+                queries, documents = gate.split("x")
+                lines += [f"parity_queries = {int(queries)}", f"parity_documents = {int(documents)}"]
+            lines.append("")
+        config = work / "gateway.toml"
+        config.write_text("\n".join(lines))
+        self.log = (work / "gateway.log").open("wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config),
+                                      "--port", str(self.port)], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        self.client = httpx.Client(base_url=self.url, timeout=600.0, limits=httpx.Limits(max_connections=16))
+
+    def wait(self, timeout: float = 1800.0) -> dict[str, str]:
+        """Wait until every model is ready or failed three times (a load retried after a passing fault); name -> error of those that failed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited {self.proc.returncode}")
+            try:
+                models = self.client.get("/ready").json()["models"]
+            except (httpx.HTTPError, ValueError, KeyError):
+                time.sleep(1)
+                continue
+            states = {m["name"]: m for m in models}
+            if all(s["state"] == "ready" or s.get("load_attempts", 0) >= 3 and s["state"] == "failed" for s in states.values()):
+                return {n: states[m].get("error", "") for n, m in self.models.items() if states[m]["state"] != "ready"}
+            time.sleep(1)
+        raise TimeoutError("gateway models did not load")
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        models = {m["name"]: m for m in self.client.get("/ready").json()["models"]}
+        return {n: models[m] for n, m in self.models.items()}
+
+    def engine_stats(self, name: str) -> dict[str, Any]:
+        models = {m["name"]: m for m in self.client.get("/ready").json()["models"]}
+        return models[self.models[name]].get("engine_stats") or {}
+
+    def scorer(self, name: str) -> ScoreFn:
+        model = self.models[name]
+
+        def score(query: str, docs: list[str]) -> list[float]:
+            r = self.client.post("/v1/rerank", json={"model": model, "query": query, "documents": docs})
+            r.raise_for_status()
+            out = [0.0] * len(docs)
+            for item in r.json()["results"]:
+                out[item["index"]] = item["relevance_score"]
+            return out
+
+        return score
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def st_scorer(model_dir: Path, backend: str, **kwargs: Any) -> ScoreFn:
+    from sentence_transformers import CrossEncoder
+
+    model = CrossEncoder(str(model_dir), device="cpu", backend=backend, **kwargs)
+
+    def score(query: str, docs: list[str]) -> list[float]:
+        return [float(s) for s in model.predict([(query, d) for d in docs], batch_size=32)]
+
+    return score
+
+
+def export_onnx(model_dir: Path, int8: bool) -> Path:
+    """The checkpoint as ONNX (torch's TorchScript exporter), dynamically quantized for int8
+    (per-channel int8 weights: what sentence-transformers' and FlashRank's int8 files are)."""
+    out = model_dir / ("model_int8.onnx" if int8 else "model.onnx")
+    if out.exists():
+        return out
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    fp32 = model_dir / "model.onnx"
+    if not fp32.exists():
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+        names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.type_vocab_size > 1 else [])
+        example = tuple(torch.ones((2, 8), dtype=torch.long) for _ in names)
+        torch.onnx.export(model, example, str(fp32), input_names=names, output_names=["logits"], opset_version=17,
+                          dynamic_axes={n: {0: "batch", 1: "length"} for n in names}, dynamo=False)
+    if int8:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=True)
+    return out
+
+
+def ort_scorer(model_dir: Path, int8: bool) -> ScoreFn:
+    import numpy as np
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    session = ort.InferenceSession(str(export_onnx(model_dir, int8)), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    tok = AutoTokenizer.from_pretrained(model_dir)
+
+    def score(query: str, docs: list[str]) -> list[float]:
+        out: list[float] = []
+        for i in range(0, len(docs), 32):  # sentence-transformers' batch, in input order, padded
+            enc = tok([query] * len(docs[i : i + 32]), docs[i : i + 32], padding=True, truncation=True, return_tensors="np")
+            logits = session.run(None, {k: v.astype(np.int64) for k, v in enc.items() if k in names})[0]
+            out += (1 / (1 + np.exp(-logits[:, 0]))).tolist()
+        return out
+
+    return score
+
+
+def flashrank_scorer(model_dir: Path) -> ScoreFn:
+    """FlashRank as it ships (one padded ONNX int8 batch per request), pointed at local files:
+    its loader reads ``cache_dir/<model name>/`` and downloads only when that is absent."""
+    import shutil
+
+    from flashrank import Ranker, RerankRequest
+    from flashrank.Config import model_file_map
+
+    name = "ms-marco-MiniLM-L-12-v2"  # a name FlashRank knows; the files under it are ours
+    local = model_dir / "flashrank" / name
+    local.mkdir(parents=True, exist_ok=True)
+    shutil.copy(export_onnx(model_dir, int8=True), local / model_file_map[name])
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / f, local / f)
+    cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
+    if not (model_dir / "special_tokens_map.json").exists():
+        keys = ("cls_token", "sep_token", "pad_token", "unk_token", "mask_token", "bos_token", "eos_token")
+        (local / "special_tokens_map.json").write_text(json.dumps({k: cfg[k] for k in keys if isinstance(cfg.get(k), str)}))
+    else:
+        shutil.copy(model_dir / "special_tokens_map.json", local / "special_tokens_map.json")
+    config = json.loads((local / "config.json").read_text())
+    config.setdefault("pad_token_id", 0)
+    (local / "config.json").write_text(json.dumps(config))
+    ranker = Ranker(model_name=name, cache_dir=str(model_dir / "flashrank"), log_level="WARNING")
+
+    def score(query: str, docs: list[str]) -> list[float]:
+        ranked = ranker.rerank(RerankRequest(query=query, passages=[{"id": i, "text": d} for i, d in enumerate(docs)]))
+        out = [0.0] * len(docs)
+        for p in ranked:
+            out[p["id"]] = float(p["score"])
+        return out
+
+    return score
+
+
+IN_PROCESS: dict[str, Callable[[Path], ScoreFn]] = {
+    "sentence-transformers torch (batch 32)": lambda d: st_scorer(d, "torch"),
+    "onnxruntime fp32 (batch 32)": lambda d: ort_scorer(d, int8=False),
+    "onnxruntime int8 dynamic (batch 32)": lambda d: ort_scorer(d, int8=True),
+    "FlashRank (ONNX int8, as it ships)": flashrank_scorer,
+    # sentence-transformers' own onnx / openvino backends need optimum(-intel), whose pins would
+    # replace the environment's torch and transformers: the ORT rows above stand in for them.
+}
