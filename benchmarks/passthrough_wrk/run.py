@@ -1,0 +1,180 @@
+"""The run: the stub, the gateways and LiteLLM started, wrk rounds over every target and
+concurrency level (the others stopped meanwhile), the profile, then the report written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cpu_overhead import ROOT, Proc, _free_port
+from benchmarks.passthrough_wrk.host import _idle_cpu, _loadavg, _signal_tree, _switches
+from benchmarks.passthrough_wrk.pyspy_profile import _profile
+from benchmarks.passthrough_wrk.report import TARGETS, render, summarize
+from benchmarks.passthrough_wrk.wrk import _body, _lua, _wrk
+
+# The package's docstring is the run's description (``--help`` shows it).
+_SUITE_DOC = sys.modules[__package__].__doc__
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=_SUITE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench-out/passthrough-wrk")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5.0, help="wrk duration per run")
+    ap.add_argument("--clients", default="1,32")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="N of the N-worker gateway")
+    ap.add_argument("--documents", type=int, default=100)
+    ap.add_argument("--top-n", type=int, default=10)
+    ap.add_argument("--profile-seconds", type=float, default=8.0, help="0: no py-spy profile")
+    ap.add_argument("--before", help="a checkout of an earlier commit (git archive COMMIT | tar -x -C DIR): "
+                    "its gateway, one worker, joins the comparison as gateway-before")
+    ap.add_argument("--runners", default="uvicorn",
+                    help="comma-separated server.runner values; granian adds gateway-granian-1w and -Nw")
+    ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", "/tmp/litellm-venv"))
+    ap.add_argument("--spinners", type=int, default=0,
+                    help="busy loops at nice 19 during the rounds: keeps idle vCPUs from sleeping, to see how much "
+                    "of the 1-client latency is wake-up cost rather than work")
+    ap.add_argument("--no-pause", action="store_true",
+                    help="leave the other targets running during each run (by default they are stopped with "
+                    "SIGSTOP: an idle LiteLLM proxy keeps using CPU, which moved the 1-client figures of the others)")
+    args = ap.parse_args()
+    if shutil.which("wrk") is None:
+        print("wrk is missing: apt-get install -y wrk", file=sys.stderr)
+        return 2
+    out = Path(args.out) if Path(args.out).is_absolute() else ROOT / args.out
+    logs = ROOT / "bench-out" / "passthrough-wrk-logs"
+    out.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    clients = [int(c) for c in args.clients.split(",")]
+    body = logs / "body.json"
+    body.write_bytes(_body(args.documents, args.top_n))
+    key = "sk-bench-" + secrets.token_hex(16)
+    scripts = {"plain": logs / "plain.lua", "litellm": logs / "litellm.lua"}
+    scripts["plain"].write_text(_lua(body, {"Content-Type": "application/json"}))
+    scripts["litellm"].write_text(_lua(body, {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}))
+
+    procs: dict[str, Proc] = {}
+    urls: dict[str, str] = {}
+    results: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+                    "python": platform.python_version()},
+        "workload": {"documents": args.documents, "top_n": args.top_n, "body_bytes": body.stat().st_size,
+                     "seconds_per_run": args.seconds, "rounds": args.rounds, "clients": clients,
+                     "workers": args.workers},
+        "runners": args.runners.split(","),
+        "command": " ".join(["python -m benchmarks.passthrough_wrk", *sys.argv[1:]]),
+        "runs": [],
+    }
+    try:
+        sp = _free_port()
+        procs["stub"] = Proc("stub", [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(sp), "--keep-alive-s", "600"], logs)
+        urls["stub"] = f"http://127.0.0.1:{sp}/v2/rerank"
+        runners = [r.strip() for r in args.runners.split(",") if r.strip()]
+        gateways = []
+        for runner in runners:
+            prefix = "gateway" if runner == "uvicorn" else f"gateway-{runner}"
+            gateways += [(f"{prefix}-1w", 1, ROOT, runner), (f"{prefix}-Nw", args.workers, ROOT, runner)]
+        if args.before:
+            gateways.insert(0, ("gateway-before", 1, Path(args.before).resolve(), "uvicorn"))
+        for name, workers, cwd, runner in gateways:
+            port = _free_port()
+            cfg = logs / f"{name}.toml"
+            server = ([f"workers = {workers}"] if workers > 1 else []) + ([f'runner = "{runner}"'] if runner != "uvicorn" else [])
+            cfg.write_text(
+                ("[server]\n" + "\n".join(server) + "\n\n" if server else "") + "[logging]\nlevel = \"WARNING\"\n\n"
+                f'[[models]]\nname = "rerank"\nengine = "pool"\nprotocol = "cohere"\n'
+                f'urls = ["http://127.0.0.1:{sp}"]\nmodel = "stub"\nmax_connections = 64\n'
+            )
+            procs[name] = Proc(name, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port)],
+                               logs, cwd=cwd)
+            urls[name] = f"http://127.0.0.1:{port}/v2/rerank"
+        exe = Path(args.litellm_venv) / "bin" / "litellm"
+        if exe.exists():
+            lp = _free_port()
+            (logs / "litellm.yaml").write_text(
+                "model_list:\n  - model_name: rerank\n    litellm_params:\n      model: cohere/rerank-v3.5\n"
+                f"      api_base: http://127.0.0.1:{sp}\n      api_key: sk-stub\n"
+            )
+            procs["litellm"] = Proc("litellm", [str(exe), "--config", str(logs / "litellm.yaml"), "--port", str(lp),
+                                                "--num_workers", "1"], logs,
+                                    # The bundled cost map: no network fetch at start (this box has none).
+                                    env={"LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR",
+                                         "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+            urls["litellm"] = f"http://127.0.0.1:{lp}/v2/rerank"
+            ver = subprocess.run([str(Path(args.litellm_venv) / "bin" / "python"), "-c",
+                                  "import importlib.metadata as m; print(m.version('litellm'))"],
+                                 capture_output=True, text=True, check=False)
+            results["litellm_version"] = ver.stdout.strip()
+        else:
+            print(f"no LiteLLM at {exe}: gateway only", flush=True)
+        procs["stub"].wait_http(f"http://127.0.0.1:{sp}/health")
+        for name, *_ in gateways:
+            procs[name].wait_http(urls[name].replace("/v2/rerank", "/ready"))
+        if "litellm" in procs:
+            procs["litellm"].wait_http(urls["litellm"].replace("/v2/rerank", "/health/liveliness"), timeout=900)
+        targets = ["stub", *[t for t in TARGETS if t in procs]]
+        for t in targets:  # warm-up: connections, lazy imports, first-request paths
+            _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], 4, 1.0)
+
+        results["idle_cpu_share"] = _idle_cpu({t: procs[t] for t in targets})
+        results["spinners"] = args.spinners
+        spinners = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
+                    for _ in range(args.spinners)]
+        results["other_targets_paused"] = not args.no_pause
+        print(f"idle CPU (share of a core): {results['idle_cpu_share']}", flush=True)
+
+        for rnd in range(args.rounds):
+            for c in clients:
+                order = targets[rnd % len(targets):] + targets[: rnd % len(targets)]
+                for t in order:
+                    # The stub serves every target, so it always runs; the other proxies wait stopped.
+                    paused = [] if args.no_pause else [procs[o] for o in targets if o not in (t, "stub")]
+                    for other in paused:
+                        _signal_tree(other, signal.SIGSTOP)
+                    load0 = _loadavg()
+                    cpu0, sw0 = procs[t].cpu_s(), _switches(procs[t])
+                    try:
+                        res = _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], c, args.seconds)
+                    finally:
+                        cpu1, sw1 = procs[t].cpu_s(), _switches(procs[t])
+                        for other in paused:
+                            _signal_tree(other, signal.SIGCONT)
+                    res.update(round=rnd, clients=c, target=t, loadavg_before=load0, loadavg_after=_loadavg(),
+                               cpu_ms_per_request=(cpu1 - cpu0) / max(1, res["requests"]) * 1e3,
+                               switches_per_request=(sw1 - sw0) / max(1, res["requests"]))
+                    results["runs"].append(res)
+                    print(f"round {rnd} c={c:>2} {t:<18} {res['req_s']:8.1f} req/s  p50 {res.get('p50_ms', 0):6.2f} ms  "
+                          f"cpu {res['cpu_ms_per_request']:.3f} ms/req  sleeps {res['switches_per_request']:.1f}/req  errors {res['errors']}  load {load0[0]}", flush=True)
+
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+        if args.profile_seconds > 0 and "gateway-1w" in procs:
+            prof_out = logs / "gateway-1w.pyspy.txt"
+            proc = subprocess.Popen(["wrk", "-t1", "-c32", f"-d{round(args.profile_seconds) + 4}s", "-s", str(scripts["plain"]),
+                                     urls["gateway-1w"]], stdout=subprocess.DEVNULL)
+            time.sleep(1)
+            results["profile_gateway_1w_32_clients"] = _profile(procs["gateway-1w"].proc.pid, args.profile_seconds, prof_out)
+            proc.wait(timeout=60)
+    finally:
+        for p in procs.values():
+            p.stop()
+    results["summary"] = summarize(results["runs"], clients)
+    (out / "passthrough_wrk.json").write_text(json.dumps(results, indent=1))
+    (out / "passthrough_wrk.md").write_text(render(results))
+    print(json.dumps(results["summary"], indent=1))
+    print(f"wrote {out}")
+    return 0
