@@ -78,9 +78,11 @@ def test_a_cancelled_call_does_not_eject(slow):
 
 
 def test_a_replica_silent_for_read_timeout_is_ejected(slow):
+    # max_ejected_share=1: by default a pool's only replica is never ejected (test_pool_ejection_cap).
     with _serve(
-        protocol="infinity", urls=(slow.url,), read_timeout_s=0.2, timeout_s=5, eject_after_failures=2
-    ) as client:
+        protocol="infinity", urls=(slow.url,), read_timeout_s=0.2, timeout_s=5, eject_after_failures=2,
+        max_ejected_share=1.0,
+    ) as client:  # fmt: skip
         assert [client.post("/v1/rerank", json=BODY).status_code for _ in range(2)] == [504, 504]
         assert not client.app.state.registry.get("p").engine.replica_stats()[0]["admitted"]
         assert client.post("/v1/rerank", json=BODY).status_code == 503

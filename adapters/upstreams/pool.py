@@ -14,6 +14,9 @@ Passive health: connect errors, dropped connections, timeouts and 502/503/504 co
 failures; ``eject_after_failures`` consecutive ones eject the replica for ``cooldown_s``; after
 that its ``health_path`` is probed, and only a passing probe readmits it. A call that could
 not reach a replica (or got 503/429) is sent to another replica, each tried at most once.
+At most ``max_ejected_share`` of the replicas are ejected at once (Envoy's
+``max_ejection_percent``): when the whole pool is slow or failing, ejecting every replica would
+turn the slowdown into 503s for ``cooldown_s``, so the rest stay in rotation.
 
 The hot path is lean on purpose (a passthrough gateway is CPU-bound on it): one aiohttp session
 per model (O(1) keep-alive pool, C HTTP parser; see ``adapters.upstreams.http``), the body
@@ -163,8 +166,10 @@ class PoolEngine:
 
     async def check_health(self) -> None:
         """Probe every replica now; unavailable when none passes."""
-        await asyncio.gather(*(self._probe(r) for r in self._replicas))
-        if not any(r.admitted for r in self._replicas):
+        # By the probes' verdict, not by who is admitted: the ejection cap may keep a replica
+        # whose probe failed in rotation, and /ready must still say the model is down.
+        passed = await asyncio.gather(*(self._probe(r) for r in self._replicas))
+        if not any(passed):
             raise EngineUnavailableError(
                 f"no replica of '{self._config.name}' passes its health probe", retry_after=self._retry_after()
             )
@@ -292,17 +297,45 @@ class PoolEngine:
     def _failed(self, replica: Replica, reason: str) -> None:
         replica.consecutive_failures += 1
         if replica.admitted and replica.consecutive_failures >= self._config.eject_after_failures:
-            replica.ejected_until = time.monotonic() + self._config.cooldown_s
-            log.warning(
-                "replica_ejected",
-                model=self._config.name,
-                replica=replica.url,
-                failures=replica.consecutive_failures,
-                reason=reason,
-                cooldown_s=self._config.cooldown_s,
-            )
+            self._eject(replica, reason, failures=replica.consecutive_failures)
 
-    async def _probe(self, replica: Replica) -> None:
+    def _eject(self, replica: Replica, reason: str, **fields: Any) -> None:
+        """Take an admitted replica out of rotation for cooldown_s, unless the cap is reached.
+
+        Whole-pool trouble (overload: every replica hits read_timeout_s) looks like every
+        replica failing; ejecting them all would answer 503 for cooldown_s after the load has
+        passed. So at most ``max_ejected_share`` of the pool is ejected at once (a pool of one is
+        never ejected by default), and the others keep serving, however slowly. A capped
+        replica keeps its failure count and is ejected at its next failure once there is room.
+        """
+        ejected = sum(1 for r in self._replicas if not r.admitted)
+        allowed = int(self._config.max_ejected_share * len(self._replicas) + 1e-9)  # 0.3 * 10 is 2.999...
+        if ejected >= allowed:
+            # Once per failure streak (and per failed /ready probe): not once per failed call.
+            if replica.consecutive_failures <= self._config.eject_after_failures:
+                log.warning(
+                    "replica_ejection_capped",
+                    model=self._config.name,
+                    replica=replica.url,
+                    reason=reason,
+                    ejected=ejected,
+                    replicas=len(self._replicas),
+                    max_ejected_share=self._config.max_ejected_share,
+                    **fields,
+                )
+            return
+        replica.ejected_until = time.monotonic() + self._config.cooldown_s
+        log.warning(
+            "replica_ejected",
+            model=self._config.name,
+            replica=replica.url,
+            reason=reason,
+            cooldown_s=self._config.cooldown_s,
+            **fields,
+        )
+
+    async def _probe(self, replica: Replica) -> bool:
+        """Whether ``replica`` passes its health probe; admits or ejects it accordingly."""
         assert self._probe_client is not None
         try:
             async with self._probe_client.get(
@@ -317,10 +350,13 @@ class PoolEngine:
             if not replica.admitted:
                 log.info("replica_readmitted", model=self._config.name, replica=replica.url)
             replica.ejected_until, replica.consecutive_failures = None, 0
-        else:
-            if replica.admitted:
-                log.warning("replica_ejected", model=self._config.name, replica=replica.url, reason=f"probe {reason}")
+        elif replica.admitted:
+            # Under the same cap as traffic: a /ready poll while every replica is slow to answer
+            # its /health (TEI's runs through the busy backend) must not eject the whole pool.
+            self._eject(replica, f"probe {reason}")
+        else:  # still failing after its cooldown: another one (it is already counted in the cap)
             replica.ejected_until = time.monotonic() + self._config.cooldown_s
+        return ok
 
     def _retry_after(self) -> int:
         now = time.monotonic()

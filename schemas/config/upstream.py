@@ -67,5 +67,9 @@ class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
     # then probe health_path before sending it traffic again.
     eject_after_failures: Positive = 3
     cooldown_s: PositiveFloat = 10.0  # how long an ejected replica gets no traffic
+    # Most of the pool ejected at once (Envoy's max_ejection_percent): when every replica is
+    # slow or failing (overload), the rest stay in rotation instead of the pool answering 503
+    # for cooldown_s. 0.5: a pool of 1 is never ejected, 1 of 2 or 3, 2 of 4; 1.0: no cap.
+    max_ejected_share: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
     health_path: str = "/health"  # probed (GET, 200 expected) before an ejected replica is used again
     probe_timeout_s: PositiveFloat = 2.0  # time limit of that probe
