@@ -69,6 +69,12 @@ _NOT_A_RERANKER = re.compile(
     r"does not support\W+(the\W+)?(rerank|scor|pooling)|unsupported task|not a re-?ranker|only enabled for num_labels",
     re.IGNORECASE,
 )
+# What vLLM (404 "The model `x` does not exist."), Infinity (400 "Invalid model: Engine for model
+# name `x` not found") and Cohere-compatible servers, rerank-gateway included (404 "model 'x' not
+# found"), answer a `model` they do not serve: the pool's `model` setting is wrong.
+_UNKNOWN_MODEL = re.compile(
+    r"\bmodel\b.{0,300}?\b(does not exist|not found)|\binvalid model\b", re.IGNORECASE | re.DOTALL
+)
 
 
 class Replica:
@@ -272,19 +278,25 @@ class PoolEngine:
             raise RetryableUpstreamError(f"{upstream} is unavailable (HTTP {status})", wait_hint=wait)
         if status == 504:
             raise EngineTimeoutError(f"{upstream} timed out (HTTP 504)")
+        # The operator's mistakes, which no client request can change. Not counted against the
+        # replica (its /health passes, so ejecting it would only flap) and not retried elsewhere.
         if _NOT_A_RERANKER.search(message):
-            # Not counted against the replica: its /health passes, so ejecting it would only flap.
-            log.error(
-                "pool_upstream_misconfigured",
-                model=self._config.name,
-                replica=replica.url,
-                status=status,
-                message=message,
-            )
-            raise EngineMisconfiguredError(
-                f"model '{self._config.name}' is misconfigured: its upstream serves a model that is not a reranker; "
-                "the gateway's operator must fix the upstream (retrying will not help)"
-            )
+            raise self._misconfigured(
+                replica, status, message, "its upstream serves a model that is not a reranker; "
+                "the gateway's operator must fix the upstream",
+            )  # fmt: skip
+        if status in (400, 404) and _UNKNOWN_MODEL.search(message):
+            # The client sees the setting to fix, not the served names the upstream lists (log).
+            raise self._misconfigured(
+                replica, status, message, "its upstream does not serve the model named in its `model` setting; "
+                "the gateway's operator must set `model` to a name the upstream serves",
+            )  # fmt: skip
+        if status == 404:
+            # Any other 404 is the route: another protocol's server, or a path in `urls`.
+            raise self._misconfigured(
+                replica, status, message, f"its upstream has no POST {self._protocol.path} route; "
+                "the gateway's operator must fix its `protocol` or `urls`",
+            )  # fmt: skip
         if status in (400, 413, 422):
             # The input itself (too long for max_model_len, too many texts): the client's to fix.
             raise EngineInputError(f"upstream rejected the request: {message}")
@@ -292,6 +304,20 @@ class PoolEngine:
         # every healthy replica in turn.
         log.error("pool_upstream_error", model=self._config.name, replica=replica.url, status=status, message=message)
         raise EngineError(f"{upstream} answered HTTP {status}: {message}")
+
+    def _misconfigured(self, replica: Replica, status: int, message: str, what: str) -> EngineMisconfiguredError:
+        """The error for an upstream answer only the operator can fix; the details go to the log."""
+        log.error(
+            "pool_upstream_misconfigured",
+            model=self._config.name,
+            replica=replica.url,
+            upstream_model=self._protocol.model,
+            status=status,
+            message=message,
+        )
+        return EngineMisconfiguredError(
+            f"model '{self._config.name}' is misconfigured: {what} (retrying will not help)"
+        )
 
     # -- health ----------------------------------------------------------------------------
     def _failed(self, replica: Replica, reason: str) -> None:
