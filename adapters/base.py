@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 __all__ = (
+    "EngineAccountError",
     "EngineConfigError",
     "EngineDeadError",
     "EngineError",
@@ -186,6 +187,12 @@ class EngineMisconfiguredError(EngineError):
     """The engine or upstream is set up so that it cannot score at all (e.g. a pool replica serves
     a model that is not a reranker): the operator's to fix, not the client's (502). The message is
     written by the gateway, with no upstream text or address in it: clients read it."""
+
+
+class EngineAccountError(EngineError):
+    """The upstream refused the gateway's own account or credentials (a rejected key, an overdue
+    DashScope account): the operator's to fix (502). Unlike :class:`EngineMisconfiguredError` the
+    client gets the generic 502 message: the state of the operator's account is not its business."""
 
 
 class EngineConfigError(ValueError):

@@ -15,6 +15,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 
 from adapters.base import (
+    EngineAccountError,
     EngineError,
     EngineInputError,
     EngineMisconfiguredError,
@@ -139,6 +140,7 @@ ERROR_TABLE: Final[dict[type[Exception], int]] = {
     EngineUnavailableError: 503,
     EngineTimeoutError: 504,
     EngineMisconfiguredError: 502,
+    EngineAccountError: 502,
     EngineError: 502,
     ValidationException: 422,  # the body decoded but does not fit the request schema
     BodyTimeoutError: 408,
@@ -224,6 +226,11 @@ def _headers(exc: Exception, status: int) -> dict[str, str]:
 # Expected 503s: the gateway chose to refuse (model loading, failed, restarting, overloaded,
 # rate-limit store down). One warning line each, no traceback; the cause is in /ready.
 _EXPECTED: Final = (ModelUnavailableError, EngineUnavailableError, RateLimitStoreError)
+# Expected 502s: a known condition the operator must fix (an upstream that cannot serve this
+# model as configured, a refused account or key). Its traceback is the request path down to the
+# raise, the same on every request until someone acts: one error line with the cause instead.
+# Anything else (a 500 is a bug) keeps its traceback.
+_OPERATOR: Final = (EngineMisconfiguredError, EngineAccountError)
 
 
 def _body_too_large(request: Request[Any, Any, Any]) -> str:
@@ -248,6 +255,9 @@ def describe_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[int
         if isinstance(exc, _EXPECTED):
             log.warning("request_refused", request_id=request_id, status=status, error=type(exc).__name__,
                         reason=message)
+        elif isinstance(exc, _OPERATOR):  # the exception's own text: it may name what the client's does not
+            log.error("request_failed", request_id=request_id, status=status, error=type(exc).__name__,
+                      reason=str(exc))
         else:
             log.error("request_failed", request_id=request_id, status=status, error=type(exc).__name__,
                       exc_info=exc)

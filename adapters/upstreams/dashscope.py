@@ -28,7 +28,15 @@ import httpx
 import msgspec
 import structlog
 
-from adapters.base import EngineConfigError, EngineError, EngineInputError, EngineUnavailableError, ScoreJob, ScoreResult
+from adapters.base import (
+    EngineAccountError,
+    EngineConfigError,
+    EngineError,
+    EngineInputError,
+    EngineUnavailableError,
+    ScoreJob,
+    ScoreResult,
+)
 from adapters.upstreams.http import (
     RetryableUpstreamError,
     answer_limit,
@@ -275,14 +283,14 @@ class DashScopeEngine:
         if code in _ACCOUNT_CODES:
             # 400s about the operator's account or model, not the request: nothing the client can change.
             log.error("dashscope_account_refused", **fields, message=message)
-            return EngineError(f"{self._upstream} refused the gateway's account ({code}: {_ACCOUNT_CODES[code]})")
+            return EngineAccountError(f"{self._upstream} refused the gateway's account ({code}: {_ACCOUNT_CODES[code]})")
         if status in (400, 413):
             log.info("dashscope_rejected_input", **fields, message=message)
             return EngineInputError(f"DashScope rejected the request ({code or status}): {message}")
         if status in (401, 403):
             # Our key, not the client's: the client sees a generic 502, operators see this line.
             log.error("dashscope_auth_failed", **fields, message=message)
-            return EngineError(f"{self._upstream} refused the gateway's credentials ({code or status})")
+            return EngineAccountError(f"{self._upstream} refused the gateway's credentials ({code or status})")
         if status in (408, 429) or status >= 500:
             log.warning("dashscope_retryable_error", **fields, message=message)
             wait = parse_retry_after(response.headers.get("retry-after"))

@@ -37,6 +37,7 @@ import aiohttp
 import structlog
 
 from adapters.base import (
+    EngineAccountError,
     EngineError,
     EngineInputError,
     EngineMisconfiguredError,
@@ -297,6 +298,11 @@ class PoolEngine:
                 replica, status, message, f"its upstream has no POST {self._protocol.path} route; "
                 "the gateway's operator must fix its `protocol` or `urls`",
             )  # fmt: skip
+        if status in (401, 403):
+            # The gateway's api_key, not the client's: the client gets the generic 502.
+            log.error("pool_upstream_auth_failed", model=self._config.name, replica=replica.url, status=status,
+                      message=message)  # fmt: skip
+            raise EngineAccountError(f"{upstream} refused the gateway's credentials (HTTP {status})")
         if status in (400, 413, 422):
             # The input itself (too long for max_model_len, too many texts): the client's to fix.
             raise EngineInputError(f"upstream rejected the request: {message}")
