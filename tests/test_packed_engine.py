@@ -345,3 +345,30 @@ def test_replica_modes_equal_reference(tiny_qwen3_dir, mode):
     want = reference.score_ids(str(tiny_qwen3_dir), prompts)
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
     assert replica.score(prompts[:1]) == pytest.approx(want[:1], abs=1e-5)  # a step of one prompt
+
+
+class _MiscountingRunner(_PipelinedRunner):
+    """The first step's collect returns one score too few: a runner bug, not a device fault."""
+
+    def collect(self, handle):
+        out = super().collect(handle)
+        return out[:-1] if self.collected == 1 else out
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "whole-steps"])
+async def test_a_step_whose_result_does_not_fit_fails_its_requests_and_the_device_keeps_serving(pipelined):
+    """Whole steps fail such a step's requests and go on; the collector thread must too, or its
+    device is wedged: the request never answers and the launcher stops once its lane is full."""
+    runner = _MiscountingRunner()
+    runner.pipelined = pipelined
+    runner.score = lambda prompts, segments=None: runner.collect(runner.launch(prompts, segments))
+    scheduler = PackedScheduler([runner], batch_tokens=1000, max_items=64)
+    try:
+        bad = scheduler.submit([1], [[2, 3], [4]], [5])
+        with pytest.raises(RuntimeError, match="IndexError"):
+            await asyncio.wait_for(bad.future, 5)
+        for _ in range(3):  # more steps than the lane holds
+            assert await asyncio.wait_for(scheduler.submit([1], [[2]], [5]).future, 5) == [0.03]
+    finally:
+        scheduler.stop()

@@ -310,7 +310,12 @@ class PackedScheduler:
                     scores = runner.collect(handle)  # type: ignore[attr-defined]
                 except Exception as exc:  # noqa: BLE001
                     error = exc
-            self._finish(counters, runner, taken, tokens, scores, error, t0, prep, tw)
+            try:
+                self._finish(counters, runner, taken, tokens, scores, error, t0, prep, tw)
+            except Exception as exc:  # noqa: BLE001  # scores that do not fit the step: fail it, as whole steps do
+                # (escaping, it would end this thread: the step's requests never answered, and
+                # the launcher, its lane never freed, would launch nothing more on this device)
+                self._finish(counters, runner, taken, tokens, None, exc, t0, prep, tw)
             with self._cond:
                 lane.out -= 1
                 self._cond.notify_all()  # a slot is free: the launcher may go on
