@@ -173,3 +173,23 @@ def test_graphs_stay_off_when_a_replay_is_not_the_eager_forward():
     wrong = [[0.5], [-2.0], [0.0]]
     assert replay_mismatch(want, wrong, wrong) == "graph replay differs from the eager forward by 3 (repeat equal: True)"
     assert "repeat equal: False" in replay_mismatch(want, close, want)
+
+
+def test_no_bucket_is_larger_than_the_largest_graph(monkeypatch):
+    """``max_tokens`` (the engine's ``token_bucket(batch_tokens + 1)``) bounds every graph: a step
+    of up to ``max_tokens - 1`` tokens (one prompt over the budget) must not get a larger bucket.
+    16 short of a multiple of the step, a bucket just past 16 x a power of two (8,432 = 16 x 512
+    + 240) buckets again to the next step's size (token_bucket(8,432) = 8,688)."""
+    import torch
+
+    from adapters.runtimes.packed import graphs
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)  # CPU: no pool
+    for batch_tokens in (8180, 8190, 16000, 16370, 32760):
+        top = graphs.token_bucket(batch_tokens + 1)
+        step_graphs = graphs.StepGraphs(lambda *a: None, torch.device("cpu"), offset=0, max_tokens=top)
+        for tokens in range(batch_tokens - 8, top + 8):
+            key = step_graphs.key(tokens, 1, 64)
+            assert key is None or key[0] <= top, (batch_tokens, tokens, key)
+            if tokens <= batch_tokens:  # every step the budget makes has its graph
+                assert key is not None and key[0] > tokens

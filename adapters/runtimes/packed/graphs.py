@@ -128,9 +128,11 @@ class StepGraphs:
         """The bucket a step of this shape runs in, or None when it runs eagerly: too large for a
         graph, or a new bucket once ``limit`` graphs exist (never evicting: a workload of more
         shapes than that would otherwise capture again and again, ~60 ms each)."""
-        if tokens + 1 > self.max_tokens:
-            return None
         key = bucket_key(tokens, pairs, max_len)
+        # The bucket, not tokens + 1: a bucket is 16 short of a multiple of its step, so a step
+        # just under ``max_tokens`` may bucket past it (token_bucket(8,432) = 8,688).
+        if key[0] > self.max_tokens:
+            return None
         if key in self.failed or (key not in self._graphs and len(self._graphs) >= self._limit):
             self.eager_steps += 1
             return None
