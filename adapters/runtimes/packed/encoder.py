@@ -99,13 +99,16 @@ class PackedEncoderEngine(PackedEngineBase):
             # (benchmarks/gpu_nan_probe.py), so the cause is not isolated. Those items run once
             # more, in another step (another composition and graph bucket); non-finite again, the
             # request fails with the 502 it got before. Counted in /ready and logged either way.
+            # Counted and logged before the retry: a request cancelled meanwhile still leaves a trace.
+            self.nonfinite_retries += 1
+            log.warning("packed_nonfinite_logits", items=len(bad), of=len(logits))
             again = scheduler.submit(job.shared_ids, [job.item_ids[i] for i in bad], pair.layout.tail, segment)
             redone = await _scores_of(scheduler, again)
             for i, row in zip(bad, redone, strict=True):
                 logits[i] = row
-            self.nonfinite_retries += 1
             still = sum(1 for row in redone if not all(map(math.isfinite, row)))
-            log.warning("packed_nonfinite_logits_rescored", items=len(bad), still_nonfinite=still)
+            if still:
+                log.warning("packed_nonfinite_logits_again", items=still)
         tokens = sum(req.prompt_len(i) for i in range(len(job.item_ids)))
         queue_s = (req.started_at - req.queued_at) if req.started_at is not None else 0.0
         return ScoreResult(scores=family.scores(job, logits), input_tokens=tokens, queue_s=queue_s)
