@@ -23,6 +23,7 @@ st = pytest.importorskip("sentence_transformers")
 
 from adapters.base import EngineConfigError, ScoreJob  # noqa: E402
 from adapters.runtimes.cpu import engine as ov_engine  # noqa: E402
+from adapters.runtimes.cpu import start as ov_start  # noqa: E402
 from adapters.runtimes.cpu.engine import OpenVinoEngine, bucket_batches  # noqa: E402
 from adapters.runtimes.cpu.parity import compare_rankings, keeps_top_k  # noqa: E402
 from schemas.config import OpenVinoEngineConfig, Settings  # noqa: E402
@@ -334,8 +335,8 @@ async def test_export_cache_is_reused_and_a_corrupted_entry_rebuilt(dirs, tmp_pa
     want = (await first.score(_job(first, Q, DOCS))).scores
 
     exports = []
-    real_export = ov_engine.export_family
-    monkeypatch.setattr(ov_engine, "export_family", lambda fam: exports.append(1) or real_export(fam))
+    real_export = ov_start.export_family  # the start (OpenVinoStart._load) looks it up there
+    monkeypatch.setattr(ov_start, "export_family", lambda fam: exports.append(1) or real_export(fam))
     second = await _engine(dirs["bert"], cache)
     assert second.cache_hit is True and exports == []
 
