@@ -24,7 +24,7 @@ from tests.loopback import LoopbackServer
 
 
 class RefusingUpstream(LoopbackServer):
-    """Answers every POST with ``status`` and ``body``; GET /health is 200 (the server is up)."""
+    """Answers every POST with ``status`` and ``body`` (JSON, or bytes as text); GET /health is 200."""
 
     def __init__(self) -> None:
         self.status, self.body = 200, {}
@@ -41,9 +41,10 @@ class RefusingUpstream(LoopbackServer):
                 self._send(fake.status, fake.body)
 
             def _send(self, status: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
+                raw = isinstance(payload, bytes)  # a plain-text answer (axum's rejections: TEI)
+                data = payload if raw else json.dumps(payload).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/plain" if raw else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

@@ -34,7 +34,7 @@ def upstream():
 def client(upstream):
     models = tuple(
         PoolEngineConfig(name=p, protocol=p, urls=(upstream.url,), model="Qwen/Qwen3-Reranker-0.6B")
-        for p in ("vllm", "vllm-score", "infinity", "cohere")
+        for p in ("vllm", "vllm-score", "infinity", "cohere", "tei")
     )
     with TestClient(create_app(Settings(models=models), configure_logs=False)) as c:
         deadline = time.monotonic() + 30
@@ -100,3 +100,51 @@ def test_a_missing_route_is_502_naming_protocol_and_urls(client, upstream):
     assert "misconfigured" in message and "POST /rerank" in message and "`protocol`" in message, message
     assert upstream.url not in message
     assert next(e for e in logs if e["event"] == "pool_upstream_misconfigured")["replica"] == upstream.url
+
+
+# vLLM, TEI and Infinity all serve POST /rerank, so a pool whose `protocol` names another of them
+# than its replica runs gets no 404: the replica refuses the body for a field the protocol does
+# not send. The gateway always sends its protocol's required fields, so no client can cause that.
+TEI_MISSING = b"Failed to deserialize the JSON body into the target type: missing field `texts` at line 1 column 52"
+VLLM_MISSING = {  # vLLM's validation handler (serve/exception_handling/handlers/validation.py)
+    "error": {
+        "message": "1 validation error:\n  {'type': 'missing', 'loc': 'body.documents', 'msg': 'Field required', "
+        "'input': '<dict of 3 items>'}",
+        "type": "Bad Request",
+        "param": "body.documents",
+        "code": 400,
+    }
+}
+INFINITY_MISSING = {  # FastAPI's default 422
+    "detail": [{"type": "missing", "loc": ["body", "documents"], "msg": "Field required", "input": {"query": "q"}}]
+}
+
+
+@pytest.mark.parametrize(
+    ("protocol", "status", "body"),
+    [
+        ("vllm", 422, TEI_MISSING),  # a TEI replica behind protocol = "vllm"
+        ("infinity", 422, TEI_MISSING),
+        ("tei", 400, VLLM_MISSING),  # a vLLM replica behind protocol = "tei"
+        ("tei", 422, INFINITY_MISSING),  # an Infinity replica behind protocol = "tei"
+    ],
+)
+def test_another_protocols_server_on_the_same_path_is_502_naming_protocol(client, upstream, protocol, status, body):
+    upstream.status, upstream.body = status, body
+    with structlog.testing.capture_logs() as logs:
+        r = client.post("/v1/rerank", json={"model": protocol, "query": "q", "documents": ["a", "b"]})
+    assert r.status_code == 502, r.text  # not the client's 422 "upstream rejected the request"
+    message = r.json()["message"]
+    assert f"model '{protocol}' is misconfigured" in message and "`protocol`" in message, message
+    assert upstream.url not in message and "missing" not in message
+    assert next(e for e in logs if e["event"] == "pool_upstream_misconfigured")["status"] == status
+
+
+def test_an_input_error_echoing_the_documents_stays_the_clients_422(client, upstream):
+    # FastAPI echoes the offending input: a document's own words must not read as a missing field.
+    upstream.status = 422
+    upstream.body = {"detail": [{"type": "too_long", "loc": ["body", "documents"],
+                                 "msg": "List should have at most 2 items after validation, not 3",
+                                 "input": ["missing field `texts`", "{'type': 'missing'", "c"]}]}  # fmt: skip
+    r = client.post("/v1/rerank", json={"model": "infinity", "query": "q", "documents": ["a", "b", "c"]})
+    assert r.status_code == 422, r.text

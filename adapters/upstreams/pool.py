@@ -76,6 +76,16 @@ _NOT_A_RERANKER = re.compile(
 _UNKNOWN_MODEL = re.compile(
     r"\bmodel\b.{0,300}?\b(does not exist|not found)|\binvalid model\b", re.IGNORECASE | re.DOTALL
 )
+# What a replica answers a body missing a field it requires: TEI (axum, 422 text), vLLM (400, its
+# FastAPI validation handler) and Infinity (FastAPI's 422 `detail`, re-encoded by
+# upstream_message). The gateway always sends its protocol's required fields, so this is another
+# protocol's server on the same path (vLLM, TEI and Infinity all serve POST /rerank). Anchored at
+# the start: FastAPI echoes the request's input after it, and a document's words must not match.
+_MISSING_FIELD = re.compile(
+    r"\A(Failed to deserialize the JSON body into the target type: missing field"
+    r"|\d+ validation errors?:\s*\{'type': 'missing'"
+    r"|\[\{\"type\":\"missing\")"
+)
 
 
 class Replica:
@@ -297,6 +307,11 @@ class PoolEngine:
             raise self._misconfigured(
                 replica, status, message, f"its upstream has no POST {self._protocol.path} route; "
                 "the gateway's operator must fix its `protocol` or `urls`",
+            )  # fmt: skip
+        if status in (400, 422) and _MISSING_FIELD.search(message):
+            raise self._misconfigured(
+                replica, status, message, f"its upstream does not take the `{self._config.protocol}` protocol's "
+                f"request on POST {self._protocol.path}; the gateway's operator must fix its `protocol` or `urls`",
             )  # fmt: skip
         if status in (401, 403):
             # The gateway's api_key, not the client's: the client gets the generic 502.
