@@ -107,3 +107,18 @@ def test_input_too_long_stays_the_clients_422(client, upstream):
     r = client.post("/v1/rerank", json={"model": "vllm", "query": "q", "documents": ["a", "b"]})
     assert r.status_code == 422, r.text
     assert "maximum context length is 512 tokens" in r.json()["message"]
+
+
+def test_a_document_echoed_in_a_validation_error_is_not_read_as_the_upstreams_message(client, upstream):
+    # Infinity refuses a text over 122,880 characters (or more than 2048 documents) with FastAPI's
+    # 422, which echoes the offending input: the client's words, not the upstream's verdict.
+    document = "The kiosk does not support the rerank button; " * 3000
+    upstream.status = 422
+    upstream.body = {"detail": [{"type": "string_too_long", "loc": ["body", "documents", 0],
+                                 "msg": "String should have at most 122880 characters",
+                                 "ctx": {"max_length": 122880}, "input": document}]}  # fmt: skip
+    with structlog.testing.capture_logs() as logs:
+        r = client.post("/v1/rerank", json={"model": "infinity", "query": "q", "documents": [document]})
+    assert r.status_code == 422, r.text  # the client's to fix, not "the operator must fix the upstream"
+    assert "String should have at most 122880 characters" in r.json()["message"]
+    assert not [e for e in logs if e["event"] == "pool_upstream_misconfigured"]

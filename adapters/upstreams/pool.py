@@ -282,6 +282,9 @@ class PoolEngine:
             replica.served += 1
             return result
         message, _ = upstream_message(content, f"HTTP {status}")
+        # FastAPI's validation errors (Infinity's 422 `detail` list, as upstream_message re-encodes
+        # it) echo the request's input: a document's words are not the upstream's verdict on its model.
+        echoes_input = message.startswith('[{"type":')
         if status in (502, 503, 504):
             self._failed(replica, f"HTTP {status}")
         if status in (429, 502, 503):
@@ -291,12 +294,12 @@ class PoolEngine:
             raise EngineTimeoutError(f"{upstream} timed out (HTTP 504)")
         # The operator's mistakes, which no client request can change. Not counted against the
         # replica (its /health passes, so ejecting it would only flap) and not retried elsewhere.
-        if _NOT_A_RERANKER.search(message):
+        if not echoes_input and _NOT_A_RERANKER.search(message):
             raise self._misconfigured(
                 replica, status, message, "its upstream serves a model that is not a reranker; "
                 "the gateway's operator must fix the upstream",
             )  # fmt: skip
-        if status in (400, 404) and _UNKNOWN_MODEL.search(message):
+        if status in (400, 404) and not echoes_input and _UNKNOWN_MODEL.search(message):
             # The client sees the setting to fix, not the served names the upstream lists (log).
             raise self._misconfigured(
                 replica, status, message, "its upstream does not serve the model named in its `model` setting; "
