@@ -1,4 +1,4 @@
-"""Review of ``RerankService._overlapped``: when several parts fail (a device failing every step,
+"""Review of ``gateway.serving.parts.overlapped``: when several parts fail (a device failing every step,
 the engine stopping), the request answers with the first part's error and the others' errors
 are retrieved too -- not left for asyncio to log "Task exception was never retrieved" with a
 traceback at garbage collection, an error line per such request."""

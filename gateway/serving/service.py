@@ -5,7 +5,8 @@ answer from the response cache when it is on, build the engine's job (rank texts
 token engines tokenize, truncate and chunk: :mod:`gateway.serving.jobs`), score it within the
 model's timeout and check what the engine returned, take the max of a document's chunks as its
 score, then sort (descending score, ties by index), cut to ``top_n`` and echo documents if asked.
-Nothing here imports Litestar.
+An idle request to an engine that overlaps tokenizing is scored in parts
+(:mod:`gateway.serving.parts`). Nothing here imports Litestar.
 
 Every dialect (Cohere, Jina, TEI, vLLM's score API) ends up here; the two things only some
 dialects can ask for are keyword options: :class:`LongTexts` (TEI's ``truncate`` and
@@ -18,8 +19,6 @@ vLLM's ``use_activation: false``). The job-building names callers import from he
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -32,18 +31,15 @@ from adapters.base import (
     EngineError,
     EngineOverloadedError,
     EngineTimeoutError,
-    PromptTokenizer,
     ScoreJob,
-    ScoreResult,
 )
-from gateway.errors import InputTooLongError, InvalidRequestError, PayloadTooLargeError, RawScoresUnsupportedError
+from gateway.errors import InvalidRequestError, PayloadTooLargeError, RawScoresUnsupportedError
 from gateway.security.auth import authorize_model, current_key_id, record_usage
 from gateway.serving.cache import CachedAnswer, ResponseCache, cache_key
 from gateway.serving.jobs import (
     CHUNK,
     CUT_RIGHT,
     LongTexts,
-    check_total_chunks,
     chunk_ids,
     dedup,
     rank_texts,
@@ -52,6 +48,7 @@ from gateway.serving.jobs import (
     wants_raw_scores,
 )
 from gateway.serving.models import ModelRegistry, ModelRuntime
+from gateway.serving.parts import _OVERLAP_MIN_DOCUMENTS, _OVERLAP_PARTS, overlapped  # noqa: F401  (tests read _PARTS here)
 from gateway.serving.telemetry import current_timing, record_phases
 from schemas.config import LimitsConfig
 from schemas.rerank import (
@@ -69,19 +66,6 @@ __all__ = ("CHUNK", "LongTexts", "RerankOutcome", "RerankService", "chunk_ids", 
 
 # Cohere v2's documented default for max_tokens_per_doc.
 V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
-# Engines that say ``overlaps_tokenizing`` (packed on CUDA, steps replayed as CUDA graphs) get
-# a request of at least this many distinct documents, when it is the model's only one in flight,
-# in growing parts: the first tenth is tokenized and submitted, and the device starts on it
-# while the next part is tokenized (the Rust tokenizer releases the GIL), and so on. The
-# engine's scores do not depend on how items are grouped into steps (packed attention stays
-# within each pair). Under load the device is busy with other requests anyway: one job.
-_OVERLAP_MIN_DOCUMENTS = 64
-# Where each part ends, as a share of the documents: 10 %, 20 %, 30 %, 40 %. On the H200 a token
-# costs the device ~4x what it costs the host to tokenize (XLM-R large, report
-# gpu-h200-2026-12-02-b), so each part is tokenized while the one before it computes, with room
-# for the tokenizer's tail; a small first part starts the device early (1 part of 4 in the
-# 2026-12-02 report's two-part submit: ~1.5 ms of tokenizing before the device had work).
-_OVERLAP_PARTS = (0.1, 0.3, 0.6, 1.0)
 _json = msgspec.json.Encoder()
 
 
@@ -174,7 +158,7 @@ class RerankService:
                 args = (tokenizer, query, instruction, unique, max_tokens, max_chunks, long_texts, raw_scores)
                 if (getattr(engine, "overlaps_tokenizing", False) and len(unique) >= _OVERLAP_MIN_DOCUMENTS
                         and runtime.in_flight == 1):
-                    job, owners, t1, result = await self._overlapped(runtime, *args)
+                    job, owners, t1, result = await overlapped(self._limits, self._score, runtime, *args)
                 else:
                     job, owners = await token_job(self._limits, *args)
             else:
@@ -283,65 +267,6 @@ class RerankService:
             effective=effective,
             fingerprint=runtime.fingerprint,
         )
-
-    async def _overlapped(
-        self, runtime: ModelRuntime, tokenizer: PromptTokenizer, query: str, instruction: str, unique: list[str],
-        *rest: Any,
-    ) -> tuple[ScoreJob, list[int], float, ScoreResult]:
-        """Tokenize and submit the documents in growing parts (``_OVERLAP_PARTS``), each submitted
-        as soon as it is tokenized, then wait for all: (the whole job, owners, when tokenizing
-        ended, the whole result). Same checks and errors as one job; an error cancels every part
-        already submitted, and the request answers with the first error in part order."""
-        raw = wants_raw_scores(runtime, runtime.usable_engine())
-        bounds = [0, *(max(1, int(f * len(unique))) for f in _OVERLAP_PARTS[:-1]), len(unique)]
-        tasks: list[asyncio.Future[Any]] = []
-        parts: list[tuple[ScoreJob, list[int]]] = []
-        try:
-            for lo, hi in itertools.pairwise(bounds):
-                job, owners = await self._part_job(tokenizer, query, instruction, unique, slice(lo, hi), rest)
-                if not parts:
-                    raw = raw or job.raw_scores  # the model's config, or the request (TEI's raw_scores)
-                parts.append((job, [lo + o for o in owners]))
-                if hi == len(unique):
-                    items = [i for part, _ in parts for i in part.item_ids]
-                    check_total_chunks(self._limits, len(items))  # each part was checked alone
-                    t1 = time.perf_counter()
-                if any(t.done() and not t.cancelled() and t.exception() is not None for t in tasks):
-                    # A part failed: score no more (its error is raised below), but tokenize on,
-                    # so a refusal further on answers as one job would (before any scoring).
-                    continue
-                tasks.append(asyncio.ensure_future(self._score(runtime, msgspec.structs.replace(job, raw_scores=raw))))
-                await asyncio.sleep(0)  # the part's task runs to its submit: the engine starts on it now
-            results = [await task for task in tasks]
-        finally:
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
-                elif not task.cancelled():
-                    task.exception()  # retrieved: the request answers with the first error only
-        job = msgspec.structs.replace(parts[0][0], item_ids=items, raw_scores=raw)
-        owners = [o for _, part_owners in parts for o in part_owners]
-        result = ScoreResult(scores=[s for r in results for s in r.scores],
-                             input_tokens=sum(r.input_tokens for r in results), queue_s=results[0].queue_s)
-        return job, owners, t1, result
-
-    async def _part_job(
-        self, tokenizer: PromptTokenizer, query: str, instruction: str, unique: list[str], part: slice,
-        rest: tuple[Any, ...],
-    ) -> tuple[ScoreJob, list[int]]:
-        """``token_job`` on ``unique[part]``. A part over ``limits.max_total_chunks`` refuses the
-        request as one job does: with the whole request's chunk count, or with the 413 of a
-        document too long further on (long_texts reject), which one job finds first. Only on that
-        error path is the whole request tokenized once more."""
-        try:
-            return await token_job(self._limits, tokenizer, query, instruction, unique[part], *rest)
-        except InputTooLongError:
-            raise
-        except PayloadTooLargeError:  # the part's chunk count
-            await token_job(self._limits, tokenizer, query, instruction, unique, *rest)  # raises one job's error
-            raise
 
     async def _score(self, runtime: ModelRuntime, job: ScoreJob) -> Any:
         engine = runtime.usable_engine()
