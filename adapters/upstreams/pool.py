@@ -22,6 +22,9 @@ The hot path is lean on purpose (a passthrough gateway is CPU-bound on it): one 
 per model (O(1) keep-alive pool, C HTTP parser; see ``adapters.upstreams.http``), the body
 encoded once by msgspec, and ``top_n`` forwarded when one call holds the whole job and the job
 allows it (``ScoreJob.top_n``), so the upstream answers with 10 results instead of 100.
+
+An answer that is final for the request (the operator's mistakes, the gateway's credentials
+refused, the client's input refused) is read in :mod:`adapters.upstreams.refusals`.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-import re
 import time
 from typing import Any
 
@@ -37,10 +39,7 @@ import aiohttp
 import structlog
 
 from adapters.base import (
-    EngineAccountError,
     EngineError,
-    EngineInputError,
-    EngineMisconfiguredError,
     EngineTimeoutError,
     EngineUnavailableError,
     ScoreJob,
@@ -54,39 +53,14 @@ from adapters.upstreams.http import (
     map_aiohttp_error,
     parse_retry_after,
     resolve_api_key,
-    upstream_message,
 )
 from adapters.upstreams.protocols import UpstreamAnswer, UpstreamCall, make_protocol
+from adapters.upstreams.refusals import refusal_error
 from schemas.config import PoolEngineConfig
 
 __all__ = ("PoolEngine", "Replica", "rendezvous_order")
 
 log = structlog.get_logger("adapters.upstreams.pool")
-
-# What vLLM (400 on older versions, 501 on newer), Infinity (400) and TEI (424) answer when the
-# replica serves a model that cannot score pairs: an embedding or generative model, or a server
-# started without a scoring runner. Nothing in the client's request can change that.
-_NOT_A_RERANKER = re.compile(
-    r"does not support\W+(the\W+)?(rerank|scor|pooling)|unsupported task|not a re-?ranker|only enabled for num_labels",
-    re.IGNORECASE,
-)
-# What vLLM (404 "The model `x` does not exist."), Infinity (400 "Invalid model: Engine for model
-# name `x` not found") and Cohere-compatible servers, rerank-gateway included (404 "model 'x' not
-# found"), answer a `model` they do not serve: the pool's `model` setting is wrong.
-_UNKNOWN_MODEL = re.compile(
-    r"\bmodel\b.{0,300}?\b(does not exist|not found)|\binvalid model\b", re.IGNORECASE | re.DOTALL
-)
-# What a replica answers a body missing a field it requires: TEI (axum, 422 text), vLLM (400, its
-# FastAPI validation handler) and Infinity (FastAPI's 422 `detail`, re-encoded by
-# upstream_message). The gateway always sends its protocol's required fields, so this is another
-# protocol's server on the same path (vLLM, TEI and Infinity all serve POST /rerank). Anchored at
-# the start: FastAPI echoes the request's input after it, and a document's words must not match.
-_MISSING_FIELD = re.compile(
-    r"\A(Failed to deserialize the JSON body into the target type: missing field"
-    r"|\d+ validation errors?:\s*\{'type': 'missing'"
-    r"|\[\{\"type\":\"missing\")"
-)
-
 
 class Replica:
     """One upstream URL and what the pool knows about it."""
@@ -281,10 +255,6 @@ class PoolEngine:
             replica.consecutive_failures = 0
             replica.served += 1
             return result
-        message, _ = upstream_message(content, f"HTTP {status}")
-        # FastAPI's validation errors (Infinity's 422 `detail` list, as upstream_message re-encodes
-        # it) echo the request's input: a document's words are not the upstream's verdict on its model.
-        echoes_input = message.startswith('[{"type":')
         if status in (502, 503, 504):
             self._failed(replica, f"HTTP {status}")
         if status in (429, 502, 503):
@@ -292,55 +262,9 @@ class PoolEngine:
             raise RetryableUpstreamError(f"{upstream} is unavailable (HTTP {status})", wait_hint=wait)
         if status == 504:
             raise EngineTimeoutError(f"{upstream} timed out (HTTP 504)")
-        # The operator's mistakes, which no client request can change. Not counted against the
-        # replica (its /health passes, so ejecting it would only flap) and not retried elsewhere.
-        if not echoes_input and _NOT_A_RERANKER.search(message):
-            raise self._misconfigured(
-                replica, status, message, "its upstream serves a model that is not a reranker; "
-                "the gateway's operator must fix the upstream",
-            )  # fmt: skip
-        if status in (400, 404) and not echoes_input and _UNKNOWN_MODEL.search(message):
-            # The client sees the setting to fix, not the served names the upstream lists (log).
-            raise self._misconfigured(
-                replica, status, message, "its upstream does not serve the model named in its `model` setting; "
-                "the gateway's operator must set `model` to a name the upstream serves",
-            )  # fmt: skip
-        if status == 404:
-            # Any other 404 is the route: another protocol's server, or a path in `urls`.
-            raise self._misconfigured(
-                replica, status, message, f"its upstream has no POST {self._protocol.path} route; "
-                "the gateway's operator must fix its `protocol` or `urls`",
-            )  # fmt: skip
-        if status in (400, 422) and _MISSING_FIELD.search(message):
-            raise self._misconfigured(
-                replica, status, message, f"its upstream does not take the `{self._config.protocol}` protocol's "
-                f"request on POST {self._protocol.path}; the gateway's operator must fix its `protocol` or `urls`",
-            )  # fmt: skip
-        if status in (401, 403):
-            # The gateway's api_key, not the client's: the client gets the generic 502.
-            log.error("pool_upstream_auth_failed", model=self._config.name, replica=replica.url, status=status,
-                      message=message)  # fmt: skip
-            raise EngineAccountError(f"{upstream} refused the gateway's credentials (HTTP {status})")
-        if status in (400, 413, 422):
-            # The input itself (too long for max_model_len, too many texts): the client's to fix.
-            raise EngineInputError(f"upstream rejected the request: {message}")
-        # A 500 is not counted against the replica: one poisonous input would otherwise eject
-        # every healthy replica in turn.
-        log.error("pool_upstream_error", model=self._config.name, replica=replica.url, status=status, message=message)
-        raise EngineError(f"{upstream} answered HTTP {status}: {message}")
-
-    def _misconfigured(self, replica: Replica, status: int, message: str, what: str) -> EngineMisconfiguredError:
-        """The error for an upstream answer only the operator can fix; the details go to the log."""
-        log.error(
-            "pool_upstream_misconfigured",
-            model=self._config.name,
-            replica=replica.url,
-            upstream_model=self._protocol.model,
-            status=status,
-            message=message,
-        )
-        return EngineMisconfiguredError(
-            f"model '{self._config.name}' is misconfigured: {what} (retrying will not help)"
+        raise refusal_error(
+            status, content, model=self._config.name, replica=replica.url, upstream_model=self._protocol.model,
+            protocol=self._config.protocol, path=self._protocol.path,
         )
 
     # -- health ----------------------------------------------------------------------------
