@@ -14,8 +14,9 @@ under ``[server]``:
   granian (hyper) closes such a connection itself as soon as the answer is sent.
 
 uvicorn has a keep-alive timeout but no header timeout and leaves a fresh connection that sends
-nothing open forever; :class:`TimedHttpToolsProtocol` adds both. granian (hyper) has a header
-read timeout that also closes fresh idle connections, and its keep-alive is on or off.
+nothing open forever; its protocol subclass (:mod:`gateway.launch.uvicorn_protocol`) adds both.
+granian (hyper) has a header read timeout that also closes fresh idle connections, and its
+keep-alive is on or off.
 
 Every serving process also bounds what the C allocator keeps of large request bodies
 (:func:`bound_malloc_retention`).
@@ -31,6 +32,7 @@ import os
 import sys
 from typing import Any
 
+from gateway.launch.uvicorn_protocol import timed_protocol
 from gateway.serving import heap
 from schemas.config import Settings
 
@@ -175,124 +177,6 @@ class SigtermDrain:
             self._cancelled.discard(task)
 
 
-def _timed_protocol(header_timeout_s: float | None, body_timeout_s: float | None = None) -> Any:
-    """uvicorn's httptools protocol with a header-read deadline and an idle timer from connect.
-
-    ``None``: the class reads the deadline from this process's settings (worker processes of
-    ``server.workers > 1`` are spawned and import the class by name: it must be module-level).
-    """
-    base = _module_protocol()
-    if header_timeout_s is None:
-        return base
-    return type(
-        "TimedHttpToolsProtocol", (base,), {"header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s}
-    )
-
-
-_PROTOCOL: Any = None
-
-
-def _module_protocol() -> Any:
-    global _PROTOCOL
-    if _PROTOCOL is None:
-        _PROTOCOL = _build_protocol()
-    return _PROTOCOL
-
-
-def _build_protocol() -> Any:
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    class TimedHttpToolsProtocol(HttpToolsProtocol):
-        header_timeout_s: float | None = None
-        body_timeout_s: float | None = None
-        _header_timer: asyncio.TimerHandle | None = None
-        _body_timer: asyncio.TimerHandle | None = None
-        _awaiting_headers = True
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            # A client that connects and sends nothing is idle: uvicorn arms its keep-alive
-            # timer only after a response, so arm it now.
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self.timeout_keep_alive_handler
-            )
-
-        def data_received(self, data: bytes) -> None:
-            if self._awaiting_headers and self._header_timer is None:
-                self._header_timer = self.loop.call_later(_header_timeout(self), self._header_timeout)
-            super().data_received(data)
-
-        def on_headers_complete(self) -> None:
-            self._cancel_header_timer()
-            self._awaiting_headers = False
-            super().on_headers_complete()
-            # The body must be complete by then; one the app does not read (it answered without
-            # it) would otherwise hold the connection as long as its bytes keep trickling in.
-            self._cancel_body_timer()
-            self._body_timer = self.loop.call_later(_body_timeout(self), self._body_timeout)
-
-        def on_message_complete(self) -> None:
-            self._awaiting_headers = True  # the next bytes start the next request's headers
-            self._cancel_body_timer()
-            super().on_message_complete()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_header_timer()
-            self._cancel_body_timer()
-            super().connection_lost(exc)
-
-        def _cancel_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _cancel_body_timer(self) -> None:
-            if self._body_timer is not None:
-                self._body_timer.cancel()
-                self._body_timer = None
-
-        def _body_timeout(self) -> None:
-            self._body_timer = None
-            cycle = self.cycle
-            if cycle is None or cycle.response_complete:
-                if not self.transport.is_closing():
-                    self.transport.close()
-            else:
-                cycle.keep_alive = False  # still answering (the app's 408 if it reads): close after it
-
-        def _header_timeout(self) -> None:
-            self._header_timer = None
-            if not self.transport.is_closing():
-                self.transport.close()
-
-    # Spawned workers unpickle the class by this module's name.
-    TimedHttpToolsProtocol.__qualname__ = "TimedHttpToolsProtocol"
-    return TimedHttpToolsProtocol
-
-
-def _header_timeout(protocol: Any) -> float:
-    if protocol.header_timeout_s is None:  # a worker process: its settings (same env as the parent)
-        from gateway.config.settings import load_settings
-
-        type(protocol).header_timeout_s = load_settings().server.header_read_timeout_s
-    return float(protocol.header_timeout_s)
-
-
-def _body_timeout(protocol: Any) -> float:
-    if protocol.body_timeout_s is None:  # a worker process: its settings (same env as the parent)
-        from gateway.config.settings import load_settings
-
-        type(protocol).body_timeout_s = load_settings().server.body_read_timeout_s
-    return float(protocol.body_timeout_s)
-
-
-def __getattr__(name: str) -> Any:
-    # `gateway.launch.servers.TimedHttpToolsProtocol`, as pickled for spawned uvicorn workers.
-    if name == "TimedHttpToolsProtocol":
-        return _module_protocol()
-    raise AttributeError(name)
-
-
 def run_uvicorn(settings: Settings, config_path: str | None = None) -> bool:
     """Serve until SIGTERM/SIGINT; True when the server started (and so shut down cleanly)."""
     import uvicorn
@@ -314,7 +198,7 @@ def run_uvicorn(settings: Settings, config_path: str | None = None) -> bool:
         _export_for_workers(settings, config_path)
         uvicorn.run(
             "gateway.launch.servers:create_worker_app",
-            factory=True, workers=server.workers, http=_timed_protocol(None), **common
+            factory=True, workers=server.workers, http=timed_protocol(None), **common
         )
         return True
     from gateway.app import create_app
@@ -323,7 +207,7 @@ def run_uvicorn(settings: Settings, config_path: str | None = None) -> bool:
     heap.enable()
     config = uvicorn.Config(
         create_app(settings, config_path=config_path),  # SIGHUP re-reads the keys from it
-        http=_timed_protocol(server.header_read_timeout_s, server.body_read_timeout_s),
+        http=timed_protocol(server.header_read_timeout_s, server.body_read_timeout_s),
         **common,
     )
     runner = _graceful_server(uvicorn.Server)(config)
