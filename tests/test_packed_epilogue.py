@@ -3,7 +3,7 @@
 On CUDA that is cuBLASLt's bias + GELU epilogue, which computes GELU's tanh approximation; on
 CPU the replica does the same arithmetic in two ops. So the independent reference for
 ``gelu_epilogue = "on"`` is sentence-transformers on the same weights with the config's
-``hidden_act`` switched to transformers' ``gelu_pytorch_tanh``: equal within float32 rounding (2e-6; the two references differ by 1.4e-5-9e-5 here).
+``hidden_act`` switched to transformers' ``gelu_pytorch_tanh``: equal within float32 rounding (2e-6; the two references differ by 9e-6-1.5e-4 here).
 The exact model (``"off"``, and ``"auto"`` on CPU) stays equal to sentence-transformers on the
 original checkpoint, and the two references differ here by far more than the tolerance, so a
 replica that ignored the setting (or always approximated) fails. ReLU's epilogue is exact; an
@@ -69,8 +69,10 @@ async def _scores(path: Path, mode: str, docs: list[str] = DOCS) -> tuple[list[f
 @pytest.mark.parametrize("kind", ["xlmr", "bert", "electra"])
 async def test_on_scores_as_the_tanh_gelu_model_and_off_as_the_exact_one(dirs, kind):
     exact, approx = _st(dirs[kind], Q, DOCS), _st(dirs[f"{kind}-tanh"], Q, DOCS)
-    # the two references really differ here: a replica ignoring the setting cannot pass both checks
-    assert max(abs(a - b) for a, b in zip(exact, approx, strict=True)) > 5 * TOL
+    # The two references really differ here, by more than twice the tolerance: a replica computing
+    # the other one than asked would be off by more than TOL. (Measured 9e-6 to 1.5e-4: the tiny
+    # checkpoints are not bit-identical from build to build, so no larger margin is asked.)
+    assert max(abs(a - b) for a, b in zip(exact, approx, strict=True)) > 2 * TOL
     on, on_stats = await _scores(dirs[kind], "on")
     assert on == pytest.approx(approx, abs=TOL)
     assert on_stats["gelu_epilogue"] == "gelu"
