@@ -14,6 +14,11 @@ Passive health: connect errors, dropped connections, timeouts and 502/503/504 co
 failures; ``eject_after_failures`` consecutive ones eject the replica for ``cooldown_s``; after
 that its ``health_path`` is probed, and only a passing probe readmits it. A call that could
 not reach a replica (or got 503/429) is sent to another replica, each tried at most once.
+A replica misconfigured by the operator (it serves a model that is not a reranker, or not the
+configured ``model``, or speaks another protocol: :mod:`adapters.upstreams.refusals`) is treated
+the same way when the pool has another replica: its refusal counts as a failure and the call
+goes to the next replica, so a half-migrated pool keeps answering and the replica leaves rotation.
+The client gets the misconfiguration's 502 only when no replica could answer and one refused so.
 At most ``max_ejected_share`` of the replicas are ejected at once (Envoy's
 ``max_ejection_percent``): when the whole pool is slow or failing, ejecting every replica would
 turn the slowdown into 503s for ``cooldown_s``, so the rest stay in rotation.
@@ -40,6 +45,7 @@ import structlog
 
 from adapters.base import (
     EngineError,
+    EngineMisconfiguredError,
     EngineTimeoutError,
     EngineUnavailableError,
     ScoreJob,
@@ -190,10 +196,15 @@ class PoolEngine:
     async def _forward(self, key: bytes | None, call: UpstreamCall) -> UpstreamAnswer:
         tried: set[str] = set()
         last: EngineError | None = None
+        misconfigured: EngineMisconfiguredError | None = None
         body = self._protocol.encode(call)  # once, whichever replica takes it
         while True:
             replica = await self._choose(key, tried)
             if replica is None:
+                # The operator's mistake is the cause to report, not the 503 of a replica that
+                # is down as well (a 503 would have the client retry what will not change).
+                if misconfigured is not None:
+                    raise misconfigured
                 # The client sees no replica URLs (internal topology); the log line has them.
                 if last is not None:
                     log.warning("pool_exhausted", model=self._config.name, tried=len(tried), last_error=str(last))
@@ -209,6 +220,10 @@ class PoolEngine:
                 return await self._send(replica, call, body)
             except RetryableUpstreamError as exc:
                 last = exc  # this replica could not take it: try the next one
+            except EngineMisconfiguredError as exc:
+                if len(self._replicas) == 1:
+                    raise
+                misconfigured = exc  # another replica may be set up right (a half-migrated pool)
 
     async def _choose(self, key: bytes | None, tried: set[str]) -> Replica | None:
         now = time.monotonic()
@@ -262,10 +277,16 @@ class PoolEngine:
             raise RetryableUpstreamError(f"{upstream} is unavailable (HTTP {status})", wait_hint=wait)
         if status == 504:
             raise EngineTimeoutError(f"{upstream} timed out (HTTP 504)")
-        raise refusal_error(
+        error = refusal_error(
             status, content, model=self._config.name, replica=replica.url, upstream_model=self._protocol.model,
             protocol=self._config.protocol, path=self._protocol.path,
         )
+        if isinstance(error, EngineMisconfiguredError) and len(self._replicas) > 1:
+            # Its /health passes, but it cannot answer any request: out of rotation (under the
+            # cap) like a failing replica, so its share of the traffic stops paying a retry.
+            # Not in a pool of one: ejecting its only replica would only turn the 502 into 503s.
+            self._failed(replica, f"misconfigured (HTTP {status})")
+        raise error
 
     # -- health ----------------------------------------------------------------------------
     def _failed(self, replica: Replica, reason: str) -> None:

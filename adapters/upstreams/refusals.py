@@ -2,9 +2,11 @@
 
 :class:`adapters.upstreams.pool.PoolEngine` handles the answers that concern the replica's
 health (429, 502, 503, 504: retried elsewhere, counted against it). Every other non-200 answer
-is final for the request and says nothing about the replica: the operator's mistakes (a model
-that is not a reranker, a wrong `model`, another protocol's server or a wrong path), the
-gateway's own credentials refused, the client's input refused, or an upstream error. Reading
+is final for the request and says nothing about the replica, except the operator's mistakes on
+that replica (a model that is not a reranker, a wrong `model`, another protocol's server or a
+wrong path: :class:`EngineMisconfiguredError`, which the pool retries on its other replicas and
+counts against this one); the others are the gateway's own credentials refused, the client's
+input refused, or an upstream error. Reading
 these apart from routing and health keeps the pool's hot path short, and puts every upstream's
 wording (vLLM, TEI, Infinity, Cohere-compatible) in one place.
 """
@@ -60,8 +62,9 @@ def refusal_error(
     # FastAPI's validation errors (Infinity's 422 `detail` list, as upstream_message re-encodes
     # it) echo the request's input: a document's words are not the upstream's verdict on its model.
     echoes_input = message.startswith('[{"type":')
-    # The operator's mistakes, which no client request can change. Not counted against the
-    # replica (its /health passes, so ejecting it would only flap) and not retried elsewhere.
+    # The operator's mistakes, which no client request can change. The pool retries them on
+    # another replica and counts them against this one when it has another (a half-migrated
+    # pool); a pool of one answers them at once.
     if not echoes_input and _NOT_A_RERANKER.search(message):
         return _misconfigured(
             model, replica, upstream_model, status, message, "its upstream serves a model that is not a reranker; "
