@@ -34,11 +34,11 @@ __all__ = ("overlapped",)
 # engine's scores do not depend on how items are grouped into steps (packed attention stays
 # within each pair). Under load the device is busy with other requests anyway: one job.
 _OVERLAP_MIN_DOCUMENTS = 64
-# Where each part ends, as a share of the documents: 10 %, 20 %, 30 %, 40 %. On the H200 a token
-# costs the device ~4x what it costs the host to tokenize (XLM-R large, report
+# Where each part ends, as a share of the documents: parts of 10 %, 20 %, 30 % and 40 %. On the
+# H200 a token costs the device ~4x what it costs the host to tokenize (XLM-R large, report
 # gpu-h200-2026-12-02-b), so each part is tokenized while the one before it computes, with room
-# for the tokenizer's tail; a small first part starts the device early (1 part of 4 in the
-# 2026-12-02 report's two-part submit: ~1.5 ms of tokenizing before the device had work).
+# for the tokenizer's tail; a small first part starts the device early (the earlier two-part
+# submit tokenized a quarter first: ~1.5 ms before the device had work).
 _OVERLAP_PARTS = (0.1, 0.3, 0.6, 1.0)
 
 # The service's ``_score``: one job within the model's timeout, its result checked.
