@@ -18,3 +18,13 @@ class LoopbackServer:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def wait_loaded(client, timeout: float = 30.0) -> None:
+    """Poll a gateway TestClient's ``/ready`` until no model is still loading (bounded)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while any(m["state"] == "loading" for m in client.get("/ready").json()["models"]):
+        assert time.monotonic() < deadline, "a model was still loading"
+        time.sleep(0.05)

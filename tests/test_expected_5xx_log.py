@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from gateway.app import create_app
 from gateway.observability.logging import configure_logging
 from schemas.config import DashScopeEngineConfig, PoolEngineConfig, Settings
 from tests.fake_dashscope import FakeDashScope, Fault
+from tests.loopback import wait_loaded
 from tests.test_pool_not_a_reranker import RefusingUpstream
 
 KEY = "sk-test-logline-0123456789abcdef"
@@ -89,10 +89,7 @@ def test_expected_502s_log_one_line_and_a_bug_keeps_its_traceback(json_logs, ups
     app = create_app(Settings(models=models), configure_logs=False)
     app.register(boom)
     with TestClient(app) as client:
-        deadline = time.monotonic() + 30
-        while any(m["state"] == "loading" for m in client.get("/ready").json()["models"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(client)
         json_logs()
 
         pool.status = 404

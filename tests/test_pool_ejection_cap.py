@@ -8,7 +8,6 @@ replica" for ``cooldown_s`` even once the replicas have recovered. Like Envoy's
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +19,7 @@ from litestar.testing import TestClient
 from gateway.app import create_app
 from gateway.config.settings import ConfigError, load_settings
 from schemas.config import PoolEngineConfig, Settings
+from tests.loopback import wait_loaded
 from tests.test_pool import FakeReplica
 
 BODY = {"model": "p", "query": "q", "documents": ["a", "b"]}
@@ -36,10 +36,7 @@ def replicas():
 @contextmanager
 def _serve(**kw: Any) -> Iterator[TestClient]:
     with TestClient(create_app(Settings(models=(PoolEngineConfig(name="p", **kw),)), configure_logs=False)) as client:
-        deadline = time.monotonic() + 30
-        while any(m["state"] == "loading" for m in client.get("/ready").json()["models"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(client)
         yield client
 
 

@@ -9,8 +9,6 @@ naming the setting to fix; a pool of one answers it at once (tests/test_pool_wro
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import structlog
 from litestar.testing import TestClient
@@ -18,6 +16,7 @@ from litestar.testing import TestClient
 from adapters.upstreams.pool import Replica, rendezvous_order
 from gateway.app import create_app
 from schemas.config import PoolEngineConfig, Settings
+from tests.loopback import wait_loaded
 from tests.test_pool_not_a_reranker import RefusingUpstream
 from tests.test_pool_wrong_model import VLLM_404
 
@@ -47,13 +46,6 @@ def _client(*urls: str) -> TestClient:
     return TestClient(create_app(Settings(models=(config,)), configure_logs=False))
 
 
-def _wait_loaded(client: TestClient) -> None:
-    deadline = time.monotonic() + 30
-    while any(m["state"] == "loading" for m in client.get("/ready").json()["models"]):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-
-
 def test_a_replica_serving_another_model_is_failed_over_and_ejected(upstreams):
     bad, good = upstreams(404, VLLM_404), upstreams(200, GOOD)
     # A query whose affinity sends it to the bad replica first, every time.
@@ -62,7 +54,7 @@ def test_a_replica_serving_another_model_is_failed_over_and_ejected(upstreams):
         if rendezvous_order(f"\x00{q}".encode(), [Replica(bad.url), Replica(good.url)])[0].url == bad.url
     )  # fmt: skip
     with _client(bad.url, good.url) as client:
-        _wait_loaded(client)
+        wait_loaded(client)
         with structlog.testing.capture_logs() as logs:
             for _ in range(5):
                 r = client.post("/v1/rerank", json={"model": "pool", "query": query, "documents": ["a", "b"]})
@@ -79,7 +71,7 @@ def test_a_replica_serving_another_model_is_failed_over_and_ejected(upstreams):
 def test_a_pool_whose_every_replica_is_misconfigured_still_answers_502(upstreams):
     a, b = upstreams(404, VLLM_404), upstreams(404, VLLM_404)
     with _client(a.url, b.url) as client:
-        _wait_loaded(client)
+        wait_loaded(client)
         for _ in range(4):  # before and after one of them is ejected (the cap keeps the other)
             with structlog.testing.capture_logs() as logs:
                 r = client.post("/v1/rerank", json={"model": "pool", "query": "q", "documents": ["a", "b"]})

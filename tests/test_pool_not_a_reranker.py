@@ -10,7 +10,6 @@ invalid. A 400 about the input itself (too many tokens) stays the client's 422.
 from __future__ import annotations
 
 import json
-import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -20,7 +19,7 @@ from litestar.testing import TestClient
 
 from gateway.app import create_app
 from schemas.config import PoolEngineConfig, Settings
-from tests.loopback import LoopbackServer
+from tests.loopback import LoopbackServer, wait_loaded
 
 
 class RefusingUpstream(LoopbackServer):
@@ -66,10 +65,7 @@ def upstream():
 def client(upstream):
     models = tuple(PoolEngineConfig(name=p, protocol=p, urls=(upstream.url,)) for p in ("vllm", "infinity", "tei"))
     with TestClient(create_app(Settings(models=models), configure_logs=False)) as c:
-        deadline = time.monotonic() + 30
-        while any(m["state"] == "loading" for m in c.get("/ready").json()["models"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(c)
         yield c
 
 

@@ -11,7 +11,6 @@ replica, a wait for a connection), so they never count against a replica. Hence 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +23,7 @@ from adapters.upstreams.pool import PoolEngine
 from gateway.app import create_app
 from gateway.launch.preflight import preflight
 from schemas.config import PoolEngineConfig, Settings
+from tests.loopback import wait_loaded
 from tests.test_pool import FakeReplica
 
 BODY = {"model": "p", "query": "q", "documents": ["a", "b"]}
@@ -40,10 +40,7 @@ def slow():
 @contextmanager
 def _serve(**kw: Any) -> Iterator[TestClient]:
     with TestClient(create_app(Settings(models=(PoolEngineConfig(name="p", **kw),)), configure_logs=False)) as client:
-        deadline = time.monotonic() + 30
-        while any(m["state"] == "loading" for m in client.get("/ready").json()["models"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(client)
         yield client
 
 

@@ -11,7 +11,6 @@ or a path in ``urls``) is the operator's as well.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from litestar.testing import TestClient
 
 from gateway.app import create_app
 from schemas.config import PoolEngineConfig, Settings
+from tests.loopback import wait_loaded
 from tests.test_pool_not_a_reranker import RefusingUpstream
 
 
@@ -37,10 +37,7 @@ def client(upstream):
         for p in ("vllm", "vllm-score", "infinity", "cohere", "tei")
     )
     with TestClient(create_app(Settings(models=models), configure_logs=False)) as c:
-        deadline = time.monotonic() + 30
-        while any(m["state"] == "loading" for m in c.get("/ready").json()["models"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(c)
         yield c
 
 

@@ -9,7 +9,6 @@ tokenizer (transformers), not the gateway's.
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from litestar.testing import TestClient
@@ -17,6 +16,7 @@ from transformers import AutoTokenizer
 
 from gateway.app import create_app
 from schemas.config import DialectsConfig, Settings, TransformersEngineConfig
+from tests.loopback import wait_loaded
 from tests.tiny_encoders import build_tiny_bi_encoder, build_tiny_cross_encoder
 
 WINDOW = 64
@@ -32,10 +32,7 @@ def served(request, tmp_path_factory):
     model = TransformersEngineConfig(name="m", path=str(path), family=request.param, dtype="float32", max_length=WINDOW)
     settings = Settings(dialects=DialectsConfig(tei_model="m"), models=(model,))
     with TestClient(create_app(settings, configure_logs=False)) as client:
-        deadline = time.monotonic() + 60
-        while any(m["state"] == "loading" for m in client.get("/ready").json()["models"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(client, 60)
         yield request.param, AutoTokenizer.from_pretrained(path), client
 
 
