@@ -291,6 +291,110 @@ async def _until(check, timeout: float = 5.0) -> bool:
     return check()
 
 
+class _CapturingRunner(_PipelinedRunner):
+    """A replica with CUDA graph captures queued (buckets whose first step ran eagerly): each
+    capture waits until the test releases it."""
+
+    def __init__(self, pending: int) -> None:
+        super().__init__()
+        self.pending_captures = pending
+        self.events: list[str] = []
+        self.release = threading.Semaphore(0)
+
+    def capture_pending(self, most=1):
+        assert most == 1  # one at a time: work arriving meanwhile waits for one capture at most
+        self.events.append("capture")
+        assert self.release.acquire(timeout=10)
+        self.pending_captures -= 1
+        return 1
+
+    def launch(self, prompts, segments=None):
+        self.events.append("launch")
+        return super().launch(prompts, segments)
+
+
+@pytest.mark.anyio
+async def test_queued_graph_captures_run_only_while_nothing_waits_to_be_launched():
+    """A new bucket's step runs eagerly and its graph is captured later, when the launcher is idle:
+    a request that arrives during a capture is launched right after it, before the other captures."""
+    runner = _CapturingRunner(pending=3)
+    scheduler = PackedScheduler([runner], batch_tokens=1000, max_items=64)
+    try:
+        assert await _until(lambda: runner.events == ["capture"])  # idle: the first capture starts
+        req = scheduler.submit([1], [[2, 3]], [4])
+        await asyncio.sleep(0.05)
+        assert runner.events == ["capture"] and not req.future.done()  # waits for that capture only
+        runner.release.release()
+        assert await asyncio.wait_for(req.future, 5) == [0.04]
+        assert runner.events[:3] == ["capture", "launch", "capture"]
+        runner.release.release()
+        runner.release.release()
+        assert await _until(lambda: runner.pending_captures == 0)
+        await asyncio.sleep(0.05)
+        assert runner.events == ["capture", "launch", "capture", "capture"]  # none once the queue is empty
+    finally:
+        for _ in range(3):
+            runner.release.release()
+        scheduler.stop()
+
+
+class _HeldCapturingRunner(_HeldRunner):
+    pending_captures = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.captured = threading.Event()
+
+    def capture_pending(self, most=1):
+        self.pending_captures -= 1
+        self.captured.set()
+        return 1
+
+
+@pytest.mark.anyio
+async def test_under_load_a_capture_runs_while_the_launcher_waits_for_a_free_lane():
+    """Steps in flight, the lane full: one request waiting (an idle request's next part, which
+    must be launched the moment a slot frees) gets no capture in its way; two or more waiting
+    (load: the steps in flight are large) do, so the buckets of loaded steps get their graphs."""
+    runner = _HeldCapturingRunner()
+    runner.pending_captures = 0
+    scheduler = PackedScheduler([runner], batch_tokens=2, max_items=1)  # one item per step
+    try:
+        reqs = [scheduler.submit([1], [[2]], [4])]
+        assert await _until(lambda: runner.launched == [1])
+        reqs.append(scheduler.submit([1], [[2]], [4]))
+        assert await _until(lambda: runner.launched == [1, 1])  # depth 1: two steps out, the lane is full
+        runner.pending_captures = 1
+        reqs.append(scheduler.submit([1], [[2]], [4]))
+        await asyncio.sleep(0.1)
+        assert not runner.captured.is_set()  # one request waits: no capture before it
+        reqs.append(scheduler.submit([1], [[2]], [4]))
+        assert await _until(runner.captured.is_set)  # two wait: load
+        runner.device_done.set()
+        assert await asyncio.wait_for(asyncio.gather(*(r.future for r in reqs)), 5) == [[0.03]] * 4
+    finally:
+        runner.device_done.set()
+        scheduler.stop()
+
+
+class _BrokenCaptureRunner(_PipelinedRunner):
+    pending_captures = 1
+
+    def capture_pending(self, most=1):
+        raise RuntimeError("a bug in the capture path")
+
+
+@pytest.mark.anyio
+async def test_a_capture_that_raises_does_not_stop_the_launcher():
+    runner = _BrokenCaptureRunner()
+    scheduler = PackedScheduler([runner], batch_tokens=1000, max_items=64)
+    try:
+        assert await asyncio.wait_for(scheduler.submit([1], [[2, 3]], [4]).future, 5) == [0.04]
+        assert await asyncio.wait_for(scheduler.submit([1], [[2]], [4]).future, 5) == [0.03]
+    finally:
+        scheduler.stop()
+
+
 class _SlowRunner(_PipelinedRunner):
     """Launch (host prep) takes 20 ms, collect (the device) 60 ms: the stats must tell them apart."""
 
