@@ -108,3 +108,18 @@ def test_a_bad_share_is_one_config_line(tmp_path, value, wanted):
     with pytest.raises(ConfigError) as err:
         load_settings(path, environ={})
     assert f"models[0].max_ejected_share: {wanted}" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_cap_is_logged_once_per_capped_spell_not_per_ready_poll(replicas):
+    up = replicas()  # a pool of one: the default share (0.5) never ejects it
+    with _serve(protocol="infinity", urls=(up.url,), cooldown_s=30) as client:
+        up.healthy = False
+        with structlog.testing.capture_logs() as logs:
+            assert {client.get("/ready").status_code for _ in range(5)} == {503}
+            up.healthy = True  # its probe passes: the cap holds nothing back any more
+            assert client.get("/ready").status_code == 200
+            up.healthy = False  # and fails again: a new spell, a new line
+            assert {client.get("/ready").status_code for _ in range(3)} == {503}
+        capped = [e for e in logs if e["event"] == "replica_ejection_capped"]
+        assert len(capped) == 2, capped  # not one per poll (8)
+        assert _admitted(client) == [True]

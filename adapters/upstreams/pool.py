@@ -71,13 +71,16 @@ log = structlog.get_logger("adapters.upstreams.pool")
 class Replica:
     """One upstream URL and what the pool knows about it."""
 
-    __slots__ = ("consecutive_failures", "ejected_until", "outstanding", "probe", "served", "url")
+    __slots__ = ("capped", "consecutive_failures", "ejected_until", "outstanding", "probe", "served", "url")
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
         self.outstanding = 0
         self.served = 0
         self.consecutive_failures = 0
+        # True while the ejection cap keeps this failing replica in rotation: the cap is logged
+        # when this turns True, not at each failed call or /ready probe while it stays so.
+        self.capped = False
         # None while admitted; the monotonic time its cooldown ends while ejected.
         self.ejected_until: float | None = None
         self.probe: asyncio.Task[None] | None = None
@@ -267,7 +270,7 @@ class PoolEngine:
             replica.outstanding -= 1
         if status == 200:
             result = self._protocol.decode(content, headers, call, len(body))
-            replica.consecutive_failures = 0
+            replica.consecutive_failures, replica.capped = 0, False
             replica.served += 1
             return result
         if status in (502, 503, 504):
@@ -306,8 +309,10 @@ class PoolEngine:
         ejected = sum(1 for r in self._replicas if not r.admitted)
         allowed = int(self._config.max_ejected_share * len(self._replicas) + 1e-9)  # 0.3 * 10 is 2.999...
         if ejected >= allowed:
-            # Once per failure streak (and per failed /ready probe): not once per failed call.
-            if replica.consecutive_failures <= self._config.eject_after_failures:
+            # Once when the cap starts holding this replica back: not at each failed call, nor at
+            # each /ready poll (a pool of one whose replica is down would log at every poll).
+            if not replica.capped:
+                replica.capped = True
                 log.warning(
                     "replica_ejection_capped",
                     model=self._config.name,
@@ -319,7 +324,7 @@ class PoolEngine:
                     **fields,
                 )
             return
-        replica.ejected_until = time.monotonic() + self._config.cooldown_s
+        replica.ejected_until, replica.capped = time.monotonic() + self._config.cooldown_s, False
         log.warning(
             "replica_ejected",
             model=self._config.name,
@@ -344,7 +349,7 @@ class PoolEngine:
         if ok:
             if not replica.admitted:
                 log.info("replica_readmitted", model=self._config.name, replica=replica.url)
-            replica.ejected_until, replica.consecutive_failures = None, 0
+            replica.ejected_until, replica.consecutive_failures, replica.capped = None, 0, False
         elif replica.admitted:
             # Under the same cap as traffic: a /ready poll while every replica is slow to answer
             # its /health (TEI's runs through the busy backend) must not eject the whole pool.
