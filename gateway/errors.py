@@ -229,8 +229,11 @@ _EXPECTED: Final = (ModelUnavailableError, EngineUnavailableError, RateLimitStor
 # Expected 502s: a known condition the operator must fix (an upstream that cannot serve this
 # model as configured, a refused account or key). Its traceback is the request path down to the
 # raise, the same on every request until someone acts: one error line with the cause instead.
+# Timeouts (504) too: the engine or upstream was slower than a limit (the model's timeout_s, an
+# upstream's read_timeout_s, or the upstream's own), and the message names the model, what timed
+# out and the limit; the traceback is the same asyncio or HTTP client path on every slow request.
 # Anything else (a 500 is a bug) keeps its traceback.
-_OPERATOR: Final = (EngineMisconfiguredError, EngineAccountError)
+_KNOWN_FAILURES: Final = (EngineMisconfiguredError, EngineAccountError, EngineTimeoutError)
 
 
 def _body_too_large(request: Request[Any, Any, Any]) -> str:
@@ -255,7 +258,7 @@ def describe_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[int
         if isinstance(exc, _EXPECTED):
             log.warning("request_refused", request_id=request_id, status=status, error=type(exc).__name__,
                         reason=message)
-        elif isinstance(exc, _OPERATOR):  # the exception's own text: it may name what the client's does not
+        elif isinstance(exc, _KNOWN_FAILURES):  # the exception's own text: it may name what the client's does not
             log.error("request_failed", request_id=request_id, status=status, error=type(exc).__name__,
                       reason=str(exc))
         else:

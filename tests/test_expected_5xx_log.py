@@ -2,8 +2,9 @@
 
 An upstream refusing the gateway's DashScope account, or a pool whose upstream is misconfigured,
 is a known condition the error table types; its traceback (the request path down to the raise)
-says nothing the line does not, and repeats on every request until the operator acts. A real bug
-(500) keeps its traceback. Checked on the rendered JSON lines of real requests.
+says nothing the line does not, and repeats on every request until the operator acts. So does a
+timeout (504): the line names the model, what timed out and the limit. A real bug (500) keeps
+its traceback. Checked on the rendered JSON lines of real requests.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gateway.observability.logging import configure_logging
 from schemas.config import DashScopeEngineConfig, PoolEngineConfig, Settings
 from tests.fake_dashscope import FakeDashScope, Fault
 from tests.loopback import wait_loaded
+from tests.test_pool import FakeReplica
 from tests.test_pool_not_a_reranker import RefusingUpstream
 
 KEY = "sk-test-logline-0123456789abcdef"
@@ -121,3 +123,32 @@ def test_expected_502s_log_one_line_and_a_bug_keeps_its_traceback(json_logs, ups
         assert r.status_code == 500
         line = _failed(json_logs())
         assert line["error"] == "RuntimeError" and line["exception"][0]["exc_value"] == "a bug"
+
+
+def test_a_timeout_logs_one_line_naming_the_model_what_timed_out_and_the_limit(json_logs):
+    slow = FakeReplica("infinity")
+    slow.delay_s = 1.0
+    models = (  # the replica's silence hits read_timeout_s; the model's timeout_s cuts the other first
+        PoolEngineConfig(name="read", protocol="infinity", urls=(slow.url,), read_timeout_s=0.2),
+        PoolEngineConfig(name="total", protocol="infinity", urls=(slow.url,), timeout_s=0.3),
+    )
+    try:
+        with TestClient(create_app(Settings(models=models), configure_logs=False)) as client:
+            wait_loaded(client)
+            json_logs()
+
+            r = client.post("/v1/rerank", json={"model": "read", "query": "q", "documents": ["a"]})
+            assert r.status_code == 504, r.text
+            line = _failed(json_logs())
+            assert "exception" not in line and line["error"] == "EngineTimeoutError" and line["status"] == 504
+            assert "model 'read'" in line["reason"] and slow.url in line["reason"], line
+            assert "0.2s (read_timeout_s" in line["reason"] and line["request_id"] == r.json()["id"]
+
+            r = client.post("/v1/rerank", json={"model": "total", "query": "q", "documents": ["a"]})
+            assert r.status_code == 504, r.text
+            assert r.json()["message"] == "the model's engine did not answer in time"  # no address, no limit
+            line = _failed(json_logs())
+            assert "exception" not in line and line["error"] == "EngineTimeoutError"
+            assert "model 'total'" in line["reason"] and "0.3s (timeout_s)" in line["reason"], line
+    finally:
+        slow.close()

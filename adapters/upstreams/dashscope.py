@@ -250,7 +250,7 @@ class DashScopeEngine:
                         raise EngineError(f"{self._upstream} answered over {limit} bytes")
                     chunks.append(chunk)
         except httpx.TransportError as exc:
-            raise map_transport_error(exc, self._upstream) from None
+            raise map_transport_error(exc, self._upstream, read_timeout_s=self._config.read_timeout_s) from None
         content = b"".join(chunks)
         if response.status_code == 200:
             return self._parse(content, len(texts))

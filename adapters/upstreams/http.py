@@ -114,14 +114,14 @@ def make_session(
     )
 
 
-def map_aiohttp_error(exc: BaseException, upstream: str) -> EngineError:
+def map_aiohttp_error(exc: BaseException, upstream: str, *, read_timeout_s: float) -> EngineError:
     """:func:`map_transport_error` for aiohttp's exceptions (same classes, same statuses)."""
     kind = type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError | aiohttp.ClientConnectorError):
         # Nothing reached the upstream: safe to retry, here or on another replica.
         return RetryableUpstreamError(f"{upstream} is unreachable ({kind})")
     if isinstance(exc, aiohttp.ServerTimeoutError | TimeoutError):
-        return EngineTimeoutError(f"{upstream} did not answer in time ({kind})")
+        return _read_timeout(upstream, read_timeout_s, kind)
     if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError):
         # The connection broke (a replica going down, a stale keep-alive connection). Scoring
         # has no side effects, so sending the request again is safe.
@@ -138,7 +138,7 @@ def resolve_api_key(api_key: str | None, api_key_env: str | None) -> str | None:
     return None
 
 
-def map_transport_error(exc: httpx.TransportError, upstream: str) -> EngineError:
+def map_transport_error(exc: httpx.TransportError, upstream: str, *, read_timeout_s: float) -> EngineError:
     """The adapters.base error for a failed HTTP exchange (the message never holds secrets)."""
     kind = type(exc).__name__
     if isinstance(exc, httpx.PoolTimeout):
@@ -151,9 +151,15 @@ def map_transport_error(exc: httpx.TransportError, upstream: str) -> EngineError
         # The connection broke (a replica going down, a stale keep-alive connection). Scoring
         # has no side effects, so sending the request again is safe.
         return RetryableUpstreamError(f"{upstream} dropped the connection ({kind})")
-    if isinstance(exc, httpx.TimeoutException):
-        return EngineTimeoutError(f"{upstream} did not answer in time ({kind})")
+    if isinstance(exc, httpx.TimeoutException):  # read or write: make_client gives both read_timeout_s
+        return _read_timeout(upstream, read_timeout_s, kind)
     return EngineError(f"{upstream} call failed ({kind})")
+
+
+def _read_timeout(upstream: str, read_timeout_s: float, kind: str) -> EngineTimeoutError:
+    # The limit and its setting are named: the 504's log line is one line, no traceback
+    # (gateway.errors), so it must say which limit to look at. Clients get a generic 504 message.
+    return EngineTimeoutError(f"{upstream} sent nothing for {read_timeout_s:g}s (read_timeout_s, {kind})")
 
 
 def parse_retry_after(value: str | None) -> float | None:

@@ -262,7 +262,7 @@ class PoolEngine:
                 content = await _read_bounded(response, answer_limit(len(body)))
                 status, headers = response.status, response.headers
         except (aiohttp.ClientError, TimeoutError) as exc:
-            error = map_aiohttp_error(exc, upstream)
+            error = map_aiohttp_error(exc, upstream, read_timeout_s=self._config.read_timeout_s)
             if isinstance(error, RetryableUpstreamError | EngineTimeoutError):
                 self._failed(replica, type(exc).__name__)
             raise error from None
@@ -279,7 +279,7 @@ class PoolEngine:
             wait = parse_retry_after(headers.get("retry-after"))
             raise RetryableUpstreamError(f"{upstream} is unavailable (HTTP {status})", wait_hint=wait)
         if status == 504:
-            raise EngineTimeoutError(f"{upstream} timed out (HTTP 504)")
+            raise EngineTimeoutError(f"{upstream} timed out (HTTP 504: a limit of its own)")
         error = refusal_error(
             status, content, model=self._config.name, replica=replica.url, upstream_model=self._protocol.model,
             protocol=self._config.protocol, path=self._protocol.path,

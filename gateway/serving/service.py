@@ -275,7 +275,12 @@ class RerankService:
             async with asyncio.timeout(runtime.config.timeout_s):
                 result = await engine.score(job)
         except TimeoutError:
-            raise EngineTimeoutError(f"model '{runtime.name}' did not answer within {runtime.config.timeout_s}s") from None
+            raise EngineTimeoutError(
+                f"model '{runtime.name}' did not answer within {runtime.config.timeout_s:g}s (timeout_s)"
+            ) from None
+        except EngineTimeoutError as exc:  # an upstream's read_timeout_s or its own 504
+            # The 504's log line is this message alone (gateway.errors): it must name the model.
+            raise EngineTimeoutError(f"model '{runtime.name}': {exc}") from None
         except EngineDeadError as exc:
             runtime.engine_died(engine, exc)  # 503 for this request; restart in the background
             raise
