@@ -7,7 +7,6 @@ documents are chunked), and models that fail in controlled ways.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,6 +15,7 @@ from litestar.testing import TestClient
 from gateway.app import create_app
 from schemas.config import LimitsConfig, Settings, StaticEngineConfig, TransformersEngineConfig
 from tests import reference
+from tests.loopback import wait_loaded
 
 Q = "What is the capital of the United States?"
 STATIC_SCORES = {
@@ -49,10 +49,7 @@ def _settings(tiny_dir) -> Settings:
 def client(tiny_qwen3_dir):
     app = create_app(_settings(tiny_qwen3_dir), configure_logs=False)
     with TestClient(app) as c:
-        deadline = time.monotonic() + 60
-        while any(m["state"] == "loading" for m in c.get("/ready").json()["models"]):
-            assert time.monotonic() < deadline, "models did not finish loading"
-            time.sleep(0.05)
+        wait_loaded(c, 60)
         yield c
 
 

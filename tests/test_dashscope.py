@@ -18,6 +18,7 @@ from gateway.app import create_app
 from schemas.config import DashScopeEngineConfig, Settings
 from tests.conftest import free_port
 from tests.fake_dashscope import COMPATIBLE_PATH, NATIVE_PATH, Fault, FakeDashScope, fake_score, fake_tokens
+from tests.loopback import wait_loaded
 
 KEY = "sk-test-0123456789abcdef"
 KEY_ENV = "RERANK_TEST_DASHSCOPE_KEY"
@@ -60,10 +61,7 @@ def client(fake):
     )
     app = create_app(settings, configure_logs=False)
     with TestClient(app) as c:
-        deadline = time.monotonic() + 30
-        while any(m["state"] == "loading" for m in c.get("/ready").json()["models"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(c)
         yield c
     os.environ.pop(KEY_ENV, None)
 

@@ -9,7 +9,6 @@ change in its request. They must be the same 502 as a refused key (401 ``Invalid
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import structlog
@@ -18,6 +17,7 @@ from litestar.testing import TestClient
 from gateway.app import create_app
 from schemas.config import DashScopeEngineConfig, Settings
 from tests.fake_dashscope import Fault, FakeDashScope
+from tests.loopback import wait_loaded
 
 KEY = "sk-test-fixb-0123456789abcdef"
 KEY_ENV = "RERANK_TEST_FIXB_DASHSCOPE_KEY"
@@ -36,10 +36,7 @@ def client(fake):
     model = DashScopeEngineConfig(name="ds", model="gte-rerank-v2", base_url=fake.url, api_key_env=KEY_ENV,
                                   retries=2, backoff_initial_s=0.05, backoff_max_s=0.2)
     with TestClient(create_app(Settings(models=(model,)), configure_logs=False)) as c:
-        deadline = time.monotonic() + 30
-        while any(m["state"] == "loading" for m in c.get("/ready").json()["models"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(c)
         yield c
     os.environ.pop(KEY_ENV, None)
 

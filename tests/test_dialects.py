@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 
 import msgspec
 import pytest
@@ -30,6 +29,7 @@ from schemas.config import (
     TransformersEngineConfig,
 )
 from tests import reference
+from tests.loopback import wait_loaded
 
 Q = "What is the capital of the United States?"
 DOCS = [
@@ -59,17 +59,10 @@ def _settings(tiny_dir, **kw) -> Settings:
     )
 
 
-def _wait_loaded(c: TestClient) -> None:
-    deadline = time.monotonic() + 60
-    while any(m["state"] == "loading" for m in c.get("/ready").json()["models"]):
-        assert time.monotonic() < deadline, "models did not finish loading"
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def client(tiny_qwen3_dir):
     with TestClient(create_app(_settings(tiny_qwen3_dir), configure_logs=False)) as c:
-        _wait_loaded(c)
+        wait_loaded(c, 60)
         yield c
 
 
@@ -335,7 +328,7 @@ def test_dialects_share_keys_and_usage_metrics(tiny_qwen3_dir):
     )
     auth = {"Authorization": f"Bearer {KEY}"}
     with TestClient(create_app(settings, configure_logs=False)) as c:
-        _wait_loaded(c)
+        wait_loaded(c, 60)
         # Middleware errors (before the body is read) come in the route's dialect where it is fixed.
         vllm_error(c.post("/score", json={"text_1": Q, "text_2": ["a"]}), 401, "Unauthorized")
         assert c.get("/info").status_code == 200  # as open as /v1/models

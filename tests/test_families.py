@@ -25,6 +25,7 @@ from gateway.app import create_app
 from schemas.config import Settings, TransformersEngineConfig
 from tests import reference_encoders as ref
 from tests.corpus import DOCS, Q
+from tests.loopback import wait_loaded
 from tests.tiny_encoders import build_tiny_bi_encoder, build_tiny_cross_encoder, set_known_logit
 
 TOL = 1e-5
@@ -85,10 +86,8 @@ def test_undetectable_model_fails_with_one_line_naming_the_field(tiny_dirs, tmp_
     # Through the gateway: the model fails at load with that line; the gateway keeps serving.
     settings = Settings(models=(TransformersEngineConfig(name="bare", path=str(bare), device="cpu"),))
     with TestClient(create_app(settings, configure_logs=False)) as client:
-        deadline = time.monotonic() + 60
-        while (model := client.get("/ready").json()["models"][0])["state"] == "loading":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(client, 60)
+        model = client.get("/ready").json()["models"][0]
         assert model["state"] == "failed"
         # /ready keeps the cause in `error` and the gateway's one-line fix, naming the field, in `fix`.
         assert "cannot tell the model family" in model["error"] and "\n" not in model["fix"]

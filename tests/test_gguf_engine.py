@@ -19,7 +19,6 @@ that activation.
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 
@@ -31,6 +30,7 @@ from adapters.base import ScoreJob  # noqa: E402
 from adapters.runtimes.gguf import GgufEngine, NoRerankHeadError, inspect_gguf, plan_decodes  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from schemas.config import GgufEngineConfig, Settings  # noqa: E402
+from tests.loopback import wait_loaded  # noqa: E402
 from tests.tiny_gguf import build_tiny_xlmr, write_gguf  # noqa: E402
 
 QUERIES = ["what is the capital of the united states", "how do i change my password", "qubits"]
@@ -270,10 +270,7 @@ def test_gateway_serves_gguf_with_chunking_and_ready(tiny, reference):
         )
     )
     with TestClient(create_app(settings, configure_logs=False)) as client:
-        deadline = time.monotonic() + 60
-        while any(m["state"] == "loading" for m in client.get("/ready").json()["models"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(client, 60)
         models = {m["name"]: m for m in client.get("/ready").json()["models"]}
         ready = models["gguf"]
         assert (ready["state"], ready["family"], ready["runtime"], ready["device"], ready["dtype"]) == (

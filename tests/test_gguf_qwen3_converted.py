@@ -21,8 +21,6 @@ documents:
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 pytest.importorskip("llama_cpp", reason="the gguf extra (llama-cpp-python) is not installed")
@@ -35,6 +33,7 @@ from gateway.app import create_app
 from schemas.config import GgufEngineConfig, Settings
 from tests import reference
 from tests.llama_convert import convert, fetch_converter, quantize, qwen3_reranker_checkpoint
+from tests.loopback import wait_loaded
 
 pytestmark = pytest.mark.slow
 
@@ -145,10 +144,7 @@ async def test_quantized_files_keep_the_f32_order(engines, query):
 def test_gateway_serves_the_converted_file(files, expected):
     settings = Settings(models=(GgufEngineConfig(name="qwen3-gguf", path=str(files["f32"])),))
     with TestClient(create_app(settings, configure_logs=False)) as client:
-        deadline = time.monotonic() + 60
-        while client.get("/ready").json()["models"][0]["state"] == "loading":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(client, 60)
         ready = client.get("/ready").json()["models"][0]
         assert (ready["state"], ready["family"], ready["runtime"], ready["dtype"]) == ("ready", "qwen3", "gguf", "f32")
         query = QUERIES[0]

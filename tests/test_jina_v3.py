@@ -8,7 +8,6 @@ the stand-in's scores from its weights file with numpy: it shares no code with t
 
 from __future__ import annotations
 
-import time
 import zlib
 
 import numpy as np
@@ -19,6 +18,7 @@ from adapters.base import ScoreJob
 from adapters.runtimes.transformers import TransformersEngine
 from gateway.app import create_app
 from schemas.config import Settings, TransformersEngineConfig
+from tests.loopback import wait_loaded
 from tests.tiny_jina import build_tiny_jina
 
 QUERY = "what is the capital of france"
@@ -121,10 +121,7 @@ async def test_a_checkpoint_without_rerank_fails_clearly(tiny_qwen3_dir):
 def test_over_http_order_duplicates_and_ready(jina_dir):
     settings = Settings(models=(_config(jina_dir, block_size=2),))
     with TestClient(create_app(settings, configure_logs=False)) as client:
-        deadline = time.monotonic() + 60
-        while client.get("/ready").json()["models"][0]["state"] == "loading":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(client, 60)
         ready = client.get("/ready").json()["models"][0]
         assert ready["state"] == "ready", ready
         assert (ready["family"], ready["runtime"], ready["device"], ready["dtype"]) == (

@@ -21,6 +21,7 @@ from adapters.families.llm import LlmPromptTokenizer, load_hf_tokenizer
 from gateway.app import create_app
 from schemas.config import LLM_RERANKERS, PackedEngineConfig, ServerConfig, Settings, TransformersEngineConfig
 from tests import llm_card_reference as card
+from tests.loopback import wait_loaded
 
 Q = "What is the capital of the United States?"
 DOCS = [
@@ -148,10 +149,7 @@ def test_tied_embedding_models_load_together_on_the_first_attempt(tiny_gemma_dir
         ),
     )
     with TestClient(create_app(settings, configure_logs=False)) as c:
-        deadline = time.monotonic() + 120
-        while any(m["state"] == "loading" for m in c.get("/ready").json()["models"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(c, 120)
         assert [m["state"] for m in c.get("/ready").json()["models"]] == ["ready"] * len(paths)
 
 

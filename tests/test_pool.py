@@ -27,7 +27,7 @@ from gateway.app import create_app
 from schemas.config import PoolEngineConfig, Settings, TransformersEngineConfig
 from tests.conftest import ROOT, free_port, stop_process, wait_http_ok
 from tests.fake_dashscope import fake_score
-from tests.loopback import LoopbackServer
+from tests.loopback import LoopbackServer, wait_loaded
 
 pytestmark = pytest.mark.slow
 
@@ -102,13 +102,6 @@ def test_shipped_vllm_template_renders_qwens_prompt(instruction):
     assert template.render(messages=messages, **kwargs) == render_prompt(instruction or DEFAULT_INSTRUCTION, Q, DOCS[1])
 
 
-def _wait_loaded(client: TestClient) -> None:
-    deadline = time.monotonic() + 120
-    while any(m["state"] == "loading" for m in client.get("/ready").json()["models"]):
-        assert time.monotonic() < deadline, "models did not finish loading"
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def vllm_client(vllm_replicas, tiny_qwen3_dir):
     urls = tuple(s.url for s in vllm_replicas)
@@ -121,7 +114,7 @@ def vllm_client(vllm_replicas, tiny_qwen3_dir):
     )
     app = create_app(settings, configure_logs=False)
     with TestClient(app) as client:
-        _wait_loaded(client)
+        wait_loaded(client, 120)
         yield client, app
 
 
@@ -279,7 +272,7 @@ def test_tei_protocol_batches_of_32_and_scores_in_order(replicas):
     tei = replicas("tei")
     docs = [f"text {i}" for i in range(70)]
     with _app_client(PoolEngineConfig(name="tei", protocol="tei", urls=(tei.url,))) as client:
-        _wait_loaded(client)
+        wait_loaded(client, 120)
         r = client.post("/v1/rerank", json={"model": "tei", "query": Q, "documents": docs, "instruction": "x"})
     assert r.status_code == 200, r.text
     assert [x["index"] for x in r.json()["results"]] == sorted(range(70), key=lambda i: -fake_score(Q, docs[i]))
@@ -295,7 +288,7 @@ def test_infinity_protocol_and_passive_health(replicas):
         eject_after_failures=2, cooldown_s=0.5,
     )  # fmt: skip
     with _app_client(config) as client:
-        _wait_loaded(client)
+        wait_loaded(client, 120)
         engine = client.app.state.registry.get("inf").engine
 
         def ask() -> httpx.Response:
@@ -372,7 +365,7 @@ def test_cohere_protocol_chains_to_another_gateway(gateway_server, tmp_path):
     )
     config = PoolEngineConfig(name="chain", protocol="cohere", urls=(upstream.url,), model="static")
     with _app_client(config) as client:
-        _wait_loaded(client)
+        wait_loaded(client, 120)
         r = client.post("/v2/rerank", json={"model": "chain", "query": Q, "documents": DOCS, "top_n": 2})
     assert r.status_code == 200, r.text
     assert [(x["index"], x["relevance_score"]) for x in r.json()["results"]] == [(4, 0.9), (3, 0.3)]

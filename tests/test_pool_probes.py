@@ -10,6 +10,7 @@ import pytest
 from adapters.base import ScoreJob
 from adapters.upstreams.pool import PoolEngine
 from schemas.config import PoolEngineConfig
+from tests.loopback import wait_loaded
 from tests.test_pool import FakeReplica
 
 
@@ -64,10 +65,7 @@ def test_traffic_readmits_a_pool_after_a_failed_ready_poll(upstream):
 
     config = PoolEngineConfig(name="p", protocol="vllm", urls=(upstream.url,), cooldown_s=0.2)
     with TestClient(create_app(Settings(models=(config,)), configure_logs=False)) as client:
-        deadline = time.monotonic() + 30
-        while any(m["state"] == "loading" for m in client.get("/ready").json()["models"]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_loaded(client)
         body = {"model": "p", "query": "q", "documents": ["a", "b"]}
         assert client.post("/v1/rerank", json=body).status_code == 200
         upstream.healthy = False
