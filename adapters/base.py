@@ -176,7 +176,9 @@ class EngineOverloadedError(EngineUnavailableError):
 
 
 class EngineTimeoutError(EngineError):
-    """The engine did not answer within the model's timeout (504)."""
+    """The engine did not answer in time (504): within the model's ``timeout_s``, an upstream
+    replica within its pool's ``read_timeout_s``, or the upstream answered 504 itself. The message
+    names which and the limit (logged; clients get a generic text)."""
 
 
 class EngineInputError(EngineError):

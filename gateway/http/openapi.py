@@ -46,7 +46,7 @@ ERROR_RESPONSES: Final[dict[int, str]] = {
     502: "The engine failed or returned invalid scores; an upstream failed.",
     503: "Model loading, failed, unhealthy or at max_concurrent_requests; upstream unavailable; "
     "rate-limit store down with redis_failure = closed.",
-    504: "The engine did not answer within the model's timeout_s.",
+    504: "The engine did not answer within the model's timeout_s, or an upstream replica within its read_timeout_s (or it answered 504 itself).",
 }
 _HEADERS: Final[dict[int, tuple[str, ...]]] = {
     401: ("WWW-Authenticate",),
