@@ -66,7 +66,6 @@ def main() -> None:
         while time.perf_counter() < deadline:
             prompts = step()
             h = rep.launch(prompts)
-            rep.capture_pending(1)  # a new bucket's first step ran eagerly: captured behind the step, as the launcher does
             if prev is not None:
                 check(prev[0], rep.collect(prev[1]), "one-thread", found)
             prev = (prompts, h)
@@ -89,7 +88,6 @@ def main() -> None:
         while time.perf_counter() < deadline:
             prompts = step()
             q.put((prompts, rep.launch(prompts)))
-            rep.capture_pending(1)
             n += 1
         q.put(done)
         t.join()

@@ -132,61 +132,19 @@ def test_real_pairs_score_the_same_in_a_padded_bucket(replicas, kind):
             assert g == pytest.approx(w, abs=1e-5)
 
 
-def _cpu_graphs(replica, monkeypatch):
-    """A ``StepGraphs`` on CPU: no pool or device context; a "graph" replays the padded eager
-    forward (what a capture records), so the replica's replay path runs end to end."""
+def test_a_bucket_whose_capture_fails_runs_eagerly_and_is_not_captured_again(replicas, monkeypatch):
+    """Out of memory or an op capture refuses, at a bucket's first step: that step and every later
+    one of the bucket run eagerly (same scores), the engine keeps serving, the stats say why."""
     import torch
 
     from adapters.runtimes.packed import graphs
 
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)  # CPU: no pool, no device context
     monkeypatch.setattr(torch.cuda, "device", lambda _d: contextlib.nullcontext())
+    replica, tok = replicas["xlmr"]
+    prompts, segments = _step(tok, "xlmr")
+    want = replica.score(prompts, segments)
     step_graphs = graphs.StepGraphs(replica._forward, torch.device("cpu"), offset=replica._offset, max_tokens=65536)
-
-    def capture(key):
-        step_graphs.captures += 1
-        return key
-
-    def launch(host, key, tokens, copy_in):
-        assert key in step_graphs._graphs
-        step_graphs.replays += 1
-        step_graphs.tokens += tokens
-        step_graphs.padded += key[0] - tokens
-        return graphs.run_padded(replica._forward, host, key), None
-
-    monkeypatch.setattr(step_graphs, "_capture", capture)
-    monkeypatch.setattr(step_graphs, "launch", launch)
-    monkeypatch.setattr(replica, "graphs", step_graphs)
-    return step_graphs
-
-
-def test_a_new_bucket_runs_eagerly_and_is_captured_later_not_on_its_step(replicas, monkeypatch):
-    """A bucket's first step runs eagerly and queues the bucket (a capture on the step's path
-    synchronized the device and made that request the p99); ``capture_pending`` captures it
-    when the launcher is idle, and the bucket's later steps replay it, with the same scores."""
-    replica, tok = replicas["xlmr"]
-    prompts, segments = _step(tok, "xlmr")
-    want = replica.score(prompts, segments)
-    step_graphs = _cpu_graphs(replica, monkeypatch)
-    assert replica.score(prompts, segments) == want
-    assert replica.score(prompts, segments) == want  # still queued once, not captured on a step
-    assert (step_graphs.captures, step_graphs.replays, replica.pending_captures) == (0, 0, 1)
-    assert replica.capture_pending() == 1 and replica.pending_captures == 0
-    assert replica.capture_pending() == 0  # nothing left
-    got = replica.score(prompts, segments)
-    assert step_graphs.replays == 1 and step_graphs.captures == 1
-    for g, w in zip(got, want, strict=True):
-        assert g == pytest.approx(w, abs=1e-5)
-    assert step_graphs.stats()["eager_steps"] == 2 and step_graphs.stats()["pending"] == 0
-
-
-def test_a_bucket_whose_capture_fails_runs_eagerly_and_is_not_captured_again(replicas, monkeypatch):
-    """Out of memory or an op capture refuses: that bucket's steps run eagerly from then on (same
-    scores), it is not queued again, the engine keeps serving, the stats say why."""
-    replica, tok = replicas["xlmr"]
-    prompts, segments = _step(tok, "xlmr")
-    want = replica.score(prompts, segments)
-    step_graphs = _cpu_graphs(replica, monkeypatch)
     tried = []
 
     def capture(key):
@@ -194,27 +152,13 @@ def test_a_bucket_whose_capture_fails_runs_eagerly_and_is_not_captured_again(rep
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(step_graphs, "_capture", capture)
+    monkeypatch.setattr(replica, "graphs", step_graphs)
     assert replica.score(prompts, segments) == want
-    assert replica.capture_pending(None) == 1
     assert replica.score(prompts, segments) == want
-    assert replica.pending_captures == 0 and replica.capture_pending(None) == 0
     assert len(tried) == 1
     stats = step_graphs.stats()
     assert stats["eager_steps"] == 2 and stats["replays"] == 0 and stats["graphs"] == 0
     assert list(stats["failed_captures"].values()) == ["RuntimeError: operation not permitted when stream is capturing"]
-
-
-def test_buckets_past_the_limit_are_not_queued(monkeypatch):
-    """At most ``limit`` graphs, captured or queued: a workload of more shapes runs the rest eagerly."""
-    import torch
-
-    from adapters.runtimes.packed import graphs
-
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
-    step_graphs = graphs.StepGraphs(lambda *a: None, torch.device("cpu"), offset=0, max_tokens=65536, limit=3)
-    for tokens in (1000, 2000, 3000, 4000, 5000):
-        assert step_graphs.key(tokens, 4, 64) is None
-    assert step_graphs.pending == 3
 
 
 def test_graphs_stay_off_when_a_replay_is_not_the_eager_forward():
@@ -245,7 +189,7 @@ def test_no_bucket_is_larger_than_the_largest_graph(monkeypatch):
         top = graphs.token_bucket(batch_tokens + 1)
         step_graphs = graphs.StepGraphs(lambda *a: None, torch.device("cpu"), offset=0, max_tokens=top)
         for tokens in range(batch_tokens - 8, top + 8):
-            key = step_graphs.bucket(tokens, 1, 64)
+            key = step_graphs.key(tokens, 1, 64)
             assert key is None or key[0] <= top, (batch_tokens, tokens, key)
             if tokens <= batch_tokens:  # every step the budget makes has its graph
                 assert key is not None and key[0] > tokens

@@ -195,7 +195,6 @@ def _reserve_full_step(replica: PackedPairReplica, family: CrossEncoderFamily, b
     prompts, segments = full_step(family, batch_tokens, max_items)
     try:
         replica.score(prompts, segments)
-        replica.capture_pending(None)
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
 

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from adapters.runtimes.packed import kernels
-from adapters.runtimes.packed.graphs import StepGraphs, replay_mismatch
+from adapters.runtimes.packed.graphs import CaptureError, StepGraphs, replay_mismatch
 from adapters.runtimes.packed.step import HostStaging
 
 __all__ = ("PackedEncoderReplica", "PackedPairReplica", "load_cross_encoder", "make_replica", "position_offset")
@@ -228,10 +228,13 @@ class PackedPairReplica(abc.ABC):
             lens = [len(p) for p in prompts]
             tokens = sum(lens)
             key = graphs.key(tokens, n, max(lens))
-            if key is not None:  # captured: replay (else eagerly; a new bucket is queued for ``capture_pending``)
+            if key is not None:
                 host, _ = self._pack(prompts, segments, pad=key[:2])
-                out, done = graphs.launch(host, key, tokens, self._staging.copy_into)
-                return out, n, done
+                try:
+                    out, done = graphs.launch(host, key, tokens, self._staging.copy_into)
+                    return out, n, done
+                except CaptureError:
+                    pass  # this bucket runs eagerly from now on (graphs.failed says why)
         if self.compiled and n == 1:
             # dynamic=True still specializes a size of 1: a 1-token second pair keeps one graph.
             prompts, segments = [prompts[0], prompts[0][:1]], [segments[0], None]
@@ -260,34 +263,17 @@ class PackedPairReplica(abc.ABC):
         prompts, segments = check
         want = self.score(prompts, segments)
         try:
-            self.graphs = graphs = StepGraphs(self._forward, self.device, offset=self._offset, max_tokens=max_tokens)
-            self.score(prompts, segments)  # eagerly, queueing its bucket
-            graphs.capture_pending()
-            if graphs.failed:  # the check's own bucket: graphs do not work here
-                raise RuntimeError(next(iter(graphs.failed.values())))
+            self.graphs = StepGraphs(self._forward, self.device, offset=self._offset, max_tokens=max_tokens)
             got = self.score(prompts, segments)
             again = self.score(prompts, segments)
-            if graphs.replays != 2:
-                raise RuntimeError(f"the check's step ran eagerly ({graphs.replays} replays of 2)")
         except Exception as exc:  # noqa: BLE001  # no graphs here at all (no pool...): eager, as before
-            # (later, a bucket that cannot be captured runs eagerly on its own: ``StepGraphs.failed``)
+            # (a bucket that cannot be captured runs eagerly on its own: CaptureError in ``launch``)
             self.graphs = None
             self.graph_error = f"{type(exc).__name__}: {exc}"[:500]
             return
         self.graph_error = replay_mismatch(want, got, again)
         if self.graph_error is not None:
             self.graphs = None
-
-    @property
-    def pending_captures(self) -> int:
-        """Buckets whose first step ran eagerly, waiting for ``capture_pending``."""
-        return self.graphs.pending if self.graphs is not None else 0
-
-    def capture_pending(self, most: int | None = 1) -> int:
-        """Capture up to ``most`` buckets queued by earlier steps (``StepGraphs.capture_pending``):
-        the scheduler's launcher calls this when it has nothing to launch."""
-        graphs = self.graphs
-        return graphs.capture_pending(most) if graphs is not None and graphs.pending else 0
 
     @abc.abstractmethod
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, per_token: torch.Tensor, cu_long: torch.Tensor,

@@ -19,18 +19,11 @@ total) and point their first-token row at the first padding token; their logits 
 ``PackedPairReplica._pack`` writes that layout; ``tests/test_packed_graphs.py`` checks it on
 CPU against the unpadded step with a varlen reference that fills untouched rows with NaN.
 
-A bucket's first step runs eagerly and queues the bucket; the launcher captures queued buckets
-when it has nothing to launch (``capture_pending``), and later steps of the bucket replay its
-graph. Why not capture on first use, as before: ``torch.cuda.graph`` synchronizes the device and
-empties both caching allocators before it records, so a capture on a request's path waited for
-the step in flight and then recorded (37 ms a capture on average on the H200, report
-gpu-h200-2026-12-02-c), and the idle d100 runs met new buckets (the parts' sizes vary) among
-their measured requests: those were the p99. An eager step costs about what its replay does
-(17.2 ms replayed, 16.9 eager for a d100 step), and a capture here records on a stream of its own
-without synchronizing, so it overlaps the step the device is computing. Requests of one shape
-fall in a handful of buckets, partial steps under load in more (8-13 in report f), the parts of
-idle requests in a few dozen; the engine's stats count captures. They share one memory pool, so
-they cost about one step's activations in all. Each replay's logits are copied to pinned host memory right behind it on the stream, so a
+Graphs are captured on first use of a bucket, which costs that step once 54 ms on an idle H200,
+66-90 ms under load (a capture first waits for the step in flight); requests of one shape fall
+in a handful of buckets, partial steps under load in more (8-13 in report f), and the engine's
+stats count captures. They share one memory pool, so they cost about one step's activations in
+all. Each replay's logits are copied to pinned host memory right behind it on the stream, so a
 later replay (the scheduler launches step k+1 before collecting step k) cannot overwrite them.
 At start the engine checks a replay against the eager forward on the same pairs and keeps
 graphs only if they agree (``check``).
@@ -46,11 +39,16 @@ from typing import Any
 
 import torch
 
-__all__ = ("StepGraphs", "bucket_key", "pow2_bucket", "replay_mismatch", "run_padded", "token_bucket")
+__all__ = ("CaptureError", "StepGraphs", "bucket_key", "pow2_bucket", "replay_mismatch", "run_padded", "token_bucket")
 
 # (ids, positions, per-token row, cumulative lengths, max length, host lengths) -> logits
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, Any], torch.Tensor]
 Key = tuple[int, int, int]  # (tokens, pairs, max length) after bucketing
+
+
+class CaptureError(RuntimeError):
+    """A bucket's graph could not be captured (out of memory, an op capture refuses): that bucket
+    runs eagerly from then on; the engine keeps serving."""
 
 
 # A bucket's token count is 16 short of a multiple of its step, so never a multiple of 64. On the
@@ -122,59 +120,26 @@ class StepGraphs:
         self.replays = 0
         self.tokens = 0  # real tokens replayed
         self.padded = 0  # padding tokens replayed
-        self.eager_steps = 0  # steps run eagerly: a bucket not captured yet, past ``limit``, or whose capture failed
+        self.eager_steps = 0  # steps run eagerly: a new bucket past ``limit``, or one whose capture failed
         self.failed: dict[Key, str] = {}  # bucket -> why its capture failed
         self._warmed: set[tuple[int, int]] = set()  # (pairs, max length) classes run once before a capture
-        self._pending: dict[Key, None] = {}  # buckets seen and not captured yet, oldest first (``capture_pending``)
-        self._stream: torch.cuda.Stream | None = None  # captures and their warm runs (made on the first capture)
 
-    def bucket(self, tokens: int, pairs: int, max_len: int) -> Key | None:
-        """The bucket a step of this shape pads to, or None when no graph may hold it (too large)."""
+    def key(self, tokens: int, pairs: int, max_len: int) -> Key | None:
+        """The bucket a step of this shape runs in, or None when it runs eagerly: too large for a
+        graph, or a new bucket once ``limit`` graphs exist (never evicting: a workload of more
+        shapes than that would otherwise capture again and again, ~60 ms each)."""
         key = bucket_key(tokens, pairs, max_len)
         # The bucket, not tokens + 1: a bucket is 16 short of a multiple of its step, so a step
         # just under ``max_tokens`` may bucket past it (token_bucket(8,432) = 8,688).
-        return None if key[0] > self.max_tokens else key
-
-    def key(self, tokens: int, pairs: int, max_len: int) -> Key | None:
-        """The bucket whose graph replays a step of this shape, or None when the step runs eagerly:
-        too large for a graph, a bucket not captured yet (queued here for ``capture_pending``), or
-        a new bucket once ``limit`` graphs are captured or queued (never evicting: a workload of
-        more shapes than that would otherwise capture again and again)."""
-        key = self.bucket(tokens, pairs, max_len)
-        if key is None or key in self._graphs:
-            return key
-        if key not in self.failed and key not in self._pending and len(self._graphs) + len(self._pending) < self._limit:
-            self._pending[key] = None
-        self.eager_steps += 1
-        return None
-
-    @property
-    def pending(self) -> int:
-        """Buckets waiting for ``capture_pending``."""
-        return len(self._pending)
-
-    def capture_pending(self, most: int | None = None) -> int:
-        """Capture up to ``most`` queued buckets (all: None), oldest first; how many were tried. The
-        launcher calls this when it has nothing to launch; a bucket that fails to capture runs
-        eagerly from then on (``failed`` says why)."""
-        done = 0
-        with torch.cuda.device(self.device):
-            while self._pending and (most is None or done < most):
-                key = next(iter(self._pending))
-                try:
-                    self._graphs[key] = self._capture(key)
-                except Exception as exc:  # noqa: BLE001  # that bucket runs eagerly; the engine keeps serving
-                    self.failed[key] = f"{type(exc).__name__}: {exc}"[:300]
-                    if isinstance(exc, torch.cuda.OutOfMemoryError):
-                        torch.cuda.empty_cache()
-                finally:
-                    del self._pending[key]
-                done += 1
-        return done
+        if key[0] > self.max_tokens:
+            return None
+        if key in self.failed or (key not in self._graphs and len(self._graphs) >= self._limit):
+            self.eager_steps += 1
+            return None
+        return key
 
     def stats(self) -> dict[str, Any]:
-        return {"graphs": len(self._graphs), "pending": len(self._pending), "captures": self.captures,
-                "capture_ms_total": round(1e3 * self.capture_s, 1),
+        return {"graphs": len(self._graphs), "captures": self.captures, "capture_ms_total": round(1e3 * self.capture_s, 1),
                 "replays": self.replays, "eager_steps": self.eager_steps,
                 # a list first: the worker thread may add a failure while /ready reads this
                 "failed_captures": {"x".join(map(str, k)): why for k, why in list(self.failed.items())},
@@ -188,34 +153,23 @@ class StepGraphs:
         inputs = torch.zeros(3 * t + n + 1, dtype=torch.long, device=self.device)
         inputs[t:2 * t] = self._offset  # valid positions; every pair empty: the kernels' launch shapes are what counts
         t0 = time.perf_counter()
-        # One stream for every capture: the blocks its warm runs free stay cached for it (a new
-        # stream each time left them behind, cached for a stream no one used again).
-        stream = self._stream = self._stream or torch.cuda.Stream(self.device)
-        main = torch.cuda.current_stream(self.device)
-        stream.wait_stream(main)  # ``inputs`` is written on the main stream
         # The first capture of a (pairs, max length) class runs the step once outside the capture
-        # (on the capture stream, as PyTorch's docs do): lazy initialisation and any compilation
+        # (on a side stream, as PyTorch's docs do): lazy initialisation and any compilation
         # happen there, not in the graph. Later buckets of the class differ only in the token
         # count, which the compiled regions take symbolically (dynamic=True) and the kernels
         # as a launch size, so they skip that run: it was most of a capture's ~90 ms under load
-        # (a whole forward), and a bucket that still fails to capture runs eagerly.
+        # (a whole forward), and a bucket that still fails to capture runs eagerly (CaptureError).
         if key[1:] not in self._warmed:
-            with torch.cuda.stream(stream):
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
                 self._run(inputs, key)
+            torch.cuda.current_stream(self.device).wait_stream(side)
             self._warmed.add(key[1:])
         graph = torch.cuda.CUDAGraph()
-        # ``capture_begin``/``capture_end`` as ``torch.cuda.graph`` calls them, without what that
-        # context manager does first: synchronize the device (wait for the step in flight) and
-        # empty the device and pinned-host caches (the next steps then allocate afresh). Recording
-        # queues nothing, so the device keeps computing the step in flight meanwhile.
-        # thread_local: the collector thread (and another device's launcher) use CUDA meanwhile.
-        with torch.cuda.stream(stream):
-            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
-            try:
-                out = self._run(inputs, key)
-            finally:
-                graph.capture_end()
-        main.wait_stream(stream)  # a replay on the main stream comes after the warm run's reads of ``inputs``
+        # thread_local: another device's worker may be capturing at the same time
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            out = self._run(inputs, key)
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
         return _Graph(graph, inputs, out)
@@ -227,7 +181,16 @@ class StepGraphs:
             return self._launch(host, key, tokens, copy_in)
 
     def _launch(self, host: torch.Tensor, key: Key, tokens: int, copy_in: Callable[[torch.Tensor, torch.Tensor], None]) -> tuple[torch.Tensor, Any]:
-        g = self._graphs[key]  # ``key`` returned it: captured
+        g = self._graphs.get(key)
+        if g is None:
+            try:
+                g = self._graphs[key] = self._capture(key)
+            except Exception as exc:
+                self.failed[key] = f"{type(exc).__name__}: {exc}"[:300]
+                self.eager_steps += 1  # this step too: the replica runs it eagerly
+                if isinstance(exc, torch.cuda.OutOfMemoryError):
+                    torch.cuda.empty_cache()
+                raise CaptureError(self.failed[key]) from exc
         copy_in(g.inputs, host)
         g.graph.replay()
         out = torch.empty(g.out.shape, dtype=g.out.dtype, pin_memory=True)

@@ -35,13 +35,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import structlog
-
 from adapters.runtimes.futures import resolve_from_thread
 
 __all__ = ("PackedScheduler", "PendingRequest", "Runner")
-
-log = structlog.get_logger("adapters.runtimes.packed")
 
 
 class Runner(Protocol):
@@ -273,38 +269,16 @@ class PackedScheduler:
     def _launch_steps(self, index: int, lane: _Lane) -> None:
         runner = self._runners[index]
         depth = max(1, int(getattr(runner, "in_flight", 1)))
-        idle_work = getattr(runner, "capture_pending", None)
         while True:
             with self._cond:
-                capture = False
                 while not self._stopping and (not self._queue or lane.out > depth):
-                    # Nothing to launch now: the runner's queued CUDA graph captures (a bucket's
-                    # first step ran eagerly), one at a time, so that work arriving meanwhile
-                    # waits for one capture at most, and never on a request's own step. When
-                    # idle (nothing queued), or under load: steps in flight and several requests
-                    # waiting for them, so those steps are large and the capture (host work, a
-                    # few ms) ends before the device runs out of them. Not for one request
-                    # waiting behind a full lane: that is an idle request's next part, behind
-                    # small parts the device may finish first.
-                    if idle_work is not None and (not self._queue or len(self._queue) > 1) \
-                            and getattr(runner, "pending_captures", 0):
-                        capture = True
-                        break
                     self._cond.wait()
                 if self._stopping:
                     return
-                if not capture:
-                    taken = self._take()
-                    if self._queue:
-                        self._cond.notify_all()
-                    lane.out += 1
-            if capture:
-                try:
-                    idle_work(1)
-                except Exception as exc:  # noqa: BLE001  # a bug there must not end the launcher: no more idle captures
-                    idle_work = None
-                    log.error("packed_idle_capture_failed", device=str(getattr(runner, "device", "?")), error=repr(exc)[:500])
-                continue
+                taken = self._take()
+                if self._queue:
+                    self._cond.notify_all()
+                lane.out += 1
             tp = time.perf_counter()
             work, segments, tokens = self._assemble(taken)
             t0 = time.perf_counter()
