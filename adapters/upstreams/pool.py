@@ -38,6 +38,7 @@ import asyncio
 import hashlib
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -81,7 +82,7 @@ class Replica:
         # True while the ejection cap keeps this failing replica in rotation: the cap is logged
         # when this turns True, not at each failed call or /ready probe while it stays so.
         self.capped = False
-        # None while admitted; the monotonic time its cooldown ends while ejected.
+        # None while admitted; the time its cooldown ends (on the pool's clock) while ejected.
         self.ejected_until: float | None = None
         self.probe: asyncio.Task[None] | None = None
 
@@ -116,8 +117,10 @@ class PoolEngine:
     # sending requests while /ready reports the pool unhealthy.
     heals_with_traffic = True
 
-    def __init__(self, config: PoolEngineConfig) -> None:
+    def __init__(self, config: PoolEngineConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._config = config
+        # Cooldowns are measured on this clock (seconds; tests step it instead of sleeping).
+        self._clock = clock
         model = config.model if config.model is not None or config.protocol != "cohere" else config.name
         self._protocol = make_protocol(config.protocol, model=model, forward_instruction=config.forward_instruction)
         self._replicas = [Replica(url) for url in config.urls]
@@ -229,7 +232,7 @@ class PoolEngine:
                 misconfigured = exc  # another replica may be set up right (a half-migrated pool)
 
     async def _choose(self, key: bytes | None, tried: set[str]) -> Replica | None:
-        now = time.monotonic()
+        now = self._clock()
         candidates = [r for r in self._replicas if r.url not in tried]
         due = [r for r in candidates if r.ejected_until is not None and r.ejected_until <= now]
         for replica in due:
@@ -324,7 +327,7 @@ class PoolEngine:
                     **fields,
                 )
             return
-        replica.ejected_until, replica.capped = time.monotonic() + self._config.cooldown_s, False
+        replica.ejected_until, replica.capped = self._clock() + self._config.cooldown_s, False
         log.warning(
             "replica_ejected",
             model=self._config.name,
@@ -355,11 +358,11 @@ class PoolEngine:
             # its /health (TEI's runs through the busy backend) must not eject the whole pool.
             self._eject(replica, f"probe {reason}")
         else:  # still failing after its cooldown: another one (it is already counted in the cap)
-            replica.ejected_until = time.monotonic() + self._config.cooldown_s
+            replica.ejected_until = self._clock() + self._config.cooldown_s
         return ok
 
     def _retry_after(self) -> int:
-        now = time.monotonic()
+        now = self._clock()
         waits = [r.ejected_until - now for r in self._replicas if r.ejected_until is not None]
         return max(1, int(min(waits, default=self._config.cooldown_s)) + 1)
 
