@@ -338,7 +338,7 @@ class PoolEngine:
         )
 
     async def _probe(self, replica: Replica) -> bool:
-        """Whether ``replica`` passes its health probe; admits or ejects it accordingly."""
+        """Whether ``replica`` passes its health probe; ejects it, or readmits it once its cooldown is over."""
         assert self._probe_client is not None
         try:
             async with self._probe_client.get(
@@ -350,9 +350,14 @@ class PoolEngine:
         except (aiohttp.ClientError, TimeoutError) as exc:
             ok, reason = False, type(exc).__name__
         if ok:
-            if not replica.admitted:
+            if replica.ejected_until is None:
+                replica.consecutive_failures, replica.capped = 0, False
+            elif replica.ejected_until <= self._clock():
                 log.info("replica_readmitted", model=self._config.name, replica=replica.url)
-            replica.ejected_until, replica.consecutive_failures, replica.capped = None, 0, False
+                replica.ejected_until, replica.consecutive_failures, replica.capped = None, 0, False
+            # Else it stays out until its cooldown is over: /ready probes ejected replicas too, and
+            # one ejected as misconfigured passes its /health, so readmitting it at each /ready
+            # poll (every 5 s in deploy/k8s) would cut every cooldown short.
         elif replica.admitted:
             # Under the same cap as traffic: a /ready poll while every replica is slow to answer
             # its /health (TEI's runs through the busy backend) must not eject the whole pool.
