@@ -18,9 +18,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import structlog
 
 from adapters.base import ScoreJob
 from adapters.upstreams.pool import PoolEngine, Replica, rendezvous_order
+from gateway.config.settings import ConfigError, load_settings
 from schemas.config import PoolEngineConfig
 from tests.test_pool_misconfigured_failover import GOOD
 from tests.test_pool_not_a_reranker import RefusingUpstream
@@ -92,11 +94,96 @@ def test_a_ready_poll_during_the_cooldown_does_not_readmit_a_misconfigured_repli
         for _ in range(2):
             await ask()
         assert _bad(engine)["admitted"] is False
-        clock.now += 9.9
+        clock.now += 9.5
         await engine.check_health()  # passes (both /health answer 200), and admits nobody early
         assert _bad(engine)["admitted"] is False
-        clock.now += 0.1  # the cooldown is over: the passing probe readmits it
+        clock.now += 0.5  # the cooldown is over: the passing probe readmits it
         await engine.check_health()
         assert _bad(engine)["admitted"] is True
 
     _run(*pair, body, cooldown_s=10)
+
+
+async def _refused_until_ejected(engine: PoolEngine, ask: Any) -> None:
+    """Requests until the bad replica is ejected (eject_after_failures = 2 refusals, sent on)."""
+    assert _bad(engine)["admitted"] is True
+    for _ in range(2):
+        await ask()
+    assert _bad(engine)["admitted"] is False
+
+
+async def _ejected_for(engine: PoolEngine, clock: Clock, seconds: float) -> None:
+    """The bad replica, just ejected, stays out ``seconds`` (by /ready probes that pass) and no longer."""
+    clock.now += seconds - 0.5  # halves add up exactly in binary floating point
+    await engine.check_health()
+    assert _bad(engine)["admitted"] is False, f"readmitted before {seconds} s"
+    clock.now += 0.5
+    await engine.check_health()
+    assert _bad(engine)["admitted"] is True, f"still ejected after {seconds} s"
+
+
+@pytest.mark.parametrize(
+    ("cap", "cooldowns"),
+    [
+        ({}, [10, 20, 40, 80, 160, 300, 300]),  # max_cooldown_s unset: 300 s (Envoy's max_ejection_time)
+        ({"max_cooldown_s": 35}, [10, 20, 35, 35]),
+    ],
+)
+def test_a_replica_that_keeps_refusing_stays_out_twice_as_long_each_time_up_to_the_cap(pair, cap, cooldowns):
+    async def body(engine: PoolEngine, clock: Clock, ask: Any) -> None:
+        seen = []
+        with structlog.testing.capture_logs() as logs:
+            for seconds in cooldowns:
+                await _refused_until_ejected(engine, ask)
+                await _ejected_for(engine, clock, seconds)
+                seen.append(_bad(engine))
+        # Readmitted, it keeps its count (it has not answered since): the next ejection is the next step.
+        wanted = [(n, later) for n, later in enumerate([*cooldowns[1:], cooldowns[-1]], 1)]
+        assert [(s["ejections"], s["next_cooldown_s"]) for s in seen] == wanted
+        ejected = [(e["ejections"], e["cooldown_s"]) for e in logs if e["event"] == "replica_ejected"]
+        assert ejected == list(enumerate(cooldowns, 1))  # each line says how long, and the how-manieth
+
+    _run(*pair, body, cooldown_s=10, **cap)
+
+
+def test_a_replica_that_answers_again_starts_over_at_cooldown_s(pair):
+    bad, _good = pair
+
+    async def body(engine: PoolEngine, clock: Clock, ask: Any) -> None:
+        for seconds in (10, 20):
+            await _refused_until_ejected(engine, ask)
+            await _ejected_for(engine, clock, seconds)
+        bad.status, bad.body = 200, GOOD  # fixed by its operator: its first answer resets the count
+        await ask()
+        assert (_bad(engine)["served"], _bad(engine)["ejections"], _bad(engine)["next_cooldown_s"]) == (1, 0, 10)
+        bad.status, bad.body = 404, VLLM_404  # and broken again: out for cooldown_s, not 40 s
+        await _refused_until_ejected(engine, ask)
+        await _ejected_for(engine, clock, 10)
+
+    _run(*pair, body, cooldown_s=10)
+
+
+@pytest.mark.parametrize(
+    ("fields", "wanted"),
+    [
+        ("max_cooldown_s = 5", "max_cooldown_s (5.0) is below cooldown_s (10.0)"),
+        ("cooldown_s = 600\nmax_cooldown_s = 300", "max_cooldown_s (300.0) is below cooldown_s (600.0)"),
+        ("max_cooldown_s = 0", "models[0].max_cooldown_s: must be greater than 0"),
+    ],
+)
+def test_a_bad_max_cooldown_is_one_config_line(tmp_path, fields, wanted):
+    path = tmp_path / "c.toml"
+    path.write_text(
+        f'[[models]]\nname = "p"\nengine = "pool"\nprotocol = "vllm"\nurls = ["http://127.0.0.1:9"]\n{fields}\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        load_settings(path, environ={})
+    assert wanted in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_max_cooldown_s_unset_is_300_s_or_cooldown_s_when_longer():
+    # A config written before max_cooldown_s existed keeps loading: cooldown_s = 600 alone is
+    # not refused (its cap is 600 s: no growth, as before).
+    for cooldown_s, cap in ((10.0, 300.0), (600.0, 600.0)):
+        config = PoolEngineConfig(name="p", protocol="vllm", urls=("http://127.0.0.1:9",), cooldown_s=cooldown_s)
+        assert config.max_cooldown_s is None and config.effective_max_cooldown_s == cap

@@ -12,7 +12,9 @@ Replica choice:
 
 Passive health: connect errors, dropped connections, timeouts and 502/503/504 count as
 failures; ``eject_after_failures`` consecutive ones eject the replica for ``cooldown_s``; after
-that its ``health_path`` is probed, and only a passing probe readmits it. A call that could
+that its ``health_path`` is probed, and only a passing probe readmits it. A replica ejected
+again before it has answered a call since stays out twice as long each time, up to
+``max_cooldown_s`` (Envoy's outlier detection: :func:`cooldown_for`). A call that could
 not reach a replica (or got 503/429) is sent to another replica, each tried at most once.
 A replica misconfigured by the operator (it serves a model that is not a reranker, or not the
 configured ``model``, or speaks another protocol: :mod:`adapters.upstreams.refusals`) is treated
@@ -65,14 +67,16 @@ from adapters.upstreams.protocols import UpstreamAnswer, UpstreamCall, make_prot
 from adapters.upstreams.refusals import refusal_error
 from schemas.config import PoolEngineConfig
 
-__all__ = ("PoolEngine", "Replica", "rendezvous_order")
+__all__ = ("PoolEngine", "Replica", "cooldown_for", "rendezvous_order")
 
 log = structlog.get_logger("adapters.upstreams.pool")
 
 class Replica:
     """One upstream URL and what the pool knows about it."""
 
-    __slots__ = ("capped", "consecutive_failures", "ejected_until", "outstanding", "probe", "served", "url")
+    __slots__ = (
+        "capped", "consecutive_failures", "ejected_until", "ejections", "outstanding", "probe", "served", "url"
+    )
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
@@ -84,6 +88,8 @@ class Replica:
         self.capped = False
         # None while admitted; the time its cooldown ends (on the pool's clock) while ejected.
         self.ejected_until: float | None = None
+        # Ejections since its last answered call: the next one lasts cooldown_for(ejections + 1).
+        self.ejections = 0
         self.probe: asyncio.Task[None] | None = None
 
     @property
@@ -97,7 +103,23 @@ class Replica:
             "outstanding": self.outstanding,
             "served": self.served,
             "consecutive_failures": self.consecutive_failures,
+            "ejections": self.ejections,
         }
+
+
+def cooldown_for(ejections: int, cooldown_s: float, max_cooldown_s: float) -> float:
+    """How long the ``ejections``-th ejection of a replica in a row lasts: ``cooldown_s``, doubled each time, capped.
+
+    A replica that refuses as misconfigured (it serves another model) passes its /health, so
+    every cooldown ends in its readmission and ``eject_after_failures`` more refusals (each sent
+    on to another replica) before it leaves again. Doubling, where Envoy multiplies
+    base_ejection_time by the count, reaches the cap of 300 s from 10 s at the 6th ejection (18
+    refusals over 5 minutes with eject_after_failures = 3) instead of the 30th (90 over 72
+    minutes); a replica ejected once or twice (a restart, a burst of timeouts) is out 10 or 20 s
+    under either rule, and its first answer starts it over.
+    """
+    # The exponent is bounded: a replica refusing for months counts thousands of ejections.
+    return min(max_cooldown_s, cooldown_s * 2.0 ** min(ejections - 1, 64))
 
 
 def rendezvous_order(key: bytes, replicas: list[Replica]) -> list[Replica]:
@@ -131,8 +153,12 @@ class PoolEngine:
         self._round_robin = itertools.count()
 
     def replica_stats(self) -> list[dict[str, Any]]:
-        """Per-replica counters (for tests, debugging and status pages)."""
-        return [r.stats() for r in self._replicas]
+        """Per-replica counters (for tests, debugging and status pages), with how long its next ejection would last."""
+        return [{**r.stats(), "next_cooldown_s": self._cooldown(r.ejections + 1)} for r in self._replicas]
+
+    def _cooldown(self, ejections: int) -> float:
+        cfg = self._config
+        return cooldown_for(ejections, cfg.cooldown_s, cfg.effective_max_cooldown_s)
 
     async def start(self) -> None:
         cfg = self._config
@@ -273,7 +299,9 @@ class PoolEngine:
             replica.outstanding -= 1
         if status == 200:
             result = self._protocol.decode(content, headers, call, len(body))
-            replica.consecutive_failures, replica.capped = 0, False
+            # An answer ends its run of ejections too: its next one is cooldown_s again. (A passing
+            # /health does not: a replica serving another model passes it.)
+            replica.consecutive_failures, replica.capped, replica.ejections = 0, False, 0
             replica.served += 1
             return result
         if status in (502, 503, 504):
@@ -301,7 +329,7 @@ class PoolEngine:
             self._eject(replica, reason, failures=replica.consecutive_failures)
 
     def _eject(self, replica: Replica, reason: str, **fields: Any) -> None:
-        """Take an admitted replica out of rotation for cooldown_s, unless the cap is reached.
+        """Take an admitted replica out of rotation for its cooldown (:func:`cooldown_for`), unless the cap is reached.
 
         Whole-pool trouble (overload: every replica hits read_timeout_s) looks like every
         replica failing; ejecting them all would answer 503 for cooldown_s after the load has
@@ -327,13 +355,16 @@ class PoolEngine:
                     **fields,
                 )
             return
-        replica.ejected_until, replica.capped = self._clock() + self._config.cooldown_s, False
+        replica.ejections += 1
+        cooldown = self._cooldown(replica.ejections)
+        replica.ejected_until, replica.capped = self._clock() + cooldown, False
         log.warning(
             "replica_ejected",
             model=self._config.name,
             replica=replica.url,
             reason=reason,
-            cooldown_s=self._config.cooldown_s,
+            cooldown_s=cooldown,
+            ejections=replica.ejections,
             **fields,
         )
 
@@ -362,8 +393,10 @@ class PoolEngine:
             # Under the same cap as traffic: a /ready poll while every replica is slow to answer
             # its /health (TEI's runs through the busy backend) must not eject the whole pool.
             self._eject(replica, f"probe {reason}")
-        else:  # still failing after its cooldown: another one (it is already counted in the cap)
-            replica.ejected_until = self._clock() + self._config.cooldown_s
+        else:
+            # Still failing: another cooldown as long (it is already counted in the cap). Not a
+            # longer one: it was not readmitted in between, and once it is up it is readmitted soonest.
+            replica.ejected_until = self._clock() + self._cooldown(replica.ejections)
         return ok
 
     def _retry_after(self) -> int:

@@ -51,6 +51,7 @@ _NOT_SCORING = frozenset(
         "backoff_max_s",
         "eject_after_failures",
         "cooldown_s",
+        "max_cooldown_s",
         "max_ejected_share",
         "health_path",
         "probe_timeout_s",

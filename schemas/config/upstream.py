@@ -9,6 +9,10 @@ import msgspec
 
 from .base import ModelConfig, ModelName, Positive, PositiveFloat
 
+# A pool's max_cooldown_s when unset (unless its cooldown_s is longer), as Envoy's max_ejection_time.
+DEFAULT_MAX_COOLDOWN_S = 300.0
+
+
 class UpstreamHttpConfig(ModelConfig):
     """Fields of engines that score over HTTP. ``timeout_s`` is the total per request, retries included."""
 
@@ -67,9 +71,29 @@ class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
     # then probe health_path before sending it traffic again.
     eject_after_failures: Positive = 3
     cooldown_s: PositiveFloat = 10.0  # how long an ejected replica gets no traffic
+    # A replica ejected again before it has answered since its readmission stays out twice as
+    # long each time (a replica serving another model passes its /health, so each cooldown ends
+    # in its readmission and more refusals), up to this; None: 300 s, or cooldown_s if longer
+    # (Envoy's max_ejection_time default).
+    max_cooldown_s: PositiveFloat | None = None
     # Most of the pool ejected at once (Envoy's max_ejection_percent): when every replica is
     # slow or failing (overload), the rest stay in rotation instead of the pool answering 503
     # for cooldown_s. 0.5: a pool of 1 is never ejected, 1 of 2 or 3, 2 of 4; 1.0: no cap.
     max_ejected_share: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
     health_path: str = "/health"  # probed (GET, 200 expected) before an ejected replica is used again
     probe_timeout_s: PositiveFloat = 2.0  # time limit of that probe
+
+    def __post_init__(self) -> None:
+        if self.max_cooldown_s is not None and self.max_cooldown_s < self.cooldown_s:
+            raise ValueError(
+                f"max_cooldown_s ({self.max_cooldown_s}) is below cooldown_s ({self.cooldown_s}): it caps the "
+                f"growing cooldowns of a replica ejected again and again, so it must be at least cooldown_s; "
+                f"raise it, or drop it for the default ({DEFAULT_MAX_COOLDOWN_S:g} s, or cooldown_s if longer)"
+            )
+
+    @property
+    def effective_max_cooldown_s(self) -> float:
+        """``max_cooldown_s``, or its default when unset: 300 s, or ``cooldown_s`` if longer."""
+        if self.max_cooldown_s is not None:
+            return self.max_cooldown_s
+        return max(DEFAULT_MAX_COOLDOWN_S, self.cooldown_s)
