@@ -89,11 +89,8 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     "packed-one-job": {**COMMON, "engine": "packed", "batch_tokens": 65536, "overlap_tokenizing": "off"},
     # the packed default on asyncio's own event loop (RUNTIME_SITE hides uvloop, so uvicorn's "auto" falls back)
     "packed-asyncio": {**COMMON, "engine": "packed", "batch_tokens": 65536},
-    # the packed default with an idle request in other parts than gateway.serving.parts'
-    # (RUNTIME_SITE sets them): three parts (10 / 30 / 60 %), three (12 / 33 / 55 %), two (15 / 85 %)
-    "packed-parts3": {**COMMON, "engine": "packed", "batch_tokens": 65536},
-    "packed-parts3b": {**COMMON, "engine": "packed", "batch_tokens": 65536},
-    "packed-parts2": {**COMMON, "engine": "packed", "batch_tokens": 65536},
+    # the packed default with an idle request in other parts than gateway.serving.parts' (RUNTIME_SITE sets them)
+    **{f"packed-parts{k}": {**COMMON, "engine": "packed", "batch_tokens": 65536} for k in ("4", "3b", "2")},
     "vllm-score": {**COMMON, "engine": "vllm-score", "max_num_batched_tokens": 65536, "max_num_seqs": 512},
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
 }
@@ -102,11 +99,10 @@ RUNTIME_SITE = {"packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n",
                 "packed-asyncio": "import sys\nsys.modules['uvloop'] = None\n"}
 _PARTS_SITE = ("import os, sys\nsys.path.insert(0, os.getcwd())\n"  # the gateway runs from the checkout's root
                "import gateway.serving.parts as parts\nparts._OVERLAP_PARTS = {}\n")
-RUNTIME_SITE.update({"packed-parts3": _PARTS_SITE.format((0.1, 0.4, 1.0)),
-                     "packed-parts3b": _PARTS_SITE.format((0.12, 0.45, 1.0)),
-                     "packed-parts2": _PARTS_SITE.format((0.15, 1.0))})
+RUNTIME_SITE.update({f"packed-parts{k}": _PARTS_SITE.format(v) for k, v in  # the default before 2026-12-02 (c); others
+                     (("4", (0.1, 0.3, 0.6, 1.0)), ("3b", (0.12, 0.45, 1.0)), ("2", (0.15, 1.0)))})
 # runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
-NEEDS = {"packed": 75, "packed-asyncio": 75, "packed-eager": 75, "packed-one-job": 75, "packed-noepilogue": 75, "packed-32k": 75, "packed-gil1ms": 75, "packed-parts3": 75, "packed-parts3b": 75, "packed-parts2": 75, "vllm-score": 170, "transformers": 60}
+NEEDS = {**{label: 75 for label in RUNTIMES if label.startswith("packed")}, "vllm-score": 170, "transformers": 60}
 # --model: (real config, --tiny config, checkpoint folder name, report title)
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
     "xlmr-large": (REAL_CONFIG, TINY_CONFIG, "xlmr", "bge-reranker-v2-m3 shape (XLM-R large)"),
