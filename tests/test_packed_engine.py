@@ -227,7 +227,7 @@ class _PipelinedRunner:
         self.launched: list[int] = []
         self.collected = 0
 
-    def launch(self, prompts, segments=None):
+    def launch(self, prompts, segments=None, idle=False, eager=False):
         self.launched.append(len(prompts))
         return [float(len(p)) / 100 for p in prompts]
 
@@ -294,9 +294,9 @@ async def _until(check, timeout: float = 5.0) -> bool:
 class _SlowRunner(_PipelinedRunner):
     """Launch (host prep) takes 20 ms, collect (the device) 60 ms: the stats must tell them apart."""
 
-    def launch(self, prompts, segments=None):
+    def launch(self, prompts, segments=None, idle=False, eager=False):
         time.sleep(0.02)
-        return super().launch(prompts, segments)
+        return super().launch(prompts, segments, idle=idle, eager=eager)
 
     def collect(self, handle):
         time.sleep(0.06)

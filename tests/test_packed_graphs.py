@@ -161,6 +161,109 @@ def test_a_bucket_whose_capture_fails_runs_eagerly_and_is_not_captured_again(rep
     assert list(stats["failed_captures"].values()) == ["RuntimeError: operation not permitted when stream is capturing"]
 
 
+def _cpu_graphs(monkeypatch, forward=lambda *a: None, offset=0):
+    """A ``StepGraphs`` on CPU: no pool, no device context (captures and replays are stubbed by the tests)."""
+    import torch
+
+    from adapters.runtimes.packed import graphs
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda _d: contextlib.nullcontext())
+    return graphs.StepGraphs(forward, torch.device("cpu"), offset=offset, max_tokens=65536)
+
+
+def test_an_idle_step_replays_the_smallest_captured_bucket_that_holds_it(monkeypatch):
+    """``idle`` (nothing waits behind the step): a bucket not captured yet borrows the smallest
+    captured one with room for it (a padding token and an empty pair to spare, as long a max
+    length) and at most ``COVER`` x its tokens; under load the step captures its own."""
+    from adapters.runtimes.packed.graphs import COVER, bucket_key
+
+    g = _cpu_graphs(monkeypatch)
+    own = bucket_key(4000, 30, 200)  # (4080, 32, 256)
+    assert g.key(4000, 30, 200, idle=True) == own  # nothing captured: capture its own
+    fits, larger, too_big = (4336, 32, 256), (4592, 64, 512), (int(COVER * own[0]) + 256, 32, 256)
+    short_pairs, short_len = (4200, 16, 256), (4200, 32, 128)
+    for k in (larger, too_big, short_pairs, short_len, fits):
+        g._graphs[k] = object()  # as a capture leaves it
+    assert g.key(4000, 30, 200, idle=True) == fits
+    assert g.key(4000, 30, 200) == own  # under load
+    assert g.key(4336, 30, 200, idle=True) == larger  # 4,336 tokens leave no padding token in ``fits``
+    del g._graphs[fits]
+    assert g.key(4000, 30, 200, idle=True) == larger
+    del g._graphs[larger]
+    assert g.key(4000, 30, 200, idle=True) == own  # only one past COVER (or too few pairs / too short) is left
+    assert g.stats()["covered_steps"] == 3
+
+
+def test_an_idle_step_that_captures_also_captures_the_buckets_above_it(monkeypatch):
+    """A new largest idle request captures its bucket and ``HEADROOM`` more above it, so the next
+    larger request replays; a step under load captures only its own."""
+    from adapters.runtimes.packed import graphs
+
+    g = _cpu_graphs(monkeypatch)
+    captured = []
+
+    def capture(key):
+        captured.append(key)
+        return object()
+
+    def launch(host, key, tokens, copy_in):  # the replay, stubbed (CUDA): capture on first use as _launch does
+        if key not in g._graphs:
+            g._graphs[key] = capture(key)
+        return "logits", None
+
+    monkeypatch.setattr(g, "_capture", capture)
+    monkeypatch.setattr(g, "_launch", launch)
+    key = graphs.bucket_key(9000, 60, 219)  # (9200, 64, 256): steps of 512 tokens
+    g.launch(None, key, 9000, None, idle=True)
+    assert captured == [key, (9712, 64, 256), (10224, 64, 256)][:1 + graphs.HEADROOM]
+    assert g.stats()["headroom_captures"] == graphs.HEADROOM
+    g.launch(None, key, 9000, None, idle=True)  # replayed: nothing more
+    g.launch(None, (11248, 64, 256), 11000, None)  # under load: its own only
+    assert captured[1 + graphs.HEADROOM:] == [(11248, 64, 256)]
+
+
+def test_a_covered_step_scores_as_its_own_bucket(replicas, monkeypatch):
+    """Through the replica: the idle step padded to the borrowed bucket scores the same (the
+    replay stubbed by the padded forward it would replay)."""
+    from adapters.runtimes.packed import graphs
+
+    replica, tok = replicas["bert"]
+    prompts, segments = _step(tok, "bert")
+    want = replica.score(prompts, segments)
+    g = _cpu_graphs(monkeypatch, replica._forward, replica._offset)
+    lens = [len(p) for p in prompts]
+    own = graphs.bucket_key(sum(lens), len(lens), max(lens))
+    borrowed = (graphs.token_bucket(own[0] + 1), 2 * own[1], 2 * own[2])
+    g._graphs[borrowed] = object()
+    used = []
+
+    def launch(host, key, tokens, copy_in):
+        used.append(key)
+        return graphs.run_padded(replica._forward, host, key), None
+
+    monkeypatch.setattr(g, "_launch", launch)
+    monkeypatch.setattr(replica, "graphs", g)
+    got = replica.collect(replica.launch(prompts, segments, idle=True))
+    assert used == [borrowed]
+    assert len(got) == len(want)
+    for g_row, w_row in zip(got, want, strict=True):
+        assert g_row == pytest.approx(w_row, abs=1e-5)
+
+
+def test_an_eager_step_bypasses_the_graphs(replicas, monkeypatch):
+    """``launch(..., eager=True)`` (the retry of non-finite logits) neither replays nor captures."""
+    replica, tok = replicas["bert"]
+    prompts, segments = _step(tok, "bert")
+    want = replica.score(prompts, segments)
+    g = _cpu_graphs(monkeypatch, replica._forward, replica._offset)
+    touched = []
+    monkeypatch.setattr(g, "key", lambda *a, **k: touched.append(a))
+    monkeypatch.setattr(replica, "graphs", g)
+    assert replica.collect(replica.launch(prompts, segments, eager=True)) == want
+    assert touched == []
+
+
 def test_graphs_stay_off_when_a_replay_is_not_the_eager_forward():
     """The start-up check (``use_graphs``): bf16 rounding passes, a wrong replay or one that does
     not repeat keeps the engine eager, with the reason."""

@@ -55,6 +55,25 @@ async def test_nonfinite_rows_are_scored_again(served):
     assert rt.engine.stats()["nonfinite_retries"] == before + 1
 
 
+async def test_the_second_try_is_launched_without_cuda_graphs(served, monkeypatch):
+    """A replayed graph is what the GPU runs gave twice in a row non-finite: the retry is eager."""
+    registry, rt = served
+    scheduler = rt.engine._scheduler
+    submit, kinds = scheduler.submit, []
+
+    def recording(*args, eager=False, **kw):
+        kinds.append(eager)
+        return submit(*args, eager=eager, **kw)
+
+    monkeypatch.setattr(scheduler, "submit", recording)
+    _poison(rt, steps=1)
+    try:
+        await _scores(registry, rt)
+    finally:
+        del rt.engine._replicas[0].score
+    assert kinds == [False, True]
+
+
 async def test_nonfinite_again_is_the_engines_error(served):
     registry, rt = served
     _poison(rt, steps=10_000)

@@ -179,7 +179,7 @@ class _StageRunner:
         self.outstanding = self.most_outstanding = 0
         self.lock = threading.Lock()
 
-    def launch(self, prompts, segments=None):
+    def launch(self, prompts, segments=None, idle=False, eager=False):
         with self.lock:
             k = sum(1 for e in self.events if e[0] == "launch")
             self.events.append(("launch", k))
@@ -209,6 +209,52 @@ async def test_scheduler_keeps_one_step_in_flight_per_stage():
         assert [k for e, k in runner.events if e == "collect"] == list(range(8))  # oldest first, each once
         lone = scheduler.submit([1], [[2]], [3])  # alone: collected without a next step
         assert await asyncio.wait_for(lone.future, 5) == [0.03]
+    finally:
+        scheduler.stop()
+
+
+class _IdleRunner(_StageRunner):
+    """Records each launch's ``idle``: whether no request waited behind that step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.idle: list[bool] = []
+        self.eager: list[bool] = []
+
+    def launch(self, prompts, segments=None, idle=False, eager=False):
+        self.idle.append(idle)
+        self.eager.append(eager)
+        return super().launch(prompts, segments)
+
+
+@pytest.mark.anyio
+async def test_a_step_is_idle_only_when_no_request_waits_behind_it():
+    """What a CUDA graph capture waits on (graphs.py): a step that others queue behind may
+    capture; the last step of a backlog, and a request alone, run with ``idle``."""
+    runner = _IdleRunner()
+    scheduler = PackedScheduler([runner], batch_tokens=3, max_items=64)  # one 3-token prompt per step
+    try:
+        req = scheduler.submit([1], [[2]] * 5, [3])  # 5 steps queued at once
+        assert await asyncio.wait_for(req.future, 5) == [0.03] * 5
+        assert runner.idle == [False] * 4 + [True]
+        lone = scheduler.submit([1], [[2]], [3])
+        assert await asyncio.wait_for(lone.future, 5) == [0.03]
+        assert runner.idle[-1] is True
+    finally:
+        scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_a_request_submitted_eager_has_its_steps_launched_eagerly():
+    """The packed engine's second try of non-finite logits: no CUDA graph for its steps."""
+    runner = _IdleRunner()
+    scheduler = PackedScheduler([runner], batch_tokens=6, max_items=64)  # two 3-token prompts per step
+    try:
+        plain = scheduler.submit([1], [[2]] * 2, [3])
+        assert await asyncio.wait_for(plain.future, 5) == [0.03] * 2
+        retry = scheduler.submit([1], [[2]] * 3, [3], eager=True)
+        assert await asyncio.wait_for(retry.future, 5) == [0.03] * 3
+        assert runner.eager == [False, True, True]
     finally:
         scheduler.stop()
 

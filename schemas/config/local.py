@@ -97,7 +97,9 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     compile: Literal["auto", "on", "off"] = "auto"
     # Cross-encoders on CUDA: "auto" replays each step as one captured CUDA graph (steps padded to a
     # few shape buckets, ~3 % padding; checked against the eager forward at start, eager if not
-    # equal) instead of launching ~300 kernels from Python; "off": launch eagerly. Qwen3 launches eagerly.
+    # equal) instead of launching ~300 kernels from Python; an idle step spares itself a capture
+    # where a slightly larger graph holds it (adapters/runtimes/packed/graphs.py); "off": launch
+    # eagerly. Qwen3 launches eagerly.
     cuda_graphs: Literal["auto", "off"] = "auto"
     # Cross-encoders (BERT, ELECTRA, RoBERTa, XLM-R): the MLP's bias + GELU (or ReLU) computed in
     # its up-projection GEMM's epilogue (cuBLASLt), so the 4x-wide activation is written once: ~13 %
@@ -106,7 +108,7 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     # bf16 rounding is larger; "on": on every device and dtype; "off": the activation on its own.
     gelu_epilogue: Literal["auto", "on", "off"] = "auto"
     # Cross-encoders: a request of 64+ distinct documents that is the model's only one in flight is
-    # tokenized and submitted in four growing parts (10/20/30/40 % of the documents), the device
+    # tokenized and submitted in three growing parts (10/30/60 % of the documents), the device
     # starting on each while the next is tokenized (same scores, errors and usage as one job).
     # "auto": where steps are replayed as CUDA graphs (one launch each; with ~300 launches from
     # Python per step a part's launch cost more than it hid: report gpu-h200-2026-12-01-e);

@@ -96,13 +96,16 @@ class PackedEncoderEngine(PackedEngineBase):
         if bad:
             # Once, on an H200 under 16 clients (report gpu-h200-2026-12-02-b), a step gave one
             # request non-finite logits; the same replica ran ~1,900 such steps alone without one
-            # (benchmarks/gpu_nan_probe.py), so the cause is not isolated. Those items run once
-            # more, in another step (another composition and graph bucket); non-finite again, the
-            # request fails with the 502 it got before. Counted in /ready and logged either way.
-            # Counted and logged before the retry: a request cancelled meanwhile still leaves a trace.
+            # (benchmarks/gpu_nan_probe.py), so the cause is not isolated. It came back about once
+            # per few thousand requests under load, in runs that captured CUDA graphs under load,
+            # and once (report gpu-h200-2026-12-02-d, call 4) a second try in another graph step
+            # was non-finite again for 23 of its 28 items. So those items run once more in a step
+            # launched eagerly (no graph); non-finite again, the request fails with the engine's
+            # 502. Counted in /ready and logged either way, before the retry: a request cancelled
+            # meanwhile still leaves a trace.
             self.nonfinite_retries += 1
             log.warning("packed_nonfinite_logits", items=len(bad), of=len(logits))
-            again = scheduler.submit(job.shared_ids, [job.item_ids[i] for i in bad], pair.layout.tail, segment)
+            again = scheduler.submit(job.shared_ids, [job.item_ids[i] for i in bad], pair.layout.tail, segment, eager=True)
             redone = await _scores_of(scheduler, again)
             for i, row in zip(bad, redone, strict=True):
                 logits[i] = row

@@ -217,21 +217,24 @@ class PackedPairReplica(abc.ABC):
         return buf[:3 * t + m + 1], lens
 
     @torch.inference_mode()
-    def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> tuple[torch.Tensor, int, Any]:
+    def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None, *,
+               idle: bool = False, eager: bool = False) -> tuple[torch.Tensor, int, Any]:
         """Prepare the step on the host and queue its kernels (or its graph); on CUDA this returns
         before they ran. The handle: logits (on the device, or pinned host memory for a graph),
-        pairs, and the event after a graph's logits reach the host (None: eager)."""
+        pairs, and the event after a graph's logits reach the host (None: eager). ``idle`` (the
+        scheduler's: no request waits behind this step) spares the step a capture where it can
+        (``graphs`` says how and why); ``eager``: no graph, the kernels launched one by one."""
         n = len(prompts)
         segments = list(segments) if segments is not None else [None] * n
-        graphs = self.graphs
+        graphs = None if eager else self.graphs
         if graphs is not None:
             lens = [len(p) for p in prompts]
             tokens = sum(lens)
-            key = graphs.key(tokens, n, max(lens))
+            key = graphs.key(tokens, n, max(lens), idle=idle)
             if key is not None:
                 host, _ = self._pack(prompts, segments, pad=key[:2])
                 try:
-                    out, done = graphs.launch(host, key, tokens, self._staging.copy_into)
+                    out, done = graphs.launch(host, key, tokens, self._staging.copy_into, idle=idle)
                     return out, n, done
                 except CaptureError:
                     pass  # this bucket runs eagerly from now on (graphs.failed says why)

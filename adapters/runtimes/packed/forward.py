@@ -278,14 +278,16 @@ class PackedQwen3Replica:
         """The step in one int64 host tensor (``step.pack``) and its layout."""
         return pack(groups, self._staging)
 
-    def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> tuple[torch.Tensor, int]:
+    def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None, *,
+               idle: bool = False, eager: bool = False) -> tuple[torch.Tensor, int]:
         """Prepare the step on the host and queue its kernels; on CUDA this returns before they ran.
 
-        ``segments`` (the scheduler's token-type starts) is None throughout for Qwen3 prompts."""
+        ``segments`` (the scheduler's token-type starts) is None throughout for Qwen3 prompts;
+        ``idle`` and ``eager`` are for CUDA graphs, which Qwen3 steps do not use."""
         return self.launch_groups([((), [p]) for p in prompts])
 
     @torch.inference_mode()
-    def launch_groups(self, groups: Sequence[Group]) -> tuple[torch.Tensor, int]:
+    def launch_groups(self, groups: Sequence[Group], *, idle: bool = False, eager: bool = False) -> tuple[torch.Tensor, int]:
         """``launch`` for prefix + tails groups; without prefix sharing each prompt is packed whole."""
         if not self.can_share and any(len(pre) for pre, _ in groups):
             groups = [((), [[*pre, *tail] for tail in tails]) for pre, tails in groups]

@@ -19,11 +19,32 @@ total) and point their first-token row at the first padding token; their logits 
 ``PackedPairReplica._pack`` writes that layout; ``tests/test_packed_graphs.py`` checks it on
 CPU against the unpadded step with a varlen reference that fills untouched rows with NaN.
 
-Graphs are captured on first use of a bucket, which costs that step once 54 ms on an idle H200,
-66-90 ms under load (a capture first waits for the step in flight); requests of one shape fall
-in a handful of buckets, partial steps under load in more (8-13 in report f), and the engine's
-stats count captures. They share one memory pool, so they cost about one step's activations in
-all. Each replay's logits are copied to pinned host memory right behind it on the stream, so a
+Graphs are captured on first use of a bucket; requests of one shape fall in a handful of
+buckets, partial steps under load in more (8-13 in report f), and the engine's stats count
+captures. They share one memory pool, so they cost about one step's activations in all.
+
+What an idle request pays for a capture (the d100 idle p99 of report gpu-h200-2026-12-02-c was
+one or two captures per 100 requests: a request's parts vary in token count, so new buckets kept
+appearing after a 160-request warm pass):
+
+- A capture records on a stream of its own, without what ``torch.cuda.graph`` does first
+  (synchronize the device, collect garbage, empty both caching allocators: 37 ms a capture on
+  average on the H200); recording alone took 9.2 ms for a bucket of a (pairs, max length) class
+  met before. The first capture of a class also runs the step once (lazy initialisation).
+- An idle step (the scheduler's ``idle``: no request waits behind it) of a bucket with no graph
+  replays the smallest captured graph that holds it with at most ``COVER`` times its bucket's
+  tokens (or 512 more) instead (``covered_steps``): a step below the largest seen so far pads a
+  little more.
+  Run eagerly instead it cost far more: ~17 ms of host launches a step, 47.5 ms p50 a d100
+  request (report gpu-h200-2026-12-02-d).
+- An idle step that does capture (a request larger than any so far) also captures the
+  ``HEADROOM`` buckets above its own, after its replay is queued (the device computes the step
+  meanwhile), so the next larger request finds a graph. Replayed over the bench's workloads
+  (16 seeds, 160 requests then 100), that left at most one capture per 100 idle requests,
+  against up to two capturing each bucket alone.
+
+Under load (requests wait behind the step) a step captures its own bucket, as before: it
+happens once per bucket, and padding would cost every later step. Each replay's logits are copied to pinned host memory right behind it on the stream, so a
 later replay (the scheduler launches step k+1 before collecting step k) cannot overwrite them.
 At start the engine checks a replay against the eager forward on the same pairs and keeps
 graphs only if they agree (``check``).
@@ -39,11 +60,20 @@ from typing import Any
 
 import torch
 
-__all__ = ("CaptureError", "StepGraphs", "bucket_key", "pow2_bucket", "replay_mismatch", "run_padded", "token_bucket")
+__all__ = ("COVER", "HEADROOM", "CaptureError", "StepGraphs", "bucket_key", "pow2_bucket", "replay_mismatch", "run_padded",
+           "token_bucket")
 
 # (ids, positions, per-token row, cumulative lengths, max length, host lengths) -> logits
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, Any], torch.Tensor]
 Key = tuple[int, int, int]  # (tokens, pairs, max length) after bucketing
+
+# An idle step may replay a graph of up to this many times its own bucket's tokens, or 512 more
+# (a small step's buckets are 256 tokens apart; 512 tokens cost an XLM-R large step well under
+# a millisecond on an H200) (module docstring).
+COVER = 1.25
+_COVER_TOKENS = 512
+# Buckets above an idle step's new one captured with it (module docstring).
+HEADROOM = 2
 
 
 class CaptureError(RuntimeError):
@@ -121,26 +151,44 @@ class StepGraphs:
         self.tokens = 0  # real tokens replayed
         self.padded = 0  # padding tokens replayed
         self.eager_steps = 0  # steps run eagerly: a new bucket past ``limit``, or one whose capture failed
+        self.covered_steps = 0  # idle steps replayed in a larger captured bucket than their own
+        self.headroom_captures = 0  # buckets captured above an idle step's new one
+        self._stream: torch.cuda.Stream | None = None  # captures and their warm runs (made on the first capture)
         self.failed: dict[Key, str] = {}  # bucket -> why its capture failed
         self._warmed: set[tuple[int, int]] = set()  # (pairs, max length) classes run once before a capture
 
-    def key(self, tokens: int, pairs: int, max_len: int) -> Key | None:
+    def key(self, tokens: int, pairs: int, max_len: int, *, idle: bool = False) -> Key | None:
         """The bucket a step of this shape runs in, or None when it runs eagerly: too large for a
         graph, or a new bucket once ``limit`` graphs exist (never evicting: a workload of more
-        shapes than that would otherwise capture again and again, ~60 ms each)."""
+        shapes than that would otherwise capture again and again). ``idle``: a captured larger
+        bucket within ``COVER`` rather than a capture (the module docstring says why)."""
         key = bucket_key(tokens, pairs, max_len)
         # The bucket, not tokens + 1: a bucket is 16 short of a multiple of its step, so a step
         # just under ``max_tokens`` may bucket past it (token_bucket(8,432) = 8,688).
         if key[0] > self.max_tokens:
             return None
-        if key in self.failed or (key not in self._graphs and len(self._graphs) >= self._limit):
+        if key in self._graphs:
+            return key
+        if idle:
+            cover = self._cover(tokens, pairs, max_len, max(COVER * key[0], key[0] + _COVER_TOKENS) if COVER else 0)
+            if cover is not None:
+                self.covered_steps += 1
+                return cover
+        if key in self.failed or len(self._graphs) >= self._limit:
             self.eager_steps += 1
             return None
         return key
 
+    def _cover(self, tokens: int, pairs: int, max_len: int, most: float) -> Key | None:
+        """The smallest captured bucket that holds the step with a padding token and an empty pair
+        to spare (what ``bucket_key`` guarantees) and at most ``most`` tokens."""
+        fits = [k for k in list(self._graphs) if tokens < k[0] <= most and k[1] > pairs and k[2] >= max_len]
+        return min(fits, default=None)
+
     def stats(self) -> dict[str, Any]:
         return {"graphs": len(self._graphs), "captures": self.captures, "capture_ms_total": round(1e3 * self.capture_s, 1),
-                "replays": self.replays, "eager_steps": self.eager_steps,
+                "replays": self.replays, "eager_steps": self.eager_steps, "covered_steps": self.covered_steps,
+                "headroom_captures": self.headroom_captures,
                 # a list first: the worker thread may add a failure while /ready reads this
                 "failed_captures": {"x".join(map(str, k)): why for k, why in list(self.failed.items())},
                 "padding_share": round(self.padded / (self.tokens + self.padded), 4) if self.replays else 0.0}
@@ -153,32 +201,75 @@ class StepGraphs:
         inputs = torch.zeros(3 * t + n + 1, dtype=torch.long, device=self.device)
         inputs[t:2 * t] = self._offset  # valid positions; every pair empty: the kernels' launch shapes are what counts
         t0 = time.perf_counter()
+        # One stream for every capture: the blocks its warm runs free stay cached for it (a new
+        # stream each time left them behind, cached for a stream no one used again).
+        stream = self._stream = self._stream or torch.cuda.Stream(self.device)
+        main = torch.cuda.current_stream(self.device)
+        stream.wait_stream(main)  # ``inputs`` is written on the main stream
         # The first capture of a (pairs, max length) class runs the step once outside the capture
-        # (on a side stream, as PyTorch's docs do): lazy initialisation and any compilation
+        # (on the capture stream, as PyTorch's docs do): lazy initialisation and any compilation
         # happen there, not in the graph. Later buckets of the class differ only in the token
         # count, which the compiled regions take symbolically (dynamic=True) and the kernels
         # as a launch size, so they skip that run: it was most of a capture's ~90 ms under load
         # (a whole forward), and a bucket that still fails to capture runs eagerly (CaptureError).
         if key[1:] not in self._warmed:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(stream):
                 self._run(inputs, key)
-            torch.cuda.current_stream(self.device).wait_stream(side)
             self._warmed.add(key[1:])
+            # The warm run's activations are cached blocks of the ordinary allocator, which the
+            # graphs' pool cannot reuse: release them, as ``torch.cuda.graph`` does before every
+            # capture (without it the engine held 14.1 GB instead of 6.3 after its 64k-token start
+            # step, report gpu-h200-2026-12-02-c). Once per class, where a whole forward runs anyway.
+            stream.synchronize()
+            torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
-        # thread_local: another device's worker may be capturing at the same time
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            out = self._run(inputs, key)
+        # ``capture_begin``/``capture_end`` as ``torch.cuda.graph`` calls them, without what that
+        # context manager does first: synchronize the device (wait for the step in flight), collect
+        # garbage and empty the device and pinned-host caches (the next steps then allocate
+        # afresh). Recording queues nothing, so the device keeps computing the step in flight.
+        # thread_local: the collector thread (and another device's launcher) use CUDA meanwhile.
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+            try:
+                out = self._run(inputs, key)
+            finally:
+                graph.capture_end()
+        main.wait_stream(stream)  # a replay on the main stream comes after the warm run's reads of ``inputs``
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
         return _Graph(graph, inputs, out)
 
-    def launch(self, host: torch.Tensor, key: Key, tokens: int, copy_in: Callable[[torch.Tensor, torch.Tensor], None]) -> tuple[torch.Tensor, Any]:
+    def launch(self, host: torch.Tensor, key: Key, tokens: int, copy_in: Callable[[torch.Tensor, torch.Tensor], None], *,
+               idle: bool = False) -> tuple[torch.Tensor, Any]:
         """Replay ``key``'s graph on ``host`` (``_pack``'s padded layout; ``copy_in(dst, host)``
-        queues its copy to the device); returns pinned host logits and the event after their copy."""
+        queues its copy to the device); returns pinned host logits and the event after their copy.
+        An ``idle`` step that captures ``key`` then captures the ``HEADROOM`` buckets above it."""
         with torch.cuda.device(self.device):
-            return self._launch(host, key, tokens, copy_in)
+            new = key not in self._graphs
+            out = self._launch(host, key, tokens, copy_in)
+            if new and idle:
+                self._capture_headroom(key)
+            return out
+
+    def _capture_headroom(self, key: Key) -> None:
+        """Capture the ``HEADROOM`` token buckets above ``key`` (same pairs and max length) that
+        have no graph yet; one that fails is left for its own first step (``failed`` says why)."""
+        t = key[0]
+        for _ in range(HEADROOM):
+            t = token_bucket(t + 1)
+            up = (t, *key[1:])
+            if t > self.max_tokens or len(self._graphs) >= self._limit:
+                return
+            if up in self._graphs or up in self.failed:
+                continue
+            try:
+                self._graphs[up] = self._capture(up)
+                self.headroom_captures += 1
+            except Exception as exc:  # noqa: BLE001  # this step is served already: record it and go on
+                self.failed[up] = f"{type(exc).__name__}: {exc}"[:300]
+                if isinstance(exc, torch.cuda.OutOfMemoryError):
+                    torch.cuda.empty_cache()
+                return
 
     def _launch(self, host: torch.Tensor, key: Key, tokens: int, copy_in: Callable[[torch.Tensor, torch.Tensor], None]) -> tuple[torch.Tensor, Any]:
         g = self._graphs.get(key)

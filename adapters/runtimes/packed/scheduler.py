@@ -22,7 +22,10 @@ prefix once per request per step, plus every tail -- so a step holds more docume
 Pure Python (threads, no torch): a runner is anything with ``device`` and
 ``score(prompts, segments) -> list``, one output per prompt (a float for Qwen3, a row of logits
 for a cross-encoder; ``segments`` gives, per prompt, where token type 1 starts -- a BERT pair's
-document -- or None), and ``score_groups(groups)`` for ``share_prefix`` (Qwen3 only).
+document -- or None), and ``score_groups(groups)`` for ``share_prefix`` (Qwen3 only). A
+``pipelined`` runner has ``launch(prompts, segments, idle=..., eager=...)`` (``launch_groups(groups,
+idle=..., eager=...)``) and ``collect(handle)`` instead; ``idle`` says that no request waits
+behind the step, ``eager`` that the step holds a request submitted with ``eager``.
 """
 
 from __future__ import annotations
@@ -55,12 +58,14 @@ class PendingRequest:
     ``segment``: where token type 1 starts in every prompt (``len(shared)`` for a BERT pair), or None.
     """
 
-    __slots__ = ("_loop", "cancelled", "done", "future", "items", "next", "queued_at", "scores", "segment", "shared",
-                 "started_at", "suffix", "tokens_left")
+    __slots__ = ("_loop", "cancelled", "done", "eager", "future", "items", "next", "queued_at", "scores", "segment",
+                 "shared", "started_at", "suffix", "tokens_left")
 
     def __init__(self, shared: Sequence[int], items: Sequence[Sequence[int]], suffix: Sequence[int],
-                 loop: asyncio.AbstractEventLoop, future: asyncio.Future[list[Any]], segment: int | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop, future: asyncio.Future[list[Any]], segment: int | None = None,
+                 eager: bool = False) -> None:
         self.shared, self.items, self.suffix, self.segment = shared, items, suffix, segment
+        self.eager = eager  # its steps are launched eagerly (no CUDA graph): see ``submit``
         self.scores: list[Any] = [0.0] * len(items)
         self.next = 0  # first item no step has taken yet
         self.done = 0  # items scored
@@ -126,9 +131,12 @@ class PackedScheduler:
 
     # -- event-loop side --------------------------------------------------------------------
     def submit(self, shared: Sequence[int], items: Sequence[Sequence[int]], suffix: Sequence[int],
-               segment: int | None = None) -> PendingRequest:
+               segment: int | None = None, *, eager: bool = False) -> PendingRequest:
+        """Queue a request; ``eager``: every step holding one of its items is launched eagerly, not
+        as a CUDA graph (a pipelined runner's ``launch(..., eager=True)``; the packed engine's
+        second try of non-finite logits)."""
         loop = asyncio.get_running_loop()
-        req = PendingRequest(shared, items, suffix, loop, loop.create_future(), segment)
+        req = PendingRequest(shared, items, suffix, loop, loop.create_future(), segment, eager)
         if not items:
             req.future.set_result([])
             return req
@@ -276,6 +284,10 @@ class PackedScheduler:
                 if self._stopping:
                     return
                 taken = self._take()
+                # Nothing waits behind this step: the runner may spare it a CUDA graph capture
+                # (graphs.py says how and why).
+                idle = not self._queue
+                eager = any(r.eager for r, _ in taken)
                 if self._queue:
                     self._cond.notify_all()
                 lane.out += 1
@@ -285,7 +297,8 @@ class PackedScheduler:
             launch = runner.launch_groups if self._share else runner.launch  # type: ignore[attr-defined]
             handle, error = None, None
             try:
-                handle = launch(work) if self._share else launch(work, segments)
+                handle = (launch(work, idle=idle, eager=eager) if self._share
+                          else launch(work, segments, idle=idle, eager=eager))
             except Exception as exc:  # noqa: BLE001  # fails this step's requests when collected
                 error = exc
             with self._cond:
