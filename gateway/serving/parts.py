@@ -34,7 +34,7 @@ __all__ = ("overlapped",)
 # engine's scores do not depend on how items are grouped into steps (packed attention stays
 # within each pair). Under load the device is busy with other requests anyway: one job.
 _OVERLAP_MIN_DOCUMENTS = 64
-# Where each part ends, as a share of the documents: parts of 10 %, 30 % and 60 %. On the H200 a
+# Where each part ends, as a share of the documents: parts of 12 %, 33 % and 55 %. On the H200 a
 # token costs the device ~4x what it costs the host to tokenize (XLM-R large, report
 # gpu-h200-2026-12-02-b), so each part is tokenized while the one before it computes, with room
 # for the tokenizer's tail; a small first part starts the device early (the earlier two-part
@@ -42,7 +42,9 @@ _OVERLAP_MIN_DOCUMENTS = 64
 # its own, and a small step computes less efficiently: side by side (report
 # gpu-h200-2026-12-02-c) three parts took the server 21.4-21.6 ms (p50) against 22.2 for four
 # (10/20/30/40 %) and 24.1 for two (15/85 %, whose second part's tokenizing the device waits for).
-_OVERLAP_PARTS = (0.1, 0.4, 1.0)
+# Of the three-part splits, 12/33/55 % left the shorter tail once no capture was in it (report
+# gpu-h200-2026-12-02-d, call 3: d100 idle p99 24.3 ms against 26.3 for 10/30/60 %, p50 equal).
+_OVERLAP_PARTS = (0.12, 0.45, 1.0)
 
 # The service's ``_score``: one job within the model's timeout, its result checked.
 Score = Callable[[ModelRuntime, ScoreJob], Awaitable[ScoreResult]]

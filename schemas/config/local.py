@@ -108,7 +108,7 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     # bf16 rounding is larger; "on": on every device and dtype; "off": the activation on its own.
     gelu_epilogue: Literal["auto", "on", "off"] = "auto"
     # Cross-encoders: a request of 64+ distinct documents that is the model's only one in flight is
-    # tokenized and submitted in three growing parts (10/30/60 % of the documents), the device
+    # tokenized and submitted in three growing parts (12/33/55 % of the documents), the device
     # starting on each while the next is tokenized (same scores, errors and usage as one job).
     # "auto": where steps are replayed as CUDA graphs (one launch each; with ~300 launches from
     # Python per step a part's launch cost more than it hid: report gpu-h200-2026-12-01-e);
