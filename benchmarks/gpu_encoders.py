@@ -85,12 +85,14 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     "packed-eager": {**COMMON, "engine": "packed", "batch_tokens": 65536, "cuda_graphs": "off"},
     # the packed default with the MLP's GELU on its own (not in the up-projection GEMM's epilogue)
     "packed-noepilogue": {**COMMON, "engine": "packed", "batch_tokens": 65536, "gelu_epilogue": "off"},
+    # the packed default without the idle steps' covering graphs and headroom captures (RUNTIME_SITE)
+    "packed-nocover": {**COMMON, "engine": "packed", "batch_tokens": 65536},
     # the packed default with every request submitted as one job (no two-part submit when idle)
     "packed-one-job": {**COMMON, "engine": "packed", "batch_tokens": 65536, "overlap_tokenizing": "off"},
     # the packed default on asyncio's own event loop (RUNTIME_SITE hides uvloop, so uvicorn's "auto" falls back)
     "packed-asyncio": {**COMMON, "engine": "packed", "batch_tokens": 65536},
     # the packed default with an idle request in other parts than gateway.serving.parts' (RUNTIME_SITE sets them)
-    **{f"packed-parts{k}": {**COMMON, "engine": "packed", "batch_tokens": 65536} for k in ("4", "3b", "2")},
+    **{f"packed-parts{k}": {**COMMON, "engine": "packed", "batch_tokens": 65536} for k in ("4", "3a", "2")},
     "vllm-score": {**COMMON, "engine": "vllm-score", "max_num_batched_tokens": 65536, "max_num_seqs": 512},
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
 }
@@ -99,8 +101,10 @@ RUNTIME_SITE = {"packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n",
                 "packed-asyncio": "import sys\nsys.modules['uvloop'] = None\n"}
 _PARTS_SITE = ("import os, sys\nsys.path.insert(0, os.getcwd())\n"  # the gateway runs from the checkout's root
                "import gateway.serving.parts as parts\nparts._OVERLAP_PARTS = {}\n")
-RUNTIME_SITE.update({f"packed-parts{k}": _PARTS_SITE.format(v) for k, v in  # the default before 2026-12-02 (c); others
-                     (("4", (0.1, 0.3, 0.6, 1.0)), ("3b", (0.12, 0.45, 1.0)), ("2", (0.15, 1.0)))})
+RUNTIME_SITE.update({f"packed-parts{k}": _PARTS_SITE.format(v) for k, v in  # the defaults before 2026-12-02 (c) and (d); two
+                     (("4", (0.1, 0.3, 0.6, 1.0)), ("3a", (0.1, 0.4, 1.0)), ("2", (0.15, 1.0)))})
+RUNTIME_SITE["packed-nocover"] = ("import os, sys\nsys.path.insert(0, os.getcwd())\n"
+                                  "import adapters.runtimes.packed.graphs as graphs\ngraphs.COVER, graphs.HEADROOM = 0, 0\n")
 # runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
 NEEDS = {**{label: 75 for label in RUNTIMES if label.startswith("packed")}, "vllm-score": 170, "transformers": 60}
 # --model: (real config, --tiny config, checkpoint folder name, report title)
@@ -153,26 +157,29 @@ def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int,
 
     if WARMUP["pass"]:  # traffic of the same kind (other documents: another seed) before the measured run, not counted
         run(WARMUP["pass"], 1011 + clients, 0, out.with_name(out.name + "-warm"))
-    before = _graph_captures(gw)
+    before = _graph_stats(gw)
     run(requests, 11 + clients, WARMUP["requests"], out)
-    # CUDA graphs captured during the measured run (its own warm-up requests included): each cost a step ~60 ms
-    captures = _graph_captures(gw) - before if before is not None else None
+    after = _graph_stats(gw)
+    # CUDA graphs captured during the measured run (its own warm-up requests included): each cost a
+    # step ~10-90 ms; and idle steps replayed in a larger captured bucket instead (graphs.COVER)
+    captures = after["captures"] - before["captures"] if before and after else None
+    covered = after.get("covered_steps", 0) - before.get("covered_steps", 0) if before and after else None
     (s,) = json.loads((out / "bench.json").read_text())["summaries"]
     lat = s["latency_ms"]
     row = {"clients": clients, "requests": requests, "docs_per_s": s["docs_per_s"], "p50_ms": lat["p50"],
            "p99_ms": lat["p99"], "max_ms": lat["max"], "errors": s["errors"], "first_error": s.get("first_error"),
            "server_timing_ms": s.get("server_timing_ms"), "server_timing_pct_ms": s.get("server_timing_pct_ms"), "gpu_mib": gpu_mem_mib() - gw.base_mib if gpu else None,
-           "graph_captures": captures, "warm_pass_requests": WARMUP["pass"]}
+           "graph_captures": captures, "covered_steps": covered, "warm_pass_requests": WARMUP["pass"]}
     log(f"{model} d100 x{clients}: {row['docs_per_s']:.0f} docs/s, p50 {row['p50_ms']:.1f}, p99 {row['p99_ms']:.1f}, "
         f"max {row['max_ms']:.1f} ms, errors {row['errors']}")
     return row
 
 
-def _graph_captures(gw: Gateway) -> int | None:
-    """The packed engine's CUDA graph captures so far (None: no graphs)."""
+def _graph_stats(gw: Gateway) -> dict[str, Any] | None:
+    """The packed engine's CUDA graph counters so far (None: no graphs)."""
     stats = (gw.status() or {}).get("models", [{}])[0].get("engine_stats") or {}
     graphs = stats.get("cuda_graphs")
-    return graphs.get("captures") if isinstance(graphs, dict) else None
+    return graphs if isinstance(graphs, dict) else None
 
 
 def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Path, levels: dict[int, int],  # noqa: PLR0913
@@ -270,7 +277,8 @@ def summary(results: dict[str, Any]) -> str:
             lines.append(f"- {label} x{r['clients']}: " + ", ".join(
                 f"{k} {v:.1f}" + (" ({p50:.1f} / {p99:.1f} / {max:.1f})".format(**pct[k]) if k in pct else "") for k, v in t.items()))
             if r.get("graph_captures") is not None:
-                lines.append(f"  CUDA graphs captured during it: {r['graph_captures']} (after a warm pass of {r.get('warm_pass_requests')} requests)")
+                lines.append(f"  CUDA graphs captured during it: {r['graph_captures']}; idle steps replayed in a larger "
+                             f"bucket: {r.get('covered_steps')} (after a warm pass of {r.get('warm_pass_requests')} requests)")
         st = e.get("engine_stats_after") or {}
         if "prep_ms_mean" in st:
             lines.append(f"- {label} engine: queue {st['queue_ms_mean']:.2f}, step {st['step_ms_mean']:.2f}, host prep "
