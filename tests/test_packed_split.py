@@ -244,6 +244,33 @@ async def test_a_step_is_idle_only_when_no_request_waits_behind_it():
         scheduler.stop()
 
 
+class _FailingRunner(_StageRunner):
+    """Its first step fails, as a device fault would."""
+
+    def collect(self, handle):
+        if handle[0] == 0:
+            raise RuntimeError("device fell over")
+        return super().collect(handle)
+
+
+@pytest.mark.anyio
+async def test_a_failed_step_counts_its_requests_untaken_items_as_dropped():
+    """The request fails with the step's error, and the items no step took are never computed:
+    ``dropped_items`` counts them, as it counts a cancelled request's."""
+    runner = _FailingRunner()
+    runner.in_flight = 1  # two steps out at most: the rest of the request is still queued
+    scheduler = PackedScheduler([runner], batch_tokens=3, max_items=64)  # one 3-token prompt per step
+    try:
+        req = scheduler.submit([1], [[2]] * 8, [3])
+        with pytest.raises(RuntimeError, match="device fell over"):
+            await asyncio.wait_for(req.future, 5)
+        scheduler.stop()  # joins the threads: every launch taken is recorded
+        launched = sum(1 for e in runner.events if e[0] == "launch")
+        assert launched < 8 and scheduler.stats()["dropped_items"] == 8 - launched
+    finally:
+        scheduler.stop()
+
+
 @pytest.mark.anyio
 async def test_a_request_submitted_eager_has_its_steps_launched_eagerly():
     """The packed engine's second try of non-finite logits: no CUDA graph for its steps."""

@@ -176,7 +176,7 @@ class PackedScheduler:
                 "policy": self._policy,
                 "batch_tokens": self._budget,
                 "share_prefix": self._share,
-                "requests": self._requests,
+                "requests": self._requests,  # submits: an idle request in parts counts one per part
                 "steps": steps,
                 "waiting_requests": len(self._queue),
                 "dropped_items": self._dropped,
@@ -379,6 +379,7 @@ class PackedScheduler:
                     req.cancelled = True  # its remaining items are not worth computing
                     if req in self._queue:
                         self._queue.remove(req)
+                        self._dropped += len(req.items) - req.next  # as a cancel counts them
                     failed.append(req)
                     continue
                 req.scores[i] = scores[k]
