@@ -322,7 +322,13 @@ class PoolEngine:
             ok, reason = False, type(exc).__name__
         if ok:
             if replica.ejected_until is None:
-                replica.consecutive_failures, replica.capped = 0, False
+                # Its failed calls stand (only an answered call ends them, in _send): a replica
+                # serving another model passes /health, and a reset at each /ready poll would
+                # keep it from ever reaching eject_after_failures in a quiet pool. The capped
+                # spell ends only if no reason to eject it is left: a failed probe's is gone, a
+                # run of failed calls' is not (else each poll would log the cap again).
+                if replica.consecutive_failures < self._config.eject_after_failures:
+                    replica.capped = False
             elif replica.ejected_until <= self._clock():
                 log.info("replica_readmitted", model=self._config.name, replica=replica.url)
                 replica.ejected_until, replica.consecutive_failures, replica.capped = None, 0, False
