@@ -96,6 +96,20 @@ class PoolEngine:
         """Per-replica counters (for tests, debugging and status pages), with how long its next ejection would last."""
         return [{**r.stats(), "next_cooldown_s": self._cooldown(r.ejections + 1)} for r in self._replicas]
 
+    def stats(self) -> dict[str, Any]:
+        """Shown by ``/ready`` per model: :meth:`replica_stats`, and how long an ejected replica's cooldown has left.
+
+        ``/ready`` needs no key, so the URLs are shown without credentials
+        (:func:`adapters.upstreams.replicas.redact_url`).
+        """
+        now = self._clock()
+        replicas = self.replica_stats()
+        for stats, replica in zip(replicas, self._replicas, strict=True):
+            # 0.0 once the cooldown is over: the next request (or /ready poll) probes it.
+            until = replica.ejected_until
+            stats["cooldown_left_s"] = None if until is None else round(max(0.0, until - now), 1)
+        return {"replicas": replicas}
+
     def _cooldown(self, ejections: int) -> float:
         cfg = self._config
         return cooldown_for(ejections, cfg.cooldown_s, cfg.effective_max_cooldown_s)
@@ -203,7 +217,7 @@ class PoolEngine:
         due = [r for r in candidates if r.ejected_until is not None and r.ejected_until <= now]
         for replica in due:
             if replica.probe is None:
-                replica.probe = asyncio.create_task(self._probe(replica), name=f"probe:{replica.url}")
+                replica.probe = asyncio.create_task(self._probe(replica), name=f"probe:{replica.shown}")
                 replica.probe.add_done_callback(lambda _task, r=replica: setattr(r, "probe", None))
         admitted = [r for r in candidates if r.admitted]
         if not admitted and due:
@@ -224,7 +238,7 @@ class PoolEngine:
 
     async def _send(self, replica: Replica, call: UpstreamCall, body: bytes) -> UpstreamAnswer:
         assert self._client is not None
-        upstream = f"replica {replica.url}"
+        upstream = f"replica {replica.shown}"
         replica.outstanding += 1
         try:
             async with self._client.post(replica.url + self._protocol.path, data=body) as response:
@@ -252,7 +266,7 @@ class PoolEngine:
         if status == 504:
             raise EngineTimeoutError(f"{upstream} timed out (HTTP 504: a limit of its own)")
         error = refusal_error(
-            status, content, model=self._config.name, replica=replica.url, upstream_model=self._protocol.model,
+            status, content, model=self._config.name, replica=replica.shown, upstream_model=self._protocol.model,
             protocol=self._config.protocol, path=self._protocol.path,
         )
         if isinstance(error, EngineMisconfiguredError) and len(self._replicas) > 1:
@@ -287,7 +301,7 @@ class PoolEngine:
                 log.warning(
                     "replica_ejection_capped",
                     model=self._config.name,
-                    replica=replica.url,
+                    replica=replica.shown,
                     reason=reason,
                     ejected=ejected,
                     replicas=len(self._replicas),
@@ -301,7 +315,7 @@ class PoolEngine:
         log.warning(
             "replica_ejected",
             model=self._config.name,
-            replica=replica.url,
+            replica=replica.shown,
             reason=reason,
             cooldown_s=cooldown,
             ejections=replica.ejections,
@@ -330,7 +344,7 @@ class PoolEngine:
                 if replica.consecutive_failures < self._config.eject_after_failures:
                     replica.capped = False
             elif replica.ejected_until <= self._clock():
-                log.info("replica_readmitted", model=self._config.name, replica=replica.url)
+                log.info("replica_readmitted", model=self._config.name, replica=replica.shown)
                 replica.ejected_until, replica.consecutive_failures, replica.capped = None, 0, False
             # Else it stays out until its cooldown is over: /ready probes ejected replicas too, and
             # one ejected as misconfigured passes its /health, so readmitting it at each /ready

@@ -9,19 +9,24 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ("Replica", "cooldown_for", "rendezvous_order")
+__all__ = ("Replica", "cooldown_for", "redact_url", "rendezvous_order")
 
 
 class Replica:
     """One upstream URL and what the pool knows about it."""
 
     __slots__ = (
-        "capped", "consecutive_failures", "ejected_until", "ejections", "outstanding", "probe", "served", "url"
+        "capped", "consecutive_failures", "ejected_until", "ejections", "outstanding", "probe", "served", "shown",
+        "url",
     )
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
+        # What logs, error messages and /ready (open without a key) say instead of url: once
+        # here, not on each call.
+        self.shown = redact_url(self.url)
         self.outstanding = 0
         self.served = 0
         self.consecutive_failures = 0
@@ -40,13 +45,32 @@ class Replica:
 
     def stats(self) -> dict[str, Any]:
         return {
-            "url": self.url,
+            "url": self.shown,
             "admitted": self.admitted,
             "outstanding": self.outstanding,
             "served": self.served,
             "consecutive_failures": self.consecutive_failures,
             "ejections": self.ejections,
         }
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its userinfo (``user:password@``) as ``***@`` and no query string or fragment.
+
+    The config takes any URL, and credentials or a token in one must not reach the log lines or
+    ``/ready``, which needs no key.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(a URL that does not parse)"
+    if "@" not in parts.netloc and "@" in parts.path + parts.query + parts.fragment:
+        # Most likely a password holding an unencoded '/', '?' or '#', which ends the host part
+        # early: what urlsplit calls the host and port would be the user name and part of it.
+        return "(URL not shown: it may hold credentials)"
+    host = parts.netloc.rpartition("@")[2]  # the last '@': a password may hold another
+    netloc = f"***@{host}" if "@" in parts.netloc else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def cooldown_for(ejections: int, cooldown_s: float, max_cooldown_s: float) -> float:
