@@ -1,8 +1,9 @@
 """``/ready`` shows each pool replica's counters, and never the credentials a replica URL holds.
 
 ``/ready`` needs no key (tests/test_auth.py), and a replica URL may carry a user and password
-(``http://user:secret@host:8000``) or a token in its query string: ``engine_stats`` and the
-pool's log lines show it with the userinfo as ``***`` and no query string.
+(``http://user:secret@host:8000``): ``engine_stats`` and the pool's log lines show it with the
+userinfo as ``***`` (a query string, which would also go, is refused at load: the pool appends
+its API's path to each URL).
 
 Real loopback upstreams (tests/test_pool_not_a_reranker.RefusingUpstream): a replica serving
 another model (404, /health 200), reached through a URL with credentials, and a good one.
@@ -28,7 +29,7 @@ from tests.test_pool_misconfigured_failover import GOOD
 from tests.test_pool_not_a_reranker import RefusingUpstream
 from tests.test_pool_wrong_model import VLLM_404
 
-SECRETS = ("alice", "s3cr3t-pw", "t0k3n-abc")
+SECRETS = ("alice", "s3cr3t-pw")
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def pair():
     bad.status, bad.body = 404, VLLM_404
     good.status, good.body = 200, GOOD
     port = bad.url.rpartition(":")[2]
-    yield f"http://alice:s3cr3t-pw@127.0.0.1:{port}?token=t0k3n-abc", good.url
+    yield f"http://alice:s3cr3t-pw@127.0.0.1:{port}", good.url
     bad.close()
     good.close()
 
@@ -132,3 +133,26 @@ def test_ready_shows_the_replicas_without_their_credentials(pair):
 )
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("url", "extra", "message"),
+    [
+        ("http://h:8000?token=t0k3n", {}, "'http://h:8000?token=t0k3n' has a query string or fragment; the pool appends"),
+        ("http://h:8000/#x", {}, "has a query string or fragment"),
+        ("http://alice:s3cr3t-pw@h:8000", {"api_key": "k"}, "'http://***@h:8000' holds credentials and api_key"),
+        ("http://alice:s3cr3t-pw@h:8000", {"api_key_env": "K"}, "holds credentials and api_key / api_key_env is set"),
+        ("h:8000", {}, "'h:8000' must be an http:// or https:// URL with a host"),
+        ("http://h:99999", {}, "'http://h:99999' is not a URL (Port out of range"),
+    ],
+)
+def test_a_pool_url_the_pool_cannot_call_is_refused_at_load(url, extra, message):
+    """The pool appends its API's path to each URL (a query string would swallow it), and aiohttp
+    refuses credentials in a URL beside an Authorization header (every call failed with a
+    ValueError): refused at load, in one line, without the credentials."""
+    import msgspec
+
+    with pytest.raises(msgspec.ValidationError) as info:
+        msgspec.convert({"models": [{"name": "p", "engine": "pool", "protocol": "vllm", "urls": [url], **extra}]}, Settings)
+    text = str(info.value)
+    assert message in text and "\n" not in text and "s3cr3t" not in text

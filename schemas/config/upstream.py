@@ -4,6 +4,7 @@ Cohere-compatible replicas."""
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
@@ -84,6 +85,8 @@ class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
     probe_timeout_s: PositiveFloat = 2.0  # time limit of that probe
 
     def __post_init__(self) -> None:
+        for url in self.urls:
+            _check_replica_url(url, api_key=self.api_key is not None or self.api_key_env is not None)
         if self.max_cooldown_s is not None and self.max_cooldown_s < self.cooldown_s:
             raise ValueError(
                 f"max_cooldown_s ({self.max_cooldown_s}) is below cooldown_s ({self.cooldown_s}): it caps the "
@@ -97,3 +100,34 @@ class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
         if self.max_cooldown_s is not None:
             return self.max_cooldown_s
         return max(DEFAULT_MAX_COOLDOWN_S, self.cooldown_s)
+
+
+def _check_replica_url(url: str, *, api_key: bool) -> None:
+    """Refuse, at load, a replica URL the pool cannot call: the pool appends its API's path
+    (``/rerank``...) to the URL, so a query string or fragment would swallow the path, and
+    aiohttp refuses credentials in a URL beside an ``Authorization`` header (every call and
+    probe failed with ``ValueError``)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # raises ValueError on a port out of range or not a number
+    except ValueError as exc:
+        raise ValueError(f"urls: {_shown(url)} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"urls: {_shown(url)} must be an http:// or https:// URL with a host")
+    if parts.query or parts.fragment or url.rstrip("/").endswith(("?", "#")):
+        raise ValueError(f"urls: {_shown(url)} has a query string or fragment; the pool appends the API's path "
+                         "to each URL: give the base URL only (a token goes in api_key or api_key_env)")
+    if api_key and (parts.username or parts.password):
+        raise ValueError(f"urls: {_shown(url)} holds credentials and api_key / api_key_env is set: a call "
+                         "cannot send both; keep one")
+
+
+def _shown(url: str) -> str:
+    """The URL for an error message, without credentials (config errors are logged and printed)."""
+    try:
+        parts = urlsplit(url)
+        if "@" in parts.netloc:
+            return repr(urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1], query="", fragment="")))
+    except ValueError:
+        return "(a URL that does not parse)"
+    return repr(url) if "@" not in url else "(a URL that may hold credentials)"
