@@ -15,27 +15,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
 import structlog
 
 from adapters.base import ScoreJob
 from adapters.upstreams.pool import PoolEngine
 from schemas.config import PoolEngineConfig
-from tests.test_pool_backoff import MODEL, Clock, _query_preferring
-from tests.test_pool_misconfigured_failover import GOOD
+from tests.test_pool_backoff import MODEL, Clock, _query_preferring, pair  # noqa: F401  (the fixture: a bad replica and a good one)
 from tests.test_pool_not_a_reranker import RefusingUpstream
-from tests.test_pool_wrong_model import VLLM_404
-
-
-@pytest.fixture
-def pair():
-    """A replica serving another model (404, /health 200) and a good one, as (bad, good)."""
-    bad, good = RefusingUpstream(), RefusingUpstream()
-    bad.status, bad.body = 404, VLLM_404
-    good.status, good.body = 200, GOOD
-    yield bad, good
-    bad.close()
-    good.close()
 
 
 def _run(pair: tuple[RefusingUpstream, RefusingUpstream], body: Callable[..., Awaitable[None]], **kw: Any) -> None:
