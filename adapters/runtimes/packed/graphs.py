@@ -44,7 +44,9 @@ appearing after a 160-request warm pass):
   against up to two capturing each bucket alone.
 
 Under load (requests wait behind the step) a step captures its own bucket, as before: it
-happens once per bucket, and padding would cost every later step. Each replay's logits are copied to pinned host memory right behind it on the stream, so a
+happens once per bucket, and padding would cost every later step.
+
+Each replay's logits are copied to pinned host memory right behind it on the stream, so a
 later replay (the scheduler launches step k+1 before collecting step k) cannot overwrite them.
 At start the engine checks a replay against the eager forward on the same pairs and keeps
 graphs only if they agree (``check``).
@@ -69,7 +71,7 @@ Key = tuple[int, int, int]  # (tokens, pairs, max length) after bucketing
 
 # An idle step may replay a graph of up to this many times its own bucket's tokens, or 512 more
 # (a small step's buckets are 256 tokens apart; 512 tokens cost an XLM-R large step well under
-# a millisecond on an H200) (module docstring).
+# a millisecond on an H200) (module docstring). 0: no covering (gpu_encoders' packed-nocover).
 COVER = 1.25
 _COVER_TOKENS = 512
 # Buckets above an idle step's new one captured with it (module docstring).
@@ -253,7 +255,8 @@ class StepGraphs:
 
     def _capture_headroom(self, key: Key) -> None:
         """Capture the ``HEADROOM`` token buckets above ``key`` (same pairs and max length) that
-        have no graph yet; one that fails is left for its own first step (``failed`` says why)."""
+        have no graph yet; one that fails runs eagerly from then on, as any bucket whose capture
+        failed (``failed`` says why), and the step that asked is served already."""
         t = key[0]
         for _ in range(HEADROOM):
             t = token_bucket(t + 1)
