@@ -53,21 +53,32 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _varlen_reference(window: int | None):
-    """FlashAttention varlen's contract on CPU: sequences from ``cu_q`` only (host lengths ignored),
-    empty ones allowed, rows after the last sequence untouched (NaN here)."""
-    import torch
+# The key tile of the reference below: FlashAttention-3 loads keys and values in tiles of 128 or
+# more rows; the tiny test pairs are 10-40 tokens, so a tile of 16 reaches past most of them.
+TILE = 16
 
-    from adapters.runtimes.packed import kernels
+
+def _varlen_reference(window: int | None):
+    """FlashAttention varlen's behaviour on CPU: sequences from ``cu_q`` only (host lengths ignored),
+    empty ones allowed, rows after the last sequence untouched (NaN here), and FA3's tiles: each
+    sequence's keys and values are read in whole ``TILE``-row tiles past its end (the next pair's
+    rows, or the padding), their scores masked to -inf and their values multiplied by the zero
+    weights -- so a NaN in a padding row's value reaches the pair before it (FA3 issue #1745)."""
+    import torch
 
     def attend(q, k, v, cu_q, cu_k, max_q, max_k, lens_q, lens_k):
         cu = cu_q.tolist()
         out = torch.full_like(q, float("nan"))
         for a, b in itertools.pairwise(cu):
             assert b - a <= max_q  # the bucket's max length covers every pair
-            if b > a:
-                out[a:b] = kernels.sdpa_per_sequence(q[a:b], k[a:b], v[a:b], None, None, None, None, [b - a], [b - a],
-                                                     window=window)
+            if b == a:
+                continue
+            end = min(a + -(-(b - a) // TILE) * TILE, q.shape[0])
+            s = torch.einsum("qhd,khd->hqk", q[a:b], k[a:end]) / q.shape[-1] ** 0.5
+            i, j = torch.arange(b - a)[:, None], torch.arange(end - a)[None, :]
+            hidden = (j >= b - a) | ((i - j).abs() > window if window is not None else False)
+            p = s.masked_fill(hidden, float("-inf")).softmax(-1)  # exactly 0 on the hidden keys
+            out[a:b] = torch.einsum("hqk,khd->qhd", p, v[a:end])
         return out
 
     return attend
@@ -172,6 +183,58 @@ def _cpu_graphs(monkeypatch, forward=lambda *a: None, offset=0):
     return graphs.StepGraphs(forward, torch.device("cpu"), offset=offset, max_tokens=65536)
 
 
+def test_a_class_first_step_warms_on_the_replay_stream_and_the_capture_stream_only_captures(monkeypatch):
+    """Graphs keep their capture stream's cuBLAS workspace (PyTorch keeps one per stream), so an
+    eager step there could write it while an earlier graph replays on the main stream (non-finite
+    logits on the H200, benchmarks/gpu_graph_race.py): the first capture of a (pairs, max length)
+    class runs its warm step on the main stream, and the capture stream runs nothing but captures."""
+    import torch
+
+    state = {"stream": "main", "capturing": False}
+    runs = []
+
+    class Stream:
+        def __init__(self, name="capture"):
+            self.name = name
+
+        def wait_stream(self, _other):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class Graph:
+        def capture_begin(self, **_kw):
+            state["capturing"] = True
+
+        def capture_end(self):
+            state["capturing"] = False
+
+    @contextlib.contextmanager
+    def on(stream):
+        was, state["stream"] = state["stream"], stream.name
+        try:
+            yield
+        finally:
+            state["stream"] = was
+
+    def forward(ids, *_rest):
+        runs.append((state["stream"], state["capturing"]))
+        return torch.zeros(4, 1)
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda _device: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda _device: Stream("main"))
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    g = _cpu_graphs(monkeypatch, forward)
+    g._capture((4080, 32, 256))
+    g._capture((4336, 32, 256))  # same class: no warm step
+    g._capture((4080, 64, 256))  # a new class
+    assert runs == [("main", False), ("capture", True), ("capture", True), ("main", False), ("capture", True)]
+    assert g.captures == 3
+
+
 def test_an_idle_step_replays_the_smallest_captured_bucket_that_holds_it(monkeypatch):
     """``idle`` (nothing waits behind the step): a bucket not captured yet borrows the smallest
     captured one with room for it (a padding token and an empty pair to spare, as long a max
@@ -240,7 +303,7 @@ def test_a_covered_step_scores_as_its_own_bucket(replicas, monkeypatch):
 
     def launch(host, key, tokens, copy_in):
         used.append(key)
-        return graphs.run_padded(replica._forward, host, key), None
+        return graphs.run_padded(replica._forward, host, key), _Done(), (key, 1, 0)
 
     monkeypatch.setattr(g, "_launch", launch)
     monkeypatch.setattr(replica, "graphs", g)
@@ -296,3 +359,46 @@ def test_no_bucket_is_larger_than_the_largest_graph(monkeypatch):
             assert key is None or key[0] <= top, (batch_tokens, tokens, key)
             if tokens <= batch_tokens:  # every step the budget makes has its graph
                 assert key is not None and key[0] > tokens
+
+
+class _Done:
+    """A CUDA event's stand-in: the stubbed replay is done already."""
+
+    def synchronize(self):
+        pass
+
+
+def test_a_replay_that_gives_pairs_non_finite_logits_is_recorded_where_they_lie(replicas, monkeypatch):
+    """Non-finite logits from a graph step (seen on the H200 under load, cause not isolated): the
+    collecting side records the bucket, the rows and token spans they came from and the graph's
+    age in the stats (the engine scores those pairs again without a graph); finite steps leave
+    no record."""
+    import torch
+
+    from adapters.runtimes.packed import graphs
+
+    replica, tok = replicas["bert"]
+    prompts, segments = _step(tok, "bert")
+    g = _cpu_graphs(monkeypatch, replica._forward, replica._offset)
+    spoil = []
+
+    def launch(host, key, tokens, copy_in):
+        out = graphs.run_padded(replica._forward, host, key)
+        out[spoil] = float("nan")
+        return out, _Done(), (key, 3, 41)
+
+    monkeypatch.setattr(g, "_launch", launch)
+    monkeypatch.setattr(replica, "graphs", g)
+    want = replica.collect(replica.launch(prompts, segments))
+    assert g.stats()["nonfinite_steps"] == 0 and g.stats()["recent_nonfinite"] == []
+    spoil[:] = [1, 2]
+    got = replica.collect(replica.launch(prompts, segments))
+    assert got[0] == want[0] and all(not torch.isfinite(torch.tensor(got[i])).all() for i in (1, 2))
+    (record,) = g.stats()["recent_nonfinite"]
+    lens = [len(p) for p in prompts]
+    key = graphs.bucket_key(sum(lens), len(lens), max(lens))
+    assert g.stats()["nonfinite_steps"] == 1
+    assert record["bucket"] == "x".join(map(str, key)) and record["pairs"] == len(lens) > 3
+    assert record["bad_pairs"] == 2 and record["bad_rows"] == [[1, 2]]
+    assert record["bad_token_spans"] == [[lens[0], sum(lens[:3]) - 1]]
+    assert (record["graph_number"], record["graph_replays_before"]) == (3, 41)

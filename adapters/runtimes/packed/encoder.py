@@ -94,15 +94,14 @@ class PackedEncoderEngine(PackedEngineBase):
         logits = await _scores_of(scheduler, req)
         bad = [i for i, row in enumerate(logits) if not all(map(math.isfinite, row))]
         if bad:
-            # Once, on an H200 under 16 clients (report gpu-h200-2026-12-02-b), a step gave one
-            # request non-finite logits; the same replica ran ~1,900 such steps alone without one
-            # (benchmarks/gpu_nan_probe.py), so the cause is not isolated. It came back about once
-            # per few thousand requests under load, in runs that captured CUDA graphs under load,
-            # and once (report gpu-h200-2026-12-02-d, call 4) a second try in another graph step
-            # was non-finite again for 23 of its 28 items. So those items run once more in a step
-            # launched eagerly (no graph); non-finite again, the request fails with the engine's
-            # 502. Counted in /ready and logged either way, before the retry: a request cancelled
-            # meanwhile still leaves a trace.
+            # Under 16 clients on the H200 about one request in a few thousand got non-finite
+            # logits from a graph step (reports gpu-h200-2026-12-02-b to -d), the last pairs of the
+            # step: the padding rows' NaN that FlashAttention-3 multiplies by zero weights, which
+            # ``encoder_forward.real_rows`` now zeroes (report gpu-h200-2026-12-03). Should a step
+            # still give some, those items run once more in a step launched eagerly (no graph,
+            # no padding); non-finite again, the request fails with the engine's 502. Counted in
+            # /ready (with the replay's bucket and rows: ``cuda_graphs.recent_nonfinite``) and
+            # logged either way, before the retry: a request cancelled meanwhile still leaves a trace.
             self.nonfinite_retries += 1
             log.warning("packed_nonfinite_logits", items=len(bad), of=len(logits))
             again = scheduler.submit(job.shared_ids, [job.item_ids[i] for i in bad], pair.layout.tail, segment, eager=True)

@@ -41,7 +41,7 @@ from adapters.runtimes.packed import kernels
 from adapters.runtimes.packed.graphs import CaptureError, StepGraphs, replay_mismatch
 from adapters.runtimes.packed.step import HostStaging
 
-__all__ = ("PackedEncoderReplica", "PackedPairReplica", "load_cross_encoder", "make_replica", "position_offset")
+__all__ = ("PackedEncoderReplica", "PackedPairReplica", "load_cross_encoder", "make_replica", "position_offset", "real_rows")
 
 
 def load_cross_encoder(path: str, revision: str | None, dtype: torch.dtype) -> Any:
@@ -87,9 +87,25 @@ class _Layer:
         self.ln2 = (layer.output.LayerNorm.weight, layer.output.LayerNorm.bias, float(layer.output.LayerNorm.eps))
 
 
-def add_ln(delta: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
-    """``LayerNorm(delta + h)``: the residual add and the post-norm in one pointwise region."""
-    return F.layer_norm(delta + h, (h.shape[-1],), w, b, eps)
+def add_ln(delta: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
+           real: torch.Tensor) -> torch.Tensor:
+    """``LayerNorm(delta + h)``: the residual add and the post-norm in one pointwise region; rows
+    where ``real`` (a (rows, 1) bool) is false -- a CUDA graph's padding -- set to 0 (``real_rows``)."""
+    return torch.where(real, F.layer_norm(delta + h, (h.shape[-1],), w, b, eps), 0.0)
+
+
+def real_rows(cu_long: torch.Tensor, n_tokens: int) -> torch.Tensor:
+    """(n_tokens, 1) bool: which rows hold a pair's token (the rest is a CUDA graph bucket's padding).
+
+    Why the padding rows are zeroed after every layer: the varlen kernels never write a padding
+    row's attention output, so it holds whatever the graphs' shared memory pool last held there,
+    and FlashAttention-3 loads keys and values in whole tiles past a sequence's end, masking
+    their scores but multiplying their values by those zero weights (0 * NaN = NaN: FA3 issue
+    #1745). A NaN left in the padding thus reached the last pair in the next layer, and the one
+    before it in the layer after: the non-finite steps under load on the H200 (report
+    gpu-h200-2026-12-03: the last 29 pairs of a step, ending at its last real token, on a graph's
+    first replay). Zeroed, the padding rows' keys and values are finite and weigh nothing."""
+    return (torch.arange(n_tokens, device=cu_long.device) < cu_long[-1])[:, None]
 
 
 # The MLP activations the GEMM's epilogue computes: cuBLASLt has bias + GELU (its tanh
@@ -221,7 +237,8 @@ class PackedPairReplica(abc.ABC):
                idle: bool = False, eager: bool = False) -> tuple[torch.Tensor, int, Any]:
         """Prepare the step on the host and queue its kernels (or its graph); on CUDA this returns
         before they ran. The handle: logits (on the device, or pinned host memory for a graph),
-        pairs, and the event after a graph's logits reach the host (None: eager). ``idle`` (the
+        pairs, and for a graph the event after its logits reach the host, which replay it was and
+        the pairs' lengths (None: eager). ``idle`` (the
         scheduler's: no request waits behind this step) spares the step a capture where it can
         (``graphs`` says how and why); ``eager``: no graph, the kernels launched one by one."""
         n = len(prompts)
@@ -234,8 +251,8 @@ class PackedPairReplica(abc.ABC):
             if key is not None:
                 host, _ = self._pack(prompts, segments, pad=key[:2])
                 try:
-                    out, done = graphs.launch(host, key, tokens, self._staging.copy_into, idle=idle)
-                    return out, n, done
+                    out, done, replay = graphs.launch(host, key, tokens, self._staging.copy_into, idle=idle)
+                    return out, n, (done, replay, lens)
                 except CaptureError:
                     pass  # this bucket runs eagerly from now on (graphs.failed says why)
         if self.compiled and n == 1:
@@ -252,10 +269,16 @@ class PackedPairReplica(abc.ABC):
             return self._forward(d[:total], d[total:2 * total], d[2 * total:3 * total], d[3 * total:], max(lens), per_seq), n, None
 
     def collect(self, handle: tuple[torch.Tensor, int, Any]) -> list[list[float]]:
-        logits, n, done = handle
-        if done is not None:  # a graph's logits, copied home behind it
-            done.synchronize()
-        return logits[:n].float().tolist()  # waits for the device
+        logits, n, graph = handle
+        if graph is None:
+            return logits[:n].float().tolist()  # waits for the device
+        done, replay, lens = graph  # a graph's logits, copied home behind it
+        done.synchronize()
+        rows = logits[:n]
+        finite = torch.isfinite(rows).all(dim=1)
+        if self.graphs is not None and not bool(finite.all()):
+            self.graphs.nonfinite(replay, (~finite).nonzero().flatten().tolist(), lens)
+        return rows.tolist()
 
     def use_graphs(self, max_tokens: int, check: tuple[Sequence[Sequence[int]], Sequence[int | None]]) -> None:
         """Replay CUDA graphs (``graphs``) for steps up to ``max_tokens`` tokens, if this replica
@@ -330,6 +353,7 @@ class PackedEncoderReplica(PackedPairReplica):
         if self._project is not None:
             h = self._project(h)
         n_tokens = h.shape[0]
+        real = real_rows(cu_long, n_tokens)
         last = len(self._layers) - 1
         for i, w in enumerate(self._layers):
             qkv = F.linear(h, w.qkv_w, w.qkv_b).view(n_tokens, 3, w.heads, w.dim)
@@ -337,13 +361,13 @@ class PackedEncoderReplica(PackedPairReplica):
             o = self._attend(q, k, v, cu, cu, max_len, max_len, lens, lens).reshape(n_tokens, -1)
             if i == last:
                 # nothing after this attention mixes positions: keep each pair's first token
-                h, o = h[first], o[first]
-            h = add_ln_(F.linear(o, w.o_w, w.o_b), h, *w.ln1)
+                h, o, real = h[first], o[first], real[first]
+            h = add_ln_(F.linear(o, w.o_w, w.o_b), h, *w.ln1, real)
             if self.epilogue is not None:
                 up = up_act_fused(h, w.up_w, w.up_b, self.epilogue)
             else:
                 up = act(F.linear(h, w.up_w, w.up_b))
-            h = add_ln_(F.linear(up, w.down_w, w.down_b), h, *w.ln2)
+            h = add_ln_(F.linear(up, w.down_w, w.down_b), h, *w.ln2, real)
         return self._head(h)
 
 

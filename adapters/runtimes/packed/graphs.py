@@ -56,6 +56,8 @@ Imported only through ``encoder_forward`` (pulls in torch).
 
 from __future__ import annotations
 
+import collections
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -128,10 +130,16 @@ def replay_mismatch(want: list[list[float]], got: list[list[float]], again: list
 
 
 class _Graph:
-    __slots__ = ("graph", "inputs", "out")
+    __slots__ = ("graph", "inputs", "number", "out", "replays")
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: torch.Tensor, out: torch.Tensor) -> None:
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: torch.Tensor, out: torch.Tensor, number: int) -> None:
         self.graph, self.inputs, self.out = graph, inputs, out
+        self.number = number  # the how-manieth capture of the replica (from 1)
+        self.replays = 0
+
+
+# A replay as ``nonfinite`` records it: (bucket, capture number, the graph's replays before it)
+Replay = tuple[Key, int, int]
 
 
 class StepGraphs:
@@ -158,6 +166,8 @@ class StepGraphs:
         self._stream: torch.cuda.Stream | None = None  # captures and their warm runs (made on the first capture)
         self.failed: dict[Key, str] = {}  # bucket -> why its capture failed
         self._warmed: set[tuple[int, int]] = set()  # (pairs, max length) classes run once before a capture
+        self.nonfinite_steps = 0  # replays that gave a real pair a non-finite logit (``nonfinite``)
+        self.recent_nonfinite: collections.deque[dict[str, Any]] = collections.deque(maxlen=8)
 
     def key(self, tokens: int, pairs: int, max_len: int, *, idle: bool = False) -> Key | None:
         """The bucket a step of this shape runs in, or None when it runs eagerly: too large for a
@@ -193,7 +203,22 @@ class StepGraphs:
                 "headroom_captures": self.headroom_captures,
                 # a list first: the worker thread may add a failure while /ready reads this
                 "failed_captures": {"x".join(map(str, k)): why for k, why in list(self.failed.items())},
-                "padding_share": round(self.padded / (self.tokens + self.padded), 4) if self.replays else 0.0}
+                "padding_share": round(self.padded / (self.tokens + self.padded), 4) if self.replays else 0.0,
+                "nonfinite_steps": self.nonfinite_steps, "recent_nonfinite": list(self.recent_nonfinite)}
+
+    def nonfinite(self, replay: Replay, bad: list[int], lens: list[int]) -> None:
+        """Record a replay whose real pairs ``bad`` (row numbers) got a non-finite logit, with what
+        tells a memory fault from an input one: the bucket, where in the step the rows lie (their
+        token offsets against the step's), how old the graph was. Called by the collecting thread;
+        the engine scores those pairs again without a graph (``PackedEncoderEngine.score``)."""
+        key, number, replays = replay
+        starts = list(itertools.accumulate(lens, initial=0))
+        self.nonfinite_steps += 1
+        self.recent_nonfinite.append({
+            "bucket": "x".join(map(str, key)), "pairs": len(lens), "tokens": starts[-1], "bad_pairs": len(bad),
+            "bad_rows": _spans(bad), "bad_token_spans": _spans([t for i in bad for t in range(starts[i], starts[i + 1])]),
+            "graph_number": number, "graphs": len(self._graphs), "graph_replays_before": replays,
+            "at_replay": self.replays, "unix_s": round(time.time(), 3)})
 
     def _run(self, inputs: torch.Tensor, key: Key) -> torch.Tensor:
         return run_padded(self._forward, inputs, key)
@@ -203,27 +228,32 @@ class StepGraphs:
         inputs = torch.zeros(3 * t + n + 1, dtype=torch.long, device=self.device)
         inputs[t:2 * t] = self._offset  # valid positions; every pair empty: the kernels' launch shapes are what counts
         t0 = time.perf_counter()
-        # One stream for every capture: the blocks its warm runs free stay cached for it (a new
-        # stream each time left them behind, cached for a stream no one used again).
+        # One stream for every capture, and nothing but captures on it: see the warm run below.
         stream = self._stream = self._stream or torch.cuda.Stream(self.device)
         main = torch.cuda.current_stream(self.device)
-        stream.wait_stream(main)  # ``inputs`` is written on the main stream
-        # The first capture of a (pairs, max length) class runs the step once outside the capture
-        # (on the capture stream, as PyTorch's docs do): lazy initialisation and any compilation
-        # happen there, not in the graph. Later buckets of the class differ only in the token
-        # count, which the compiled regions take symbolically (dynamic=True) and the kernels
-        # as a launch size, so they skip that run: it was most of a capture's ~90 ms under load
-        # (a whole forward), and a bucket that still fails to capture runs eagerly (CaptureError).
+        # The first capture of a (pairs, max length) class runs the step once outside the capture:
+        # lazy initialisation and any compilation happen there, not in the graph. Later buckets of
+        # the class differ only in the token count, which the compiled regions take symbolically
+        # (dynamic=True) and the kernels as a launch size, so they skip that run: it was most of a
+        # capture's ~90 ms under load (a whole forward), and a bucket that still fails to capture
+        # runs eagerly (CaptureError).
+        # It runs on the main stream, behind the step in flight, not on the capture stream as
+        # PyTorch's docs do: PyTorch keeps a cuBLAS workspace per stream and every graph keeps its
+        # capture stream's, so eager GEMMs there could write that workspace while earlier graphs
+        # replay on the main stream. The H200 showed no corruption from it with these GEMMs
+        # (benchmarks/gpu_graph_race.py, report gpu-h200-2026-12-03) and the rare non-finite
+        # steps under load went on without it (``nonfinite`` records them); it stays a hazard
+        # this ordering removes for the cost of one forward per class on the main stream.
         if key[1:] not in self._warmed:
-            with torch.cuda.stream(stream):
-                self._run(inputs, key)
+            self._run(inputs, key)
             self._warmed.add(key[1:])
             # The warm run's activations are cached blocks of the ordinary allocator, which the
             # graphs' pool cannot reuse: release them, as ``torch.cuda.graph`` does before every
             # capture (without it the engine held 14.1 GB instead of 6.3 after its 64k-token start
             # step, report gpu-h200-2026-12-02-c). Once per class, where a whole forward runs anyway.
-            stream.synchronize()
+            main.synchronize()
             torch.cuda.empty_cache()
+        stream.wait_stream(main)  # ``inputs`` is written on the main stream
         graph = torch.cuda.CUDAGraph()
         # ``capture_begin``/``capture_end`` as ``torch.cuda.graph`` calls them, without what that
         # context manager does first: synchronize the device (wait for the step in flight), collect
@@ -236,15 +266,16 @@ class StepGraphs:
                 out = self._run(inputs, key)
             finally:
                 graph.capture_end()
-        main.wait_stream(stream)  # a replay on the main stream comes after the warm run's reads of ``inputs``
+        main.wait_stream(stream)  # replays on the main stream come after the capture
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
-        return _Graph(graph, inputs, out)
+        return _Graph(graph, inputs, out, self.captures)
 
     def launch(self, host: torch.Tensor, key: Key, tokens: int, copy_in: Callable[[torch.Tensor, torch.Tensor], None], *,
-               idle: bool = False) -> tuple[torch.Tensor, Any]:
+               idle: bool = False) -> tuple[torch.Tensor, Any, Replay]:
         """Replay ``key``'s graph on ``host`` (``_pack``'s padded layout; ``copy_in(dst, host)``
-        queues its copy to the device); returns pinned host logits and the event after their copy.
+        queues its copy to the device); returns pinned host logits, the event after their copy
+        and which replay it was (for ``nonfinite``).
         An ``idle`` step that captures ``key`` then captures the ``HEADROOM`` buckets above it."""
         with torch.cuda.device(self.device):
             new = key not in self._graphs
@@ -274,7 +305,8 @@ class StepGraphs:
                     torch.cuda.empty_cache()
                 return
 
-    def _launch(self, host: torch.Tensor, key: Key, tokens: int, copy_in: Callable[[torch.Tensor, torch.Tensor], None]) -> tuple[torch.Tensor, Any]:
+    def _launch(self, host: torch.Tensor, key: Key, tokens: int,
+                copy_in: Callable[[torch.Tensor, torch.Tensor], None]) -> tuple[torch.Tensor, Any, Replay]:
         g = self._graphs.get(key)
         if g is None:
             try:
@@ -287,6 +319,8 @@ class StepGraphs:
                 raise CaptureError(self.failed[key]) from exc
         copy_in(g.inputs, host)
         g.graph.replay()
+        replay = (key, g.number, g.replays)
+        g.replays += 1
         out = torch.empty(g.out.shape, dtype=g.out.dtype, pin_memory=True)
         out.copy_(g.out, non_blocking=True)
         done = torch.cuda.Event()
@@ -294,4 +328,15 @@ class StepGraphs:
         self.replays += 1
         self.tokens += tokens
         self.padded += key[0] - tokens
-        return out, done
+        return out, done, replay
+
+
+def _spans(xs: list[int]) -> list[list[int]]:
+    """Sorted ints as [first, last] runs: [0, 1, 2, 5] -> [[0, 2], [5, 5]]."""
+    runs: list[list[int]] = []
+    for x in xs:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    return runs

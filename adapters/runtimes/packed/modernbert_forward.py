@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from adapters.runtimes.packed import kernels, picks
-from adapters.runtimes.packed.encoder_forward import PackedPairReplica
+from adapters.runtimes.packed.encoder_forward import PackedPairReplica, real_rows
 
 __all__ = ("PackedModernBertReplica",)
 
@@ -67,9 +67,11 @@ class _Layer:
         self.local = layer.attention_type == "sliding_attention"
 
 
-def add_ln(h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The residual add and the next pre-norm in one pass: ``h + delta`` and its LayerNorm."""
-    h = h + delta
+def add_ln(h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float,
+           real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next pre-norm in one pass: ``h + delta`` and its LayerNorm; the
+    residual's padding rows (``real`` false) set to 0 (``encoder_forward.real_rows`` says why)."""
+    h = torch.where(real, h + delta, 0.0)
     return h, F.layer_norm(h, (h.shape[-1],), w, b, eps)
 
 
@@ -150,6 +152,7 @@ class PackedModernBertReplica(PackedPairReplica):
         h = e.norm(e.tok_embeddings(ids))  # (its dropout: identity in eval)
         rot = self._rope(h, positions)
         n_tokens = h.shape[0]
+        real = real_rows(cu_long, n_tokens)
         last = len(self._layers) - 1
         cls = self.pooling == "cls"
         norm0 = self._layers[0].attn_norm  # None (Identity) in transformers' ModernBERT
@@ -161,12 +164,12 @@ class PackedModernBertReplica(PackedPairReplica):
             o = attend(q, k, v, cu, cu, max_len, max_len, lens, lens).reshape(n_tokens, -1)
             if i == last and cls:
                 # nothing after this attention mixes positions: keep each pair's first token
-                h, o = h[first], o[first]
-            h, x = add_ln_(h, F.linear(o, w.o_w, w.o_b), *w.mlp_norm)
+                h, o, real = h[first], o[first], real[first]
+            h, x = add_ln_(h, F.linear(o, w.o_w, w.o_b), *w.mlp_norm, real)
             # the residual add with the next layer's attention norm (the final norm after the last)
             after = self._final_norm if i == last else self._layers[i + 1].attn_norm
             assert after is not None
-            h, x = add_ln_(h, F.linear(geglu(F.linear(x, w.wi_w, w.wi_b)), w.wo_w, w.wo_b), *after)
+            h, x = add_ln_(h, F.linear(geglu(F.linear(x, w.wi_w, w.wi_b)), w.wo_w, w.wo_b), *after, real)
         if cls:
             return self._head(x)
         n = first.shape[0]
