@@ -27,6 +27,10 @@ host-side A/B variants of ``packed`` (report gpu-h200-2026-12-01-e).
 The summary gives each row's server timing per phase (mean, p50 / p99 / max) and the packed
 scheduler's step split (host prep vs device wait).
 
+At a loaded level the probe request (below) is sent again and again beside the warm pass (or
+the measured run, without one), each answer against the idle one (``probe_under_load``): graph
+memory clobbered under load would give other finite scores, which the engine cannot see.
+
 A runtime whose start would pass the deadline (``RR_DEADLINE`` from device_run.sh, else
 ``--budget`` seconds from now) is skipped and listed. Writes ``$OUT/encoders_results.json`` and
 ``$OUT/encoders_summary.md`` (two files: the device returns at most eight).
@@ -52,6 +56,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -93,6 +98,11 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     "packed-asyncio": {**COMMON, "engine": "packed", "batch_tokens": 65536},
     # the packed default with an idle request in other parts than gateway.serving.parts' (RUNTIME_SITE sets them)
     **{f"packed-parts{k}": {**COMMON, "engine": "packed", "batch_tokens": 65536} for k in ("4", "3a", "2")},
+    # the packed default once more, in a gateway of its own: how much of a row is the run, not the code
+    "packed-again": {**COMMON, "engine": "packed", "batch_tokens": 65536},
+    # the packed default with each graph's capture changed by RUNTIME_SITE (the non-finite hunt)
+    "packed-ownpools": {**COMMON, "engine": "packed", "batch_tokens": 65536},
+    "packed-synccap": {**COMMON, "engine": "packed", "batch_tokens": 65536},
     "vllm-score": {**COMMON, "engine": "vllm-score", "max_num_batched_tokens": 65536, "max_num_seqs": 512},
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
 }
@@ -105,6 +115,15 @@ RUNTIME_SITE.update({f"packed-parts{k}": _PARTS_SITE.format(v) for k, v in  # th
                      (("4", (0.1, 0.3, 0.6, 1.0)), ("3a", (0.1, 0.4, 1.0)), ("2", (0.15, 1.0)))})
 RUNTIME_SITE["packed-nocover"] = ("import os, sys\nsys.path.insert(0, os.getcwd())\n"
                                   "import adapters.runtimes.packed.graphs as graphs\ngraphs.COVER, graphs.HEADROOM = 0, 0\n")
+# Hunting the rare non-finite steps under load (report gpu-h200-2026-12-03): each graph its own
+# memory pool (no graph's intermediates share memory with another's); the device synchronized
+# before each capture (no capture while a step computes)
+_WRAP_CAPTURE = ("import os, sys\nsys.path.insert(0, os.getcwd())\nimport torch\n"
+                 "import adapters.runtimes.packed.graphs as graphs\n_capture = graphs.StepGraphs._capture\n"
+                 "def capture(self, key):\n    {}\n    return _capture(self, key)\n"
+                 "graphs.StepGraphs._capture = capture\n")
+RUNTIME_SITE["packed-ownpools"] = _WRAP_CAPTURE.format("self._pool = torch.cuda.graph_pool_handle()")
+RUNTIME_SITE["packed-synccap"] = _WRAP_CAPTURE.format("torch.cuda.synchronize(self.device)")
 # runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
 NEEDS = {**{label: 75 for label in RUNTIMES if label.startswith("packed")}, "vllm-score": 170, "transformers": 60}
 # --model: (real config, --tiny config, checkpoint folder name, report title)
@@ -147,7 +166,32 @@ def agreement(got: list[float], want: list[float]) -> dict[str, Any]:
 WARMUP = {"requests": 4, "pass": 0}
 
 
-def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int, out: Path, gpu: bool) -> dict[str, Any]:
+# At most this many probe requests during a loaded level (``watch``)
+WATCH_MAX = 60
+
+
+def watch(gw: Gateway, model: str, probe: dict[str, Any], idle: list[float], stop: threading.Event) -> dict[str, Any]:
+    """The probe request again and again while a loaded level runs, each answer against the idle
+    one: a step whose memory another write clobbered answers other scores (non-finite logits are
+    caught and scored again by the engine; wrong finite ones would not be). Packed beside other
+    requests' pairs, an answer differs from the idle one by bf16 rounding of other GEMM shapes."""
+    diffs: list[float] = []
+    orders = errors = 0
+    top = idle.index(max(idle))
+    while not stop.is_set() and len(diffs) + errors < WATCH_MAX:
+        try:
+            got = rerank(gw.url, model, probe["query"], probe["documents"])
+        except Exception:  # noqa: BLE001  # counted: an error here is a finding, not a crash of the bench
+            errors += 1
+            continue
+        diffs.append(max(abs(a - b) for a, b in zip(got, idle, strict=True)))
+        orders += int(got.index(max(got)) != top)
+    return {"answers": len(diffs), "errors": errors, "max_abs_diff": max(diffs, default=None),
+            "over_1e-2": sum(d > 1e-2 for d in diffs), "top1_changed": orders}
+
+
+def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int, out: Path, gpu: bool,
+          probe: tuple[dict[str, Any], list[float]] | None = None) -> dict[str, Any]:
     def run(n: int, seed: int, warmup: int, folder: Path) -> None:
         args = [sys.executable, "-m", "gateway", "bench", gw.url, "--model", model, "--tokenizer", str(model_dir),
                 "--documents", str(DOCS), "--doc-tokens", DOC_TOKENS, "--query-tokens", QUERY_TOKENS,
@@ -155,10 +199,26 @@ def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int,
                 "--title", f"{model} d100 {clients} clients", "--no-progress", "--out", str(folder)]
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
 
+    watched: dict[str, Any] = {}
+
+    def watching(*a: Any) -> None:
+        """``run(*a)`` with the probe request sent again and again beside it (``watch``)."""
+        stop = threading.Event()
+        watcher = threading.Thread(target=lambda: watched.update(watch(gw, model, probe[0], probe[1], stop)), daemon=True)
+        watcher.start()
+        try:
+            run(*a)
+        finally:
+            stop.set()
+            watcher.join(timeout=150)
+
+    # The probe watches a loaded level's warm pass (where most graphs are captured) or, without
+    # one, its measured run (whose docs/s then carries the probe's requests too).
+    watch_pass = probe is not None and clients > 1
     if WARMUP["pass"]:  # traffic of the same kind (other documents: another seed) before the measured run, not counted
-        run(WARMUP["pass"], 1011 + clients, 0, out.with_name(out.name + "-warm"))
+        (watching if watch_pass else run)(WARMUP["pass"], 1011 + clients, 0, out.with_name(out.name + "-warm"))
     before = _graph_stats(gw)
-    run(requests, 11 + clients, WARMUP["requests"], out)
+    (watching if watch_pass and not WARMUP["pass"] else run)(requests, 11 + clients, WARMUP["requests"], out)
     after = _graph_stats(gw)
     # CUDA graphs captured during the measured run (its own warm-up requests included): each cost a
     # step ~10-90 ms; and idle steps replayed in a larger captured bucket instead (graphs.COVER)
@@ -169,9 +229,10 @@ def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int,
     row = {"clients": clients, "requests": requests, "docs_per_s": s["docs_per_s"], "p50_ms": lat["p50"],
            "p99_ms": lat["p99"], "max_ms": lat["max"], "errors": s["errors"], "first_error": s.get("first_error"),
            "server_timing_ms": s.get("server_timing_ms"), "server_timing_pct_ms": s.get("server_timing_pct_ms"), "gpu_mib": gpu_mem_mib() - gw.base_mib if gpu else None,
-           "graph_captures": captures, "covered_steps": covered, "warm_pass_requests": WARMUP["pass"]}
+           "graph_captures": captures, "covered_steps": covered, "warm_pass_requests": WARMUP["pass"],
+           "probe_under_load": {**watched, "during": "warm pass" if WARMUP["pass"] else "measured run"} if watched else None}
     log(f"{model} d100 x{clients}: {row['docs_per_s']:.0f} docs/s, p50 {row['p50_ms']:.1f}, p99 {row['p99_ms']:.1f}, "
-        f"max {row['max_ms']:.1f} ms, errors {row['errors']}")
+        f"max {row['max_ms']:.1f} ms, errors {row['errors']}" + (f"; probe under load {json.dumps(watched)}" if watched else ""))
     return row
 
 
@@ -219,7 +280,8 @@ def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Pa
             if deadline - time.time() < 15:
                 results["skipped"].append(f"{label} x{clients}: deadline")
                 continue
-            entry["rows"].append(bench(gw, label, model_dir, clients, n, work / f"{label}-{clients}", gpu))
+            entry["rows"].append(bench(gw, label, model_dir, clients, n, work / f"{label}-{clients}", gpu,
+                                       (probe, first) if probe else None))
         entry["engine_stats_after"] = (gw.status() or {}).get("models", [{}])[0].get("engine_stats")
     except Exception as exc:  # noqa: BLE001  # one runtime failing must not lose the others' figures
         entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
@@ -279,12 +341,15 @@ def summary(results: dict[str, Any]) -> str:
             if r.get("graph_captures") is not None:
                 lines.append(f"  CUDA graphs captured during it: {r['graph_captures']}; idle steps replayed in a larger "
                              f"bucket: {r.get('covered_steps')} (after a warm pass of {r.get('warm_pass_requests')} requests)")
+            if r.get("probe_under_load"):
+                lines.append(f"  the probe request during it, against its idle answer: {json.dumps(r['probe_under_load'])}")
         st = e.get("engine_stats_after") or {}
         if "prep_ms_mean" in st:
             lines.append(f"- {label} engine: queue {st['queue_ms_mean']:.2f}, step {st['step_ms_mean']:.2f}, host prep "
                          f"{st['prep_ms_mean']:.2f}, device wait {st['wait_ms_mean']:.2f} ms (means over {st['steps']} steps); "
                          f"latest steps (p50 / p99 / max): {json.dumps(st.get('recent_steps_ms'))}; "
-                         f"CUDA graphs {json.dumps(st.get('cuda_graphs'))}")
+                         f"CUDA graphs {json.dumps(st.get('cuda_graphs'))}; requests whose non-finite logits were "
+                         f"scored again: {st.get('nonfinite_retries', '-')}")
     lines += ["", "Probe: one d100 request scored twice by each runtime, against plain transformers in fp32 "
               "(random weights bunch the scores: the spread is the reference's max - min).", "",
               "| runtime | max abs diff vs fp32 | top-10 shared | top-10 same order | repeat max abs diff | spread |",
