@@ -11,13 +11,16 @@ A graph has fixed shapes, so a step is padded to a bucket (``StepGraphs.key``): 
 16 short of a multiple of a power of two near 1/16 of them (<= 1/16 padding above 4k tokens, 0.7-0.9 % of
 the tokens replayed on the H200; always at least one padding token), its pairs to a power of
 two above their count (at least one empty pair), its longest pair to a power of two (the varlen
-kernel's ``max_seqlen``). The padding is inert by
-construction: padding tokens lie after the last cumulative length, so the varlen kernel never
-reads or attends them (their rows hold whatever it leaves there and stay in their own rows:
-every other op is per row), and the extra pairs are empty (their cumulative length repeats the
-total) and point their first-token row at the first padding token; their logits are dropped.
-``PackedPairReplica._pack`` writes that layout; ``tests/test_packed_graphs.py`` checks it on
-CPU against the unpadded step with a varlen reference that fills untouched rows with NaN.
+kernel's ``max_seqlen``). The padding is inert:
+padding tokens lie after the last cumulative length, so no pair attends them; the varlen kernel
+leaves their attention rows unwritten (whatever the pool held there) and every other op is per
+row, except that FlashAttention-3 reads a pair's keys and values in whole tiles past its end and
+weighs the extra rows by exact zeros -- 0 * NaN is NaN, so the forward sets the padding rows to 0
+after every layer (``encoder_forward.real_rows``). The extra pairs are empty (their cumulative
+length repeats the total) and point their first-token row at the first padding token; their
+logits are dropped. ``PackedPairReplica._pack`` writes that layout; ``tests/test_packed_graphs.py``
+checks it on CPU against the unpadded step with a varlen reference that fills untouched rows
+with NaN and reads whole tiles as FA3 does.
 
 Graphs are captured on first use of a bucket; requests of one shape fall in a handful of
 buckets, partial steps under load in more (8-13 in report f), and the engine's stats count
