@@ -216,10 +216,11 @@ class StepGraphs:
         the engine scores those pairs again without a graph (``PackedEncoderEngine.score``)."""
         key, number, replays = replay
         starts = list(itertools.accumulate(lens, initial=0))
+        rows = _spans(bad)
         self.nonfinite_steps += 1
         self.recent_nonfinite.append({
             "bucket": "x".join(map(str, key)), "pairs": len(lens), "tokens": starts[-1], "bad_pairs": len(bad),
-            "bad_rows": _spans(bad), "bad_token_spans": _spans([t for i in bad for t in range(starts[i], starts[i + 1])]),
+            "bad_rows": rows, "bad_token_spans": [[starts[a], starts[b + 1] - 1] for a, b in rows],
             "graph_number": number, "graphs": len(self._graphs), "graph_replays_before": replays,
             "at_replay": self.replays, "unix_s": round(time.time(), 3)})
 
