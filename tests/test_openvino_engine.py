@@ -389,3 +389,25 @@ def test_refine_top_with_fp32_is_refused_in_one_line():
     assert "\n" not in str(info.value)
     msgspec.convert({"models": [{"name": "m", "engine": "openvino", "path": "/m", "precision": "bf16", "refine_top": 10}]},
                     Settings)
+
+
+@pytest.mark.parametrize(("fp32_s", "reduced_s", "warned"), [(1.0, 2.0, True), (2.0, 1.0, False)])
+async def test_start_says_when_the_reduced_precision_ran_slower_than_fp32(dirs, monkeypatch, fp32_s, reduced_s, warned):
+    """The gate's two golden passes are timed: a reduced precision slower than fp32 on this CPU
+    (an Intel Xeon without AMX runs OpenVINO's bf16 at ~0.7x fp32) is served as asked, with a
+    warning that fp32 is exact and faster, and the ratio in /ready (describe)."""
+    from structlog.testing import capture_logs
+
+    seconds = iter((fp32_s, reduced_s))
+    monkeypatch.setattr(ov_start, "_timed", lambda fn, *a: (fn(*a), next(seconds)))
+    with capture_logs() as logs:
+        engine = await _engine(dirs["bert"], dirs["cache"], precision="bf16", parity_min_agreement=0.01)
+    try:
+        assert engine.parity is not None and engine.parity["speed_vs_fp32"] == round(fp32_s / reduced_s, 2)
+        assert engine.describe()["speed_vs_fp32"] == f"{fp32_s / reduced_s:.2f}"
+        slower = [e for e in logs if e["event"] == "reduced_precision_slower"]
+        assert bool(slower) is warned
+        if warned:
+            assert slower[0]["log_level"] == "warning" and "fp32" in slower[0]["hint"]
+    finally:
+        await engine.stop()

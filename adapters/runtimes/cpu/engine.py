@@ -91,6 +91,7 @@ class OpenVinoEngine(OpenVinoStart):
         out = {"runtime": self.runtime, "device": "cpu", "precision": self._config.precision, **self._info}
         if self.parity is not None:  # the gate's measurement, for /ready and the benchmarks
             out["parity_kept"] = f"{self.parity['kept']}/{self.parity['queries']}"
+            out["speed_vs_fp32"] = f"{self.parity['speed_vs_fp32']:.2f}"  # measured at start (start.py)
         if self._exact is not None:
             out["refine_top"] = str(self._config.refine_top)
             out["refined_share"] = f"{self._refined[0] / max(self._refined[1], 1):.3f}"
