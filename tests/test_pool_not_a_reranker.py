@@ -23,17 +23,17 @@ from tests.loopback import LoopbackServer, wait_loaded
 
 
 class RefusingUpstream(LoopbackServer):
-    """Answers every POST with ``status`` and ``body`` (JSON, or bytes as text); GET /health is 200."""
+    """Answers every POST with ``status`` and ``body`` (JSON, or bytes as text); GET /health with ``health`` (200)."""
 
     def __init__(self) -> None:
-        self.status, self.body = 200, {}
+        self.status, self.body, self.health = 200, {}, 200
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:
-                self._send(200, {})
+                self._send(fake.health, {})
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers["content-length"]))

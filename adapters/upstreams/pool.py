@@ -353,10 +353,14 @@ class PoolEngine:
             # Under the same cap as traffic: a /ready poll while every replica is slow to answer
             # its /health (TEI's runs through the busy backend) must not eject the whole pool.
             self._eject(replica, f"probe {reason}")
-        else:
-            # Still failing: another cooldown as long (it is already counted in the cap). Not a
-            # longer one: it was not readmitted in between, and once it is up it is readmitted soonest.
+        elif replica.ejected_until <= self._clock():
+            # Still failing when its cooldown is over: another cooldown as long (it is already
+            # counted in the cap). Not a longer one: it was not readmitted in between, and once it
+            # is up it is readmitted soonest.
             replica.ejected_until = self._clock() + self._cooldown(replica.ejections)
+        # A failed /ready probe during the cooldown leaves its end where it is: restarting it at
+        # each poll (every 5 s in deploy/k8s) would keep a replica that is up again out for up to
+        # a whole cooldown more (300 s at the cap) after its last failed poll.
         return ok
 
     def _retry_after(self) -> int:
