@@ -41,7 +41,7 @@ _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
     TransformersEngineConfig: ("adapters.runtimes.transformers:TransformersEngine", "transformers"),
     # Same extra as transformers: torch + transformers (+ flash-attn optional on CUDA).
     # Qwen3 or a cross-encoder: the function picks the engine by the checkpoint's family.
-    PackedEngineConfig: ("adapters.runtimes.packed.engine:build_packed_engine", "transformers"),
+    PackedEngineConfig: ("adapters.runtimes.packed.build:build_packed_engine", "transformers"),
     StaticEngineConfig: ("adapters.runtimes.static:StaticEngine", None),
     # OpenVINO runs the model; torch + transformers export it on first load (then it is cached).
     OpenVinoEngineConfig: ("adapters.runtimes.cpu.engine:OpenVinoEngine", "openvino"),

@@ -20,7 +20,9 @@ import time
 
 import torch
 
-from adapters.runtimes.packed.encoder_forward import load_cross_encoder, make_replica
+from adapters.runtimes.packed.encoder_forward import load_cross_encoder
+
+from adapters.runtimes.packed.encoder_replicas import make_replica
 
 
 def main() -> None:  # one probe, read top to bottom

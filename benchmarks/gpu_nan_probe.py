@@ -23,7 +23,9 @@ import time
 
 import torch
 
-from adapters.runtimes.packed.encoder_forward import load_cross_encoder, make_replica
+from adapters.runtimes.packed.encoder_forward import load_cross_encoder
+
+from adapters.runtimes.packed.encoder_replicas import make_replica
 from adapters.runtimes.packed.graphs import token_bucket
 
 

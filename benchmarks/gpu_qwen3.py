@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import engine_bench as eb
-from benchmarks.gpu_suite import REAL_CONFIG
+from benchmarks.gpu_suite.plan import REAL_CONFIG
 
 SIZES: dict[str, dict[str, Any]] = {
     "0.6b": REAL_CONFIG,

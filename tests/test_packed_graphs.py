@@ -91,7 +91,8 @@ def replicas(dirs):
     from transformers import AutoTokenizer
 
     from adapters.runtimes.packed import kernels
-    from adapters.runtimes.packed.encoder_forward import load_cross_encoder, make_replica
+    from adapters.runtimes.packed.encoder_forward import load_cross_encoder
+    from adapters.runtimes.packed.encoder_replicas import make_replica
 
     real = kernels.pick_attention
 

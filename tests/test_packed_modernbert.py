@@ -43,7 +43,9 @@ def replicas(dirs):
     import torch
     from transformers import AutoTokenizer
 
-    from adapters.runtimes.packed.encoder_forward import load_cross_encoder, make_replica
+    from adapters.runtimes.packed.encoder_forward import load_cross_encoder
+
+    from adapters.runtimes.packed.encoder_replicas import make_replica
 
     return {kind: (make_replica(load_cross_encoder(str(d), None, torch.float32), torch.device("cpu"), attention="auto",
                                 compile=False), AutoTokenizer.from_pretrained(d)) for kind, d in dirs.items()}
@@ -141,7 +143,8 @@ def test_a_varlen_kernel_is_checked_on_the_band_before_it_serves_local_layers(di
     import torch
 
     from adapters.runtimes.packed import kernels, picks
-    from adapters.runtimes.packed.encoder_forward import load_cross_encoder, make_replica
+    from adapters.runtimes.packed.encoder_forward import load_cross_encoder
+    from adapters.runtimes.packed.encoder_replicas import make_replica
 
     cpu = torch.device("cpu")
     _, banded = kernels.pick_attention("sdpa", cpu, causal=False, window=8)

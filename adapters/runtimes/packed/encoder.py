@@ -25,7 +25,8 @@ from adapters.base import EngineConfigError, EngineError, EngineUnavailableError
 from adapters.families import create_family
 from adapters.families.base import WEIGHTS_LOCK
 from adapters.families.cross_encoder import CrossEncoderFamily, PairTokenizer
-from adapters.runtimes.packed.encoder_forward import PackedPairReplica, load_cross_encoder, make_replica
+from adapters.runtimes.packed.encoder_forward import PackedPairReplica, load_cross_encoder
+from adapters.runtimes.packed.encoder_replicas import make_replica
 from adapters.runtimes.packed.engine import PackedEngineBase, resolve_devices
 from adapters.runtimes.packed.graphs import token_bucket
 from adapters.runtimes.packed.scheduler import PackedScheduler

@@ -21,7 +21,7 @@ classifier; ELECTRA: dense + gelu + out_proj), so the logits are the model's. Th
 ``PackedPairReplica`` is the part every encoder architecture shares: a step's one host buffer
 (ids, positions, one more per-token row, cumulative lengths), its copy to the device, warm-up and
 the compiled pointwise regions. ``PackedEncoderReplica`` is the BERT-style arithmetic on it;
-``modernbert_forward.PackedModernBertReplica`` is ModernBERT's; :func:`make_replica` picks by model_type.
+``modernbert_forward.PackedModernBertReplica`` is ModernBERT's; ``encoder_replicas.make_replica`` picks by model_type.
 
 Imported only through ``adapters.registry`` (pulls in torch and transformers).
 """
@@ -41,7 +41,7 @@ from adapters.runtimes.packed import kernels
 from adapters.runtimes.packed.graphs import CaptureError, StepGraphs, replay_mismatch
 from adapters.runtimes.packed.step import HostStaging
 
-__all__ = ("PackedEncoderReplica", "PackedPairReplica", "load_cross_encoder", "make_replica", "position_offset", "real_rows")
+__all__ = ("PackedEncoderReplica", "PackedPairReplica", "load_cross_encoder", "position_offset", "real_rows")
 
 
 def load_cross_encoder(path: str, revision: str | None, dtype: torch.dtype) -> Any:
@@ -369,18 +369,3 @@ class PackedEncoderReplica(PackedPairReplica):
                 up = act(F.linear(h, w.up_w, w.up_b))
             h = add_ln_(F.linear(up, w.down_w, w.down_b), h, *w.ln2, real)
         return self._head(h)
-
-
-def make_replica(model: Any, device: torch.device, *, attention: str, compile: bool, kernel: str = "auto",
-                 gelu_epilogue: str = "off") -> PackedPairReplica:
-    """The replica class for the checkpoint's model_type (``schemas.config.PACKED_ENCODER_TYPES``).
-    ``gelu_epilogue``: the config's (``auto`` / ``on`` / ``off``); ModernBERT's gated MLP has none."""
-    if str(model.config.model_type) == "modernbert":
-        from adapters.runtimes.packed.modernbert_forward import PackedModernBertReplica
-
-        if gelu_epilogue == "on":
-            raise ValueError("gelu_epilogue = 'on': ModernBERT's MLP is gated (GeGLU): its activation is not the "
-                             "up-projection's epilogue; use 'auto' or 'off'")
-        return PackedModernBertReplica(model, device, attention=attention, compile=compile, kernel=kernel)
-    return PackedEncoderReplica(model, device, attention=attention, compile=compile, kernel=kernel,
-                                gelu_epilogue=gelu_epilogue)

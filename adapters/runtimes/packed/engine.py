@@ -1,8 +1,9 @@
 """The ``packed`` engine: Qwen3-Reranker packed without padding, continuous batching, one or more devices.
 
-Engine kind ``packed`` serves two families: :func:`build_packed_engine` (what the registry
+Engine kind ``packed`` serves two families: ``build.build_packed_engine`` (what the registry
 calls) gives a cross-encoder to ``encoder.PackedEncoderEngine`` and everything else to
-:class:`PackedQwen3Engine` below, which refuses what it cannot run at start.
+:class:`PackedQwen3Engine` below, which refuses what it cannot run at start. What both engines
+share (:class:`PackedEngineBase`, :func:`resolve_devices`) is here too.
 
 Same prompts as every other Qwen3 engine (``adapters.families.qwen3``), same scores (tests
 check it against the independent reference); what differs is how the work is run:
@@ -30,28 +31,7 @@ from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
 from adapters.runtimes.packed.scheduler import PackedScheduler
 from schemas.config import DEFAULT_INSTRUCTION, PackedEngineConfig
 
-__all__ = ("PackedEngineBase", "PackedQwen3Engine", "build_packed_engine", "resolve_devices")
-
-
-def build_packed_engine(config: PackedEngineConfig) -> Any:
-    """The packed engine for ``config``'s family (``auto``: read from the checkpoint's JSON files).
-
-    Called in a worker thread by ``adapters.registry.build_engine``. A checkpoint whose family
-    cannot be read here gets the Qwen3 engine, whose start reports why (the same error).
-    """
-    family = config.family
-    if family == "auto":
-        from adapters.families.detect import resolve_family
-
-        try:
-            family = resolve_family(config.family, config.path, config.revision)[0].family
-        except Exception:  # noqa: BLE001  # unreadable or undetectable: the start names the cause
-            family = "qwen3"
-    if family == "cross-encoder":
-        from adapters.runtimes.packed.encoder import PackedEncoderEngine
-
-        return PackedEncoderEngine(config)
-    return PackedQwen3Engine(config)
+__all__ = ("PackedEngineBase", "PackedQwen3Engine", "resolve_devices")
 
 
 def resolve_devices(names: tuple[str, ...]) -> list[torch.device]:
@@ -182,7 +162,7 @@ class PackedQwen3Engine(PackedEngineBase):
         # The packed kernels run Qwen3 only: a detected Gemma or Qwen2 reranker (family = "auto")
         # would fail deep in the fused layers, or worse, be scored with Qwen3's prompt.
         detection, _ = resolve_for_runtime(cfg, "packed")
-        if detection.family != "qwen3":  # a cross-encoder goes to encoder.PackedEncoderEngine (build_packed_engine)
+        if detection.family != "qwen3":  # a cross-encoder goes to encoder.PackedEncoderEngine (build.build_packed_engine)
             raise EngineConfigError(f"model '{cfg.name}': {detection.family} model given to the Qwen3 packed engine; "
                                     "restart the model (its family is read when the engine is built)")
         if cfg.gelu_epilogue == "on":

@@ -25,7 +25,7 @@ host buffer and one copy), other arithmetic, as transformers' ``modeling_modernb
 The pointwise regions between the GEMMs (residual add + LayerNorm, RoPE, GeGLU) are compiled one
 by one when ``compile`` (the CUDA default), as in the other replicas.
 
-Imported only through ``encoder_forward.make_replica`` (pulls in torch and transformers).
+Imported only through ``encoder_replicas.make_replica`` (pulls in torch and transformers).
 """
 
 from __future__ import annotations
