@@ -22,8 +22,9 @@ non-embedding weights x tokens + bidirectional attention) over the measured bf16
 Last, if time is left: the packed replica alone in a child process (no gateway, no HTTP), one
 d100 step and one of four requests, to tell the forward's time from the serving overhead.
 
-``packed-32k`` (half the step budget) and ``packed-gil1ms`` (a 1 ms GIL switch interval) are
-host-side A/B variants of ``packed`` (report gpu-h200-2026-12-01-e).
+``packed-32k`` (half the step budget), ``packed-gil1ms`` (a 1 ms GIL switch interval) and the
+other A/B variants of ``packed`` are in ``benchmarks/gpu_encoders_runtimes.py``; the Markdown
+summary is written by ``benchmarks/gpu_encoders_report.py``.
 The summary gives each row's server timing per phase (mean, p50 / p99 / max) and the packed
 scheduler's step split (host prep vs device wait).
 
@@ -68,69 +69,19 @@ from benchmarks.encoder_checkpoint import (
     DOC_TOKENS,
     DOCS,
     QUERY_TOKENS,
-    REAL_CONFIG,
     TINY_CONFIG,
     build,
     pair_lengths,
     probe_request,
     reference_scores,
 )
-from benchmarks.encoder_shapes import MODERNBERT_CONFIG, MODERNBERT_TINY, flops_per_request
+from benchmarks.encoder_shapes import flops_per_request
+from benchmarks.gpu_encoders_report import summary
+from benchmarks.gpu_encoders_runtimes import COMMON, MODELS, NEEDS, RUNTIME_SITE, RUNTIMES
 from benchmarks.gpu_qwen3 import Gateway, gpu_mem_mib
 from schemas.config import Settings
 
-COMMON = {"max_length": 1024, "max_query_tokens": 64}
-RUNTIMES: dict[str, dict[str, Any]] = {
-    "packed": {**COMMON, "engine": "packed", "batch_tokens": 65536},
-    # experiments on the host side at 16 clients: half the step budget; a 1 ms GIL switch interval
-    # (RUNTIME_ENV) so the launching worker waits less for the event loop's thread
-    "packed-32k": {**COMMON, "engine": "packed", "batch_tokens": 32768},
-    "packed-gil1ms": {**COMMON, "engine": "packed", "batch_tokens": 65536},
-    # the packed default without CUDA graphs: each step's ~300 kernels launched from Python
-    "packed-eager": {**COMMON, "engine": "packed", "batch_tokens": 65536, "cuda_graphs": "off"},
-    # the packed default with the MLP's GELU on its own (not in the up-projection GEMM's epilogue)
-    "packed-noepilogue": {**COMMON, "engine": "packed", "batch_tokens": 65536, "gelu_epilogue": "off"},
-    # the packed default without the idle steps' covering graphs and headroom captures (RUNTIME_SITE)
-    "packed-nocover": {**COMMON, "engine": "packed", "batch_tokens": 65536},
-    # the packed default with every request submitted as one job (no two-part submit when idle)
-    "packed-one-job": {**COMMON, "engine": "packed", "batch_tokens": 65536, "overlap_tokenizing": "off"},
-    # the packed default on asyncio's own event loop (RUNTIME_SITE hides uvloop, so uvicorn's "auto" falls back)
-    "packed-asyncio": {**COMMON, "engine": "packed", "batch_tokens": 65536},
-    # the packed default with an idle request in other parts than gateway.serving.parts' (RUNTIME_SITE sets them)
-    **{f"packed-parts{k}": {**COMMON, "engine": "packed", "batch_tokens": 65536} for k in ("4", "3a", "2")},
-    # the packed default once more, in a gateway of its own: how much of a row is the run, not the code
-    "packed-again": {**COMMON, "engine": "packed", "batch_tokens": 65536},
-    # the packed default with each graph's capture changed by RUNTIME_SITE (the non-finite hunt)
-    "packed-ownpools": {**COMMON, "engine": "packed", "batch_tokens": 65536},
-    "packed-synccap": {**COMMON, "engine": "packed", "batch_tokens": 65536},
-    "vllm-score": {**COMMON, "engine": "vllm-score", "max_num_batched_tokens": 65536, "max_num_seqs": 512},
-    "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
-}
-# runtime -> code run at the gateway's interpreter start (an experiment, not a product setting)
-RUNTIME_SITE = {"packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n",
-                "packed-asyncio": "import sys\nsys.modules['uvloop'] = None\n"}
-_PARTS_SITE = ("import os, sys\nsys.path.insert(0, os.getcwd())\n"  # the gateway runs from the checkout's root
-               "import gateway.serving.parts as parts\nparts._OVERLAP_PARTS = {}\n")
-RUNTIME_SITE.update({f"packed-parts{k}": _PARTS_SITE.format(v) for k, v in  # the defaults before 2026-12-02 (c) and (d); two
-                     (("4", (0.1, 0.3, 0.6, 1.0)), ("3a", (0.1, 0.4, 1.0)), ("2", (0.15, 1.0)))})
-RUNTIME_SITE["packed-nocover"] = ("import os, sys\nsys.path.insert(0, os.getcwd())\n"
-                                  "import adapters.runtimes.packed.graphs as graphs\ngraphs.COVER, graphs.HEADROOM = 0, 0\n")
-# Hunting the rare non-finite steps under load (report gpu-h200-2026-12-03): each graph its own
-# memory pool (no graph's intermediates share memory with another's); the device synchronized
-# before each capture (no capture while a step computes)
-_WRAP_CAPTURE = ("import os, sys\nsys.path.insert(0, os.getcwd())\nimport torch\n"
-                 "import adapters.runtimes.packed.graphs as graphs\n_capture = graphs.StepGraphs._capture\n"
-                 "def capture(self, key):\n    {}\n    return _capture(self, key)\n"
-                 "graphs.StepGraphs._capture = capture\n")
-RUNTIME_SITE["packed-ownpools"] = _WRAP_CAPTURE.format("self._pool = torch.cuda.graph_pool_handle()")
-RUNTIME_SITE["packed-synccap"] = _WRAP_CAPTURE.format("torch.cuda.synchronize(self.device)")
-# runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
-NEEDS = {**{label: 75 for label in RUNTIMES if label.startswith("packed")}, "vllm-score": 170, "transformers": 60}
-# --model: (real config, --tiny config, checkpoint folder name, report title)
-MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
-    "xlmr-large": (REAL_CONFIG, TINY_CONFIG, "xlmr", "bge-reranker-v2-m3 shape (XLM-R large)"),
-    "modernbert-base": (MODERNBERT_CONFIG, MODERNBERT_TINY, "modernbert", "ModernBERT-base shape"),
-}
+__all__ = ("COMMON", "DOCS", "DOC_TOKENS", "QUERY_TOKENS", "RUNTIMES", "TINY_CONFIG", "build", "main", "summary")
 
 
 def log(*a: Any) -> None:
@@ -289,82 +240,6 @@ def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Pa
     finally:
         gw.stop()
         entry["log_tail"] = (work / f"{label}.log").read_text()[-3000:]
-
-
-def summary(results: dict[str, Any]) -> str:
-    floor = results.get("floor") or {}
-    lines = [f"# {results.get('title', MODELS['xlmr-large'][3])}, d100, over HTTP: {results.get('device', '?')} ({results['date_utc']})", "",
-             f"Workload: 1 query x {DOCS} documents of U[{DOC_TOKENS.replace('-', ',')}] tokens, query {QUERY_TOKENS} tokens: "
-             f"{floor.get('tokens_per_request', 0):,.0f} tokens and {floor.get('tflop_per_request', 0):.2f} TFLOP per request. "
-             f"Gateway event loop: {results.get('event_loop', 'asyncio (not recorded before 2026-12-02)')}.", ""]
-    if floor.get("ms_at_100pct_square"):
-        lines += [f"Compute floor: bf16 matmul {floor['square_tflops']:.0f} TFLOP/s (8192^3), {floor['gemm_tflops']:.0f} TFLOP/s "
-                  f"(the model's GEMMs at 16k tokens) -> {floor['ms_at_100pct_square']:.1f} ms per request at 100 % "
-                  f"({floor['docs_per_s_at_100pct']:,.0f} docs/s).", ""]
-    fwd = results.get("forward_probe") or {}
-    if fwd.get("x1"):
-        lines += [f"Packed replica alone (no gateway, no HTTP; {fwd.get('attention')}, compiled {fwd.get('compiled')}): "
-                  f"one d100 step ({fwd['x1']['tokens']:,} tokens) {fwd['x1']['ms_median']:.1f} ms (MFU {_pct(fwd['x1'].get('mfu'))}), "
-                  f"four ({fwd['x4']['tokens']:,} tokens) {fwd['x4']['ms_median']:.1f} ms "
-                  f"= {400 / fwd['x4']['ms_median'] * 1e3:,.0f} docs/s (MFU {_pct(fwd['x4'].get('mfu'))}).", ""]
-        for ref in ("vs_transformers_same_dtype", "vs_transformers_fp32", "transformers_same_dtype_vs_fp32"):
-            c = fwd.get(ref)  # the replica's logits against transformers' padded model (and that model's dtype noise)
-            if c:
-                lines += [f"{('packed ' if ref.startswith('vs') else '') + ref.replace('_', ' ')}, padded, first request's pairs: max |logit "
-                          f"difference| {c['max_abs_logit_diff']:.2e} (spread {c['logit_spread']:.2e}), top-10 shared "
-                          f"{c['top10_shared']}, same order {c['top10_same_order']}.", ""]
-    if fwd.get("graph_x1_ms") or fwd.get("graph_error") or fwd.get("tokenize_d100"):
-        g = {k: fwd.get(k) for k in ("eager_x1_ms", "graph_x1_ms", "eager_x4_ms", "graph_x4_ms", "padded_own_bucket_ms",
-                                     "padded_pairs2048_len8192_ms", "graph_vs_eager_max_abs", "graph_vs_eager_unwarmed_buckets_max_abs",
-                                     "graph_pipelined_equal", "padded_x4_by_dimension_ms", "capture_during_x4_step",
-                                     "gelu_epilogue", "gelu_epilogue_ab", "gemm_by_m_ms", "graph_stats", "graph_error", "use_graphs_s", "tokenize_d100")}
-        lines += ["Replica alone, eager launches vs one CUDA graph per step (wall ms incl. scores home, p50 / p99 / max): "
-                  f"`{json.dumps(g)}`", ""]
-    lines += ["| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for label, e in results["runs"].items():
-        rows = {r["clients"]: r for r in e.get("rows", [])}
-        one, many = rows.get(1), rows.get(16) or rows.get(max(rows) if rows else 0)
-        stats = e.get("engine_stats") or {}
-        idle = f"{one['p50_ms']:.1f} / {one['p99_ms']:.1f} / {one['max_ms']:.1f}" if one else "-"
-        lines.append(f"| {label} | {e.get('start_s', 0):.0f} | {stats.get('attention', '-')} | {e.get('gpu_ready_mib') or '-'} | {idle} | "
-                     f"{many['docs_per_s']:,.0f} | {_pct(e.get('mfu_many'))} | {_pct(e.get('mfu_one'))} | "
-                     f"{sum(sum(r['errors'].values()) for r in rows.values())} |" if many else
-                     f"| {label} | | | | | error: {(e.get('error') or 'no rows')[:300]} | | | |")
-    lines += ["", "Server timing per request, ms: mean (p50 / p99 / max); outside = HTTP + client. Engine steps: "
-              "queue, host prep (assemble + pack + launch) and device wait (collect), means per step.", ""]
-    for label, e in results["runs"].items():
-        for r in e.get("rows", []):
-            t, pct = r.get("server_timing_ms") or {}, r.get("server_timing_pct_ms") or {}
-            lines.append(f"- {label} x{r['clients']}: " + ", ".join(
-                f"{k} {v:.1f}" + (" ({p50:.1f} / {p99:.1f} / {max:.1f})".format(**pct[k]) if k in pct else "") for k, v in t.items()))
-            if r.get("graph_captures") is not None:
-                lines.append(f"  CUDA graphs captured during it: {r['graph_captures']}; idle steps replayed in a larger "
-                             f"bucket: {r.get('covered_steps')} (after a warm pass of {r.get('warm_pass_requests')} requests)")
-            if r.get("probe_under_load"):
-                lines.append(f"  the probe request during it, against its idle answer: {json.dumps(r['probe_under_load'])}")
-        st = e.get("engine_stats_after") or {}
-        if "prep_ms_mean" in st:
-            lines.append(f"- {label} engine: queue {st['queue_ms_mean']:.2f}, step {st['step_ms_mean']:.2f}, host prep "
-                         f"{st['prep_ms_mean']:.2f}, device wait {st['wait_ms_mean']:.2f} ms (means over {st['steps']} steps); "
-                         f"latest steps (p50 / p99 / max): {json.dumps(st.get('recent_steps_ms'))}; "
-                         f"CUDA graphs {json.dumps(st.get('cuda_graphs'))}; requests whose non-finite logits were "
-                         f"scored again: {st.get('nonfinite_retries', '-')}")
-    lines += ["", "Probe: one d100 request scored twice by each runtime, against plain transformers in fp32 "
-              "(random weights bunch the scores: the spread is the reference's max - min).", "",
-              "| runtime | max abs diff vs fp32 | top-10 shared | top-10 same order | repeat max abs diff | spread |",
-              "|---|---|---|---|---|---|"]
-    for label, e in results["runs"].items():
-        p = e.get("probe")
-        if p:
-            lines.append(f"| {label} | {p['max_abs_diff']:.2e} | {p['top10_shared']} | {p['top10_same_order']} | "
-                         f"{p['repeat_max_abs_diff']:.2e} | {p['spread']:.2e} |")
-    lines += ["", "skipped: " + json.dumps(results["skipped"])]
-    return "\n".join(lines) + "\n"
-
-
-def _pct(x: float | None) -> str:
-    return f"{100 * x:.0f} %" if x else "-"
 
 
 def main() -> None:
