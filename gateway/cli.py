@@ -38,7 +38,12 @@ def _serve(args: argparse.Namespace) -> int:
     # with the fix and is retried, as /ready shows.
     report = preflight(settings)
     report.refuse()
+    from adapters.families.layout import prepare_rust_tokenizers
     from gateway.launch.servers import run_granian, run_uvicorn
+
+    # The Rust tokenizer's thread pool is sized at its first batch, whoever's (vLLM's own
+    # tokenizer included): set before any engine loads, and inherited by worker processes.
+    prepare_rust_tokenizers()
 
     workers = settings.server.workers
     with _multiprocess_metrics(workers):

@@ -24,12 +24,12 @@ position, which is what makes naive deployments run out of memory), on left-padd
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from adapters.base import EngineConfigError, EngineError, ScoreJob
 from adapters.families.base import Family, Row
+from adapters.families.layout import prepare_rust_tokenizers
 from schemas.config import LLM_RERANKERS, LlmRerankerSpec
 
 if TYPE_CHECKING:
@@ -191,8 +191,8 @@ class LlmPromptTokenizer:
 
 def load_hf_tokenizer(path: str, revision: str | None = None) -> Any:
     """Load the checkpoint's fast tokenizer (the Rust one: batch encode runs in parallel)."""
-    # The fast tokenizer parallelizes batches itself; silence its fork warning in workers.
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    # The fast tokenizer parallelizes batches itself (silences its fork warning in workers too).
+    prepare_rust_tokenizers()
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path, revision=revision, use_fast=True)
