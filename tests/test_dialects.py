@@ -318,6 +318,22 @@ def test_vllm_errors_come_in_vllms_shape(client):
     vllm_error(client.post("/score", content=b"{not json"), 400, "BadRequestError")
 
 
+@pytest.mark.parametrize(("stray", "value"), [
+    ("data_1", []),  # what schemathesis sent beside queries/items (CI, 2026-12-03)
+    ("text_1", "\ufeff"),  # blank as the schema's pattern reads it (ECMA white space)
+    ("documents", []),
+    ("data_2", []),
+])
+def test_a_side_sent_beside_the_pair_in_use_is_held_to_the_schema(client, stray, value):
+    """The OpenAPI states every side (non-empty lists, non-blank queries), not only the pair in
+    use: a stray side that breaks it is a 400, as the schema promises, not silently ignored."""
+    body = {"queries": Q, "items": DOCS[:2], stray: value}
+    if stray == "documents":
+        body = {"text_1": Q, "text_2": DOCS[:2], stray: value}
+    assert f"`{stray}` must be" in vllm_error(client.post("/score", json=body), 400, "BadRequestError")
+    ok(client.post("/score", json={"queries": Q, "items": DOCS[:2], "data_1": "\x1c"}))  # \x1c is no space there
+
+
 # -- one service: keys, limits, usage metrics, logs ------------------------------------------------
 
 

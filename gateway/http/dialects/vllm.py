@@ -18,6 +18,7 @@ invalid requests with 400, so the gateway's 422 becomes 400 here.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Sequence
 from http import HTTPStatus
@@ -53,6 +54,9 @@ VLLM: Final = "vllm"
 # enough that one request cannot fill the model's max_concurrent_requests by itself.
 _GROUPS_AT_ONCE: Final = 4
 _PAIRINGS: Final = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
+# The schema's non-blank pattern ``\S`` as JSON Schema (ECMA-262) reads it: any character but its
+# white space and line terminators (Python's own \s differs: U+FEFF, U+001C-U+001F, U+0085).
+_NON_BLANK: Final = re.compile("[^\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]")
 _TYPES: Final = {
     400: "BadRequestError",
     404: "NotFoundError",
@@ -66,8 +70,22 @@ def _sides(data: VllmScoreRequest) -> tuple[list[str], list[str]]:
     if len(complete) != 1:
         names = " | ".join(f"{a}/{b}" for a, b in _PAIRINGS)
         raise InvalidRequestError(f"invalid request: send exactly one pair of sides to score, one of: {names}")
+    for a, b in _PAIRINGS:  # a side sent beside the pair in use is held to the schema too
+        for name in (a, b):
+            value = getattr(data, name)
+            if name not in complete[0] and value is not None and not _side_ok(value, query=name == a):
+                what = "a non-blank query or a non-empty list of them" if name == a else "a text or a non-empty list"
+                raise InvalidRequestError(f"invalid request: `{name}` must be {what} (or left out)")
     first, second = (getattr(data, name) for name in complete[0])
     return ([first] if isinstance(first, str) else list(first)), ([second] if isinstance(second, str) else list(second))
+
+
+def _side_ok(value: str | list[str], *, query: bool) -> bool:
+    """What the OpenAPI schema states of a side (msgspec decodes it without those constraints, so
+    that the pair in use answers with vLLM's own messages, in ``_pairs``)."""
+    if isinstance(value, str):
+        return not query or bool(_NON_BLANK.search(value))
+    return bool(value) and (not query or all(_NON_BLANK.search(v) for v in value))
 
 
 def _template_instruction(data: VllmScoreRequest, name: str) -> str | None:
