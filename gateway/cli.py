@@ -41,8 +41,8 @@ def _serve(args: argparse.Namespace) -> int:
     from adapters.families.layout import prepare_rust_tokenizers
     from gateway.launch.servers import run_granian, run_uvicorn
 
-    # The Rust tokenizer's thread pool is sized at its first batch, whoever's (vLLM's own
-    # tokenizer included): set before any engine loads, and inherited by worker processes.
+    # The Rust tokenizer's settings are read at its first batch, whoever's (vLLM's own tokenizer
+    # included): set before any engine loads, and inherited by worker processes.
     prepare_rust_tokenizers()
 
     workers = settings.server.workers

@@ -24,14 +24,6 @@ __all__ = (
     "special_layout",
 )
 
-# The Rust tokenizer's thread pool (rayon's, sized once, at its first parallel batch) on machines
-# of more than this many CPUs: one thread per CPU, it pushed the threads that launch GPU work off
-# their cores. Side by side on the H200 host (16 CPUs; report gpu-h200-2026-12-03, call 7), 8
-# threads tokenized a 100-document request as fast as 16 (6.8 vs 6.7 ms, p50) and cut the tail:
-# tokenize p99 7.9 ms against 10.6-12.0, the request's p99 25.2 ms against 26.2-28.5; 4 threads
-# tokenized slower (10.2 ms). Batch encoding scales little past 8 threads anyway.
-_TOKENIZER_THREADS = 8
-
 # Huge "model_max_length" values mean "not set" in Hugging Face tokenizer configs.
 _UNSET_LENGTH = 1_000_000
 # Encoders whose positions start at the config's pad_token_id + 1 (transformers'
@@ -98,12 +90,15 @@ def checkpoint_window(files: ModelFiles, tokenizer: Any) -> int:
 
 
 def prepare_rust_tokenizers() -> None:
-    """Before a fast tokenizer loads: batch encoding in parallel (releasing the GIL), on at most
-    ``_TOKENIZER_THREADS`` threads where the machine has more CPUs. What the environment already
-    sets (``TOKENIZERS_PARALLELISM``, ``RAYON_NUM_THREADS``) wins."""
+    """Before a fast tokenizer loads: batch encoding in parallel, releasing the GIL (unless the
+    environment already says otherwise).
+
+    The pool's size is left to rayon (one thread per CPU; ``RAYON_NUM_THREADS`` sets it). Capping
+    it at 8 on the 16-CPU H200 host cut the idle tail in one side-by-side call and was followed by
+    the worst idle run measured in the next, on another machine, without a control beside it
+    (report gpu-h200-2026-12-03, calls 7 and 8): not a default until it repeats.
+    """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    if len(os.sched_getaffinity(0)) > _TOKENIZER_THREADS:
-        os.environ.setdefault("RAYON_NUM_THREADS", str(_TOKENIZER_THREADS))
 
 
 def load_fast_tokenizer(path: str, revision: str | None, *, trust_remote_code: bool = False) -> Any:
