@@ -104,6 +104,24 @@ def test_a_ready_poll_during_the_cooldown_does_not_readmit_a_misconfigured_repli
     _run(*pair, body, cooldown_s=10)
 
 
+async def _refused_until_ejected(engine: PoolEngine, ask: Any) -> None:
+    """Requests until the bad replica is ejected (eject_after_failures = 2 refusals, sent on)."""
+    assert _bad(engine)["admitted"] is True
+    for _ in range(2):
+        await ask()
+    assert _bad(engine)["admitted"] is False
+
+
+async def _ejected_for(engine: PoolEngine, clock: Clock, seconds: float) -> None:
+    """The bad replica, just ejected, stays out ``seconds`` (by /ready probes that pass) and no longer."""
+    clock.now += seconds - 0.5  # halves add up exactly in binary floating point
+    await engine.check_health()
+    assert _bad(engine)["admitted"] is False, f"readmitted before {seconds} s"
+    clock.now += 0.5
+    await engine.check_health()
+    assert _bad(engine)["admitted"] is True, f"still ejected after {seconds} s"
+
+
 def test_a_replica_down_during_its_cooldown_is_readmitted_when_the_cooldown_ends(pair):
     # Down (its /health fails too) at the /ready polls inside the cooldown, up again before it
     # ends: the first poll after the end readmits it. Restarting the cooldown at each failed poll
@@ -111,9 +129,7 @@ def test_a_replica_down_during_its_cooldown_is_readmitted_when_the_cooldown_ends
     bad, _good = pair
 
     async def body(engine: PoolEngine, clock: Clock, ask: Any) -> None:
-        for _ in range(2):
-            await ask()
-        assert _bad(engine)["admitted"] is False
+        await _refused_until_ejected(engine, ask)
         bad.health = 503
         for _ in range(3):  # polls at 3, 6 and 9 s fail
             clock.now += 3
@@ -131,39 +147,15 @@ def test_a_replica_still_down_when_its_cooldown_ends_stays_out_another_cooldown(
     bad, _good = pair
 
     async def body(engine: PoolEngine, clock: Clock, ask: Any) -> None:
-        for _ in range(2):
-            await ask()
+        await _refused_until_ejected(engine, ask)
         bad.health = 503
         clock.now += 10
         await engine.check_health()  # due, and failing: out 10 s more, counted once (no longer one)
         assert (_bad(engine)["admitted"], _bad(engine)["ejections"]) == (False, 1)
         bad.health = 200
-        clock.now += 9.5
-        await engine.check_health()
-        assert _bad(engine)["admitted"] is False
-        clock.now += 0.5
-        await engine.check_health()
-        assert _bad(engine)["admitted"] is True
+        await _ejected_for(engine, clock, 10)
 
     _run(*pair, body, cooldown_s=10)
-
-
-async def _refused_until_ejected(engine: PoolEngine, ask: Any) -> None:
-    """Requests until the bad replica is ejected (eject_after_failures = 2 refusals, sent on)."""
-    assert _bad(engine)["admitted"] is True
-    for _ in range(2):
-        await ask()
-    assert _bad(engine)["admitted"] is False
-
-
-async def _ejected_for(engine: PoolEngine, clock: Clock, seconds: float) -> None:
-    """The bad replica, just ejected, stays out ``seconds`` (by /ready probes that pass) and no longer."""
-    clock.now += seconds - 0.5  # halves add up exactly in binary floating point
-    await engine.check_health()
-    assert _bad(engine)["admitted"] is False, f"readmitted before {seconds} s"
-    clock.now += 0.5
-    await engine.check_health()
-    assert _bad(engine)["admitted"] is True, f"still ejected after {seconds} s"
 
 
 @pytest.mark.parametrize(
