@@ -54,6 +54,8 @@ VLLM: Final = "vllm"
 # enough that one request cannot fill the model's max_concurrent_requests by itself.
 _GROUPS_AT_ONCE: Final = 4
 _PAIRINGS: Final = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
+# Each side's name -> whether it is a first side (the query: non-blank in the schema).
+_SIDES: Final = {name: name == first for first, second in _PAIRINGS for name in (first, second)}
 # The schema's non-blank pattern ``\S`` as JSON Schema (ECMA-262) reads it: any character but its
 # white space and line terminators (Python's own \s differs: U+FEFF, U+001C-U+001F, U+0085).
 _NON_BLANK: Final = re.compile("[^\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]")
@@ -70,12 +72,11 @@ def _sides(data: VllmScoreRequest) -> tuple[list[str], list[str]]:
     if len(complete) != 1:
         names = " | ".join(f"{a}/{b}" for a, b in _PAIRINGS)
         raise InvalidRequestError(f"invalid request: send exactly one pair of sides to score, one of: {names}")
-    for a, b in _PAIRINGS:  # a side sent beside the pair in use is held to the schema too
-        for name in (a, b):
-            value = getattr(data, name)
-            if name not in complete[0] and value is not None and not _side_ok(value, query=name == a):
-                what = "a non-blank query or a non-empty list of them" if name == a else "a text or a non-empty list"
-                raise InvalidRequestError(f"invalid request: `{name}` must be {what} (or left out)")
+    for name, query in _SIDES.items():  # a side sent beside the pair in use is held to the schema too
+        value = getattr(data, name)
+        if name not in complete[0] and value is not None and not _side_ok(value, query=query):
+            what = "a non-blank query or a non-empty list of them" if query else "a text or a non-empty list"
+            raise InvalidRequestError(f"invalid request: `{name}` must be {what} (or left out)")
     first, second = (getattr(data, name) for name in complete[0])
     return ([first] if isinstance(first, str) else list(first)), ([second] if isinstance(second, str) else list(second))
 
