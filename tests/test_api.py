@@ -28,6 +28,11 @@ STATIC_SCORES = {
     "year: 2024": 0.6,
 }
 TINY_WINDOW = 160
+# Engine vs reference: the engine runs documents batched and left-padded, the reference one by one,
+# so the same fp32 math runs through other kernels. Here they agree to ~1e-7; one CI host put one
+# score 2.4e-5 away (2026-12-03). A real mistake -- a token more or less, another instruction, a
+# chunk missed -- moves these tiny-model scores by 1e-2 or more, so 1e-4 still catches every one.
+PARITY = 1e-4
 
 
 def _settings(tiny_dir) -> Settings:
@@ -182,7 +187,7 @@ def test_scores_match_reference(client, tiny_qwen3_dir):
     body = ok(rerank(client, {"model": "tiny", "query": Q, "documents": docs}))
     expected = reference.score_texts(tiny_qwen3_dir, Q, docs)
     got = {r["index"]: r["relevance_score"] for r in body["results"]}
-    assert [got[i] for i in range(3)] == pytest.approx(expected, abs=1e-5)
+    assert [got[i] for i in range(3)] == pytest.approx(expected, abs=PARITY)
     assert [r["index"] for r in body["results"]] == sorted(range(3), key=lambda i: -expected[i])
 
 
@@ -222,7 +227,7 @@ def test_instruction_per_request(client, tiny_qwen3_dir):
         body = ok(rerank(client, {"model": "tiny", "query": Q, "documents": docs, field: "Find similar text."}))
         got = {r["index"]: r["relevance_score"] for r in body["results"]}
         expected = reference.score_texts(tiny_qwen3_dir, Q, docs, "Find similar text.")
-        assert [got[0], got[1]] == pytest.approx(expected, abs=1e-5)
+        assert [got[0], got[1]] == pytest.approx(expected, abs=PARITY)
 
 
 LONG_DOC = "Washington, D.C. is the capital of the United States. It is a federal district. " * 8
@@ -233,17 +238,17 @@ def test_long_document_is_chunked_and_max_scored(client, tiny_qwen3_dir):
     got = {r["index"]: r["relevance_score"] for r in body["results"]}
     expected = reference.chunked_max(tiny_qwen3_dir, Q, LONG_DOC, max_length=TINY_WINDOW)
     one_chunk = reference.chunked_max(tiny_qwen3_dir, Q, LONG_DOC, max_length=TINY_WINDOW, max_chunks=1)
-    assert got[0] == pytest.approx(expected, abs=1e-5)
+    assert got[0] == pytest.approx(expected, abs=PARITY)
     assert expected != pytest.approx(one_chunk, abs=1e-6)  # chunking changed the answer
     capped = ok(rerank(client, {"model": "tiny", "query": Q, "documents": [LONG_DOC], "max_chunks_per_doc": 1}))
-    assert capped["results"][0]["relevance_score"] == pytest.approx(one_chunk, abs=1e-5)
+    assert capped["results"][0]["relevance_score"] == pytest.approx(one_chunk, abs=PARITY)
 
 
 @pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
 def test_max_tokens_per_doc_truncates_before_templating(client, tiny_qwen3_dir, path):
     body = ok(rerank(client, {"model": "tiny", "query": Q, "documents": [LONG_DOC], "max_tokens_per_doc": 20}, path))
     expected = reference.chunked_max(tiny_qwen3_dir, Q, LONG_DOC, max_length=TINY_WINDOW, max_tokens=20)
-    assert body["results"][0]["relevance_score"] == pytest.approx(expected, abs=1e-5)
+    assert body["results"][0]["relevance_score"] == pytest.approx(expected, abs=PARITY)
 
 
 # -- errors ---------------------------------------------------------------------------------
