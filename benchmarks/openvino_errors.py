@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, os.getcwd())  # the checkout this is run from, not this file's
 
 from adapters.runtimes.cpu.engine import OpenVinoEngine  # noqa: E402
-from adapters.runtimes.cpu.parity import GoldenQuery, generate_golden_set, keeps_top_k  # noqa: E402
+from adapters.runtimes.parity import GoldenQuery, generate_golden_set, keeps_top_k  # noqa: E402
 from adapters.runtimes.cpu.refine import refine, refine_space  # noqa: E402
 from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter  # noqa: E402
 from schemas.config import OpenVinoEngineConfig  # noqa: E402

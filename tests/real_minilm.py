@@ -80,7 +80,7 @@ def build_minilm_reranker(out_dir: str | Path, *, logit_range: float = 22.0, see
     import torch
     from transformers import AutoTokenizer, BertForSequenceClassification, BertModel
 
-    from adapters.runtimes.cpu.parity import generate_golden_set
+    from adapters.runtimes.parity import generate_golden_set
 
     real = minilm_dir()
     if real is None:

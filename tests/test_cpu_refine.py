@@ -11,7 +11,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.runtimes.cpu.parity import keeps_top_k
+from adapters.runtimes.parity import keeps_top_k
 from adapters.runtimes.cpu.refine import refine
 
 

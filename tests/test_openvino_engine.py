@@ -25,7 +25,7 @@ from adapters.base import EngineConfigError, ScoreJob  # noqa: E402
 from adapters.runtimes.cpu import engine as ov_engine  # noqa: E402
 from adapters.runtimes.cpu import start as ov_start  # noqa: E402
 from adapters.runtimes.cpu.engine import OpenVinoEngine, bucket_batches  # noqa: E402
-from adapters.runtimes.cpu.parity import compare_rankings, keeps_top_k  # noqa: E402
+from adapters.runtimes.parity import compare_rankings, keeps_top_k  # noqa: E402
 from schemas.config import OpenVinoEngineConfig, Settings  # noqa: E402
 from tests.corpus import DOCS as _DOCS, Q  # noqa: E402
 from tests.real_minilm import build_minilm_reranker, minilm_dir  # noqa: E402
@@ -374,7 +374,7 @@ def test_qwen3_is_refused_on_the_openvino_runtime():
 def test_golden_set_from_a_small_subword_vocabulary():
     """A tokenizer with few whole words (a small Unigram vocabulary) still gets a golden set:
     words glued from its alphabetic pieces, deterministic for the seed."""
-    from adapters.runtimes.cpu.parity import generate_golden_set
+    from adapters.runtimes.parity import generate_golden_set
 
     vocab = {p: i for i, p in enumerate(["<s>", "</s>", "▁a", *(f"{c}{d}" for c in "bcdfg" for d in "aeiou")])}
     golden = generate_golden_set(vocab, queries=3, documents=12)

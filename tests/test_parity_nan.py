@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from adapters.runtimes.cpu.parity import compare_rankings, keeps_top_k
+from adapters.runtimes.parity import compare_rankings, keeps_top_k
 
 
 @pytest.mark.parametrize("where", [0, 5, 11])

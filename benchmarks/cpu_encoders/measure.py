@@ -58,7 +58,7 @@ def _engine_delta(before: dict[str, Any], after: dict[str, Any], wall: float) ->
 
 
 def agreement(ref: list[list[float]], got: list[list[float]], tie: float = 1e-3) -> dict[str, float]:
-    from adapters.runtimes.cpu.parity import compare_rankings
+    from adapters.runtimes.parity import compare_rankings
 
     report = compare_rankings(ref, got, tie=tie)
     return {"queries_kept": report.kept, "queries": report.queries, "mean_shared_top10": report.mean_shared,

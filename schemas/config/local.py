@@ -152,7 +152,7 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
 
 
 # The parity gate admits a reduced precision on each golden query's fp32 top this-many order
-# (adapters/runtimes/cpu/parity.py).
+# (adapters/runtimes/parity.py).
 PARITY_TOP_K = 10
 
 

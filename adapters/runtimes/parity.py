@@ -1,18 +1,20 @@
-"""The parity gate of reduced precisions: does bf16 / int8 keep the model's ranking?
+"""The parity gate of reduced precisions: does a cheaper precision keep the model's ranking?
 
-At start the engine scores a golden set (queries x documents) in fp32 and in the reduced
-precision, through the same tokenization and score rule requests take. A query keeps its
-ranking when the reduced precision's top-10 holds the same documents in the same order as
-fp32's, swaps of two documents whose fp32 scores differ by less than ``tie`` aside (documents
-the model itself cannot tell apart): every pair the two orders rank differently, one of them in
-either top-10, must be such a pair. The precision is admitted when at least
-``min_agreement`` of the queries keep it; otherwise the model refuses to start with one line
-saying what was measured.
+Shared by the runtimes that offer one: OpenVINO's bf16 / int8 against fp32
+(``adapters.runtimes.cpu.start``) and the packed engine's FP8 against bf16
+(``adapters.runtimes.packed.gate``). At start the engine scores a golden set (queries x
+documents) in the reference precision and in the reduced one, through the same tokenization and
+score rule requests take. A query keeps its ranking when the reduced precision's top-10 holds the
+same documents in the same order as the reference's, swaps of two documents whose reference
+scores differ by less than ``tie`` aside (documents the model itself cannot tell apart): every
+pair the two orders rank differently, one of them in either top-10, must be such a pair. The
+precision is admitted when at least ``min_agreement`` of the queries keep it; otherwise the model
+refuses to start with one line saying what was measured.
 
 The golden set is a JSON Lines file of real queries when configured (``parity_set``), else
-generated from the tokenizer's own vocabulary: short queries of whole words and documents of
+generated (here from the tokenizer's own vocabulary: short queries of whole words and documents of
 40-110 words into which 0-5 of the query's words are mixed, so a trained reranker's scores
-spread over its range as they do on real traffic. Deterministic (fixed seed): the same model
+spread over its range as they do on real traffic). Deterministic (fixed seed): the same model
 gets the same verdict every start.
 """
 
@@ -43,16 +45,16 @@ class GoldenQuery:
 class ParityReport:
     queries: int
     kept: int  # queries whose top-10 the reduced precision keeps
-    mean_shared: float  # documents of fp32's top-10 also in the reduced top-10, on average
+    mean_shared: float  # documents of the reference's top-10 also in the reduced top-10, on average
     max_delta: float  # largest |score change| over all pairs
 
     @property
     def agreement(self) -> float:
         return self.kept / self.queries if self.queries else 1.0
 
-    def line(self, precision: str) -> str:
+    def line(self, precision: str, reference: str = "fp32") -> str:
         return (
-            f"precision {precision!r} keeps the fp32 top-{TOP_K} order of {self.kept} of {self.queries} "
+            f"precision {precision!r} keeps the {reference} top-{TOP_K} order of {self.kept} of {self.queries} "
             f"golden queries ({self.agreement:.1%}), {self.mean_shared:.1f} of {TOP_K} top documents shared "
             f"on average, largest score change {self.max_delta:.1e}"
         )
@@ -141,7 +143,7 @@ def keeps_top_k(reference: Sequence[float], reduced: Sequence[float], *, tie: fl
 def compare_rankings(
     reference: Sequence[Sequence[float]], reduced: Sequence[Sequence[float]], *, tie: float
 ) -> ParityReport:
-    """Compare per-query scores of fp32 (``reference``) and a reduced precision."""
+    """Compare per-query scores of the reference precision (fp32, or bf16 for FP8) and a reduced one."""
     kept, shared, delta = 0, 0, 0.0
     for ref, red in zip(reference, reduced, strict=True):
         kept += keeps_top_k(ref, red, tie=tie)
