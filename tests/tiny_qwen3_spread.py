@@ -33,9 +33,9 @@ def golden_prompts(tok: object, n_queries: int) -> list[list[int]]:
     from schemas.config import DEFAULT_INSTRUCTION
 
     out = []
-    for query, docs in gate.golden_set()[:n_queries]:
-        shared = tok.encode_shared(query, DEFAULT_INSTRUCTION)  # type: ignore[attr-defined]
-        out += [tok.assemble(shared, d) for d in tok.encode_documents(docs)]  # type: ignore[attr-defined]
+    for item in gate.golden_set(n_queries):
+        shared = tok.encode_shared(item.query, DEFAULT_INSTRUCTION)  # type: ignore[attr-defined]
+        out += [tok.assemble(shared, d) for d in tok.encode_documents(item.documents)]  # type: ignore[attr-defined]
     return out
 
 

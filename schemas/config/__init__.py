@@ -33,6 +33,8 @@ from .families import (
     runtime_refusal,
 )
 from .local import (
+    PARITY_MIN_AGREEMENT,
+    PARITY_TIE,
     PARITY_TOP_K,
     GgufEngineConfig,
     LocalModelConfig,
@@ -84,6 +86,8 @@ __all__ = (
     "OpenVinoEngineConfig",
     "PACKED_ENCODER_TYPES",
     "PackedEngineConfig",
+    "PARITY_MIN_AGREEMENT",
+    "PARITY_TIE",
     "PARITY_TOP_K",
     "PoolEngineConfig",
     "Positive",

@@ -76,6 +76,17 @@ class TransformersEngineConfig(LocalModelConfig, tag="transformers"):
     block_size: Positive = 64
 
 
+# The parity gate (adapters/runtimes/parity.py) admits a reduced precision -- OpenVINO's bf16 /
+# int8 against fp32, packed FP8 against bf16 -- on each golden query's top this-many order ...
+PARITY_TOP_K = 10
+# ... kept by at least this share of the queries (the default of parity_min_agreement) ...
+PARITY_MIN_AGREEMENT = 0.99
+# ... swaps of documents whose reference scores differ by less than this aside (parity_tie).
+PARITY_TIE = 1e-3
+ParityShare = Annotated[float, msgspec.Meta(gt=0, le=1)]
+ParityTie = Annotated[float, msgspec.Meta(ge=0)]
+
+
 class PackedEngineConfig(LocalModelConfig, tag="packed"):
     """Qwen3-Reranker or a cross-encoder (BERT, ELECTRA, RoBERTa, XLM-R) packed without padding
     into varlen steps filled from every waiting request."""
@@ -124,6 +135,15 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     # A failed gate: "refuse" the model (one line saying by how much), or "warn": serve it anyway
     # (for an operator who has checked the ranking on their own data); /ready shows the gate's figures.
     precision_gate: Literal["refuse", "warn"] = "refuse"
+    # precision = "fp8": the gate's rule, as OpenVINO's (adapters/runtimes/parity.py). The share of
+    # golden queries that must keep bf16's top-10 order ...
+    parity_min_agreement: ParityShare = PARITY_MIN_AGREEMENT
+    # ... not counting swaps of documents whose bf16 scores differ by less than this (ones the model
+    # itself cannot tell apart) ...
+    parity_tie: ParityTie = PARITY_TIE
+    # ... on a JSON Lines file of {"query": ..., "documents": [...]} from your own traffic (the
+    # verdict that means most), instead of the generated set (adapters/runtimes/packed/gate.py).
+    parity_set: str | None = None
     # "pipeline": ONE model split over all of `devices` (two or more, in order), each holding a
     # contiguous range of the layers, one step in flight per device; for a model that does not fit
     # one device. "none": a whole replica per device (data parallel: faster whenever it fits).
@@ -149,11 +169,9 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
             raise ValueError("gelu_epilogue = 'on' is for cross-encoders on engine 'packed'; Qwen3's MLP is gated (SiLU)")
         if self.family == "cross-encoder" and self.precision != "auto":
             raise ValueError("precision = 'fp8' is for Qwen3 rerankers on engine 'packed'; cross-encoders run in `dtype`")
-
-
-# The parity gate admits a reduced precision on each golden query's fp32 top this-many order
-# (adapters/runtimes/parity.py).
-PARITY_TOP_K = 10
+        if self.parity_set is not None and self.precision != "fp8":
+            raise ValueError("parity_set is the golden set of the FP8 ranking gate, read only with precision = 'fp8'; "
+                             "set precision or drop parity_set")
 
 
 class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
@@ -190,9 +208,9 @@ class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
     parity_documents: Annotated[int, msgspec.Meta(ge=10)] = 30
     # The precision is refused unless at least this share of the queries keep their fp32 top-10
     # (same documents, same order).
-    parity_min_agreement: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.99
+    parity_min_agreement: ParityShare = PARITY_MIN_AGREEMENT
     # Swaps of documents whose fp32 scores differ by less than this are not counted as changes.
-    parity_tie: Annotated[float, msgspec.Meta(ge=0)] = 1e-3
+    parity_tie: ParityTie = PARITY_TIE
     # A JSON Lines file of {"query": ..., "documents": [...]} (real traffic) used as the golden
     # set instead of the generated one.
     parity_set: str | None = None

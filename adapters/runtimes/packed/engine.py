@@ -27,6 +27,7 @@ from adapters.families import resolve_for_runtime
 from adapters.families.base import WEIGHTS_LOCK
 from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
 from adapters.runtimes.packed import gate, pipeline
+from adapters.runtimes.parity import GoldenQuery, read_golden_set
 from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
 from adapters.runtimes.packed.scheduler import PackedScheduler
 from schemas.config import DEFAULT_INSTRUCTION, PackedEngineConfig
@@ -168,6 +169,7 @@ class PackedQwen3Engine(PackedEngineBase):
         if cfg.gelu_epilogue == "on":
             raise EngineConfigError(f"model '{cfg.name}': gelu_epilogue = 'on' is for cross-encoders; Qwen3's MLP is "
                                     "gated (SiLU): drop it")
+        golden = _read_golden(cfg) if cfg.precision == "fp8" else []  # a bad file refuses before minutes of loading
         prompt = Qwen3PromptTokenizer(load_hf_tokenizer(cfg.path, cfg.revision), max_length=cfg.max_length,
                                       max_query_tokens=cfg.max_query_tokens)
         # transformers 5 loads weights under process-wide init contexts (meta device): two packed
@@ -189,7 +191,7 @@ class PackedQwen3Engine(PackedEngineBase):
             _warm_up(r, prompt, cfg.share_prefix)
         share = cfg.share_prefix and all(r.can_share for r in replicas)
         if cfg.precision == "fp8":
-            self._gate = _to_fp8(replicas, prompt, cfg, share)
+            self._gate = _to_fp8(replicas, prompt, cfg, share, golden)
         self._replicas = replicas
         self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
                                           policy=cfg.policy, error_type=EngineError, share_prefix=share)
@@ -208,14 +210,27 @@ def _warm_up(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, share: b
     replica.warm_up([prompts[:1], prompts, prompts[1:], prompts[:1]], groups)
 
 
+def _read_golden(cfg: PackedEngineConfig) -> list[GoldenQuery]:
+    if cfg.parity_set is None:
+        return gate.golden_set()
+    try:
+        return read_golden_set(cfg.parity_set)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise EngineConfigError(f"model '{cfg.name}': parity_set: {exc}; give a JSON Lines file of "
+                                f'{{"query": ..., "documents": [...]}} or drop parity_set for the generated set') from None
+
+
 def _golden_scores(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, batch_tokens: int,
-                   share: bool) -> list[list[float]]:
+                   share: bool, golden: list[GoldenQuery]) -> list[list[float]]:
     """The golden set's scores, queries packed together into steps of at most ``batch_tokens``
-    computed tokens, as the scheduler packs them (``share``: each query's prefix once per step)."""
+    computed tokens, as the scheduler packs them (``share``: each query's prefix once per step).
+    A document longer than the window (an operator's own set may hold some) is cut to it, as
+    ``truncate`` would: the gate compares one score per document, not chunks."""
     per_query = []
-    for query, docs in gate.golden_set():
-        shared = prompt.encode_shared(query, DEFAULT_INSTRUCTION)
-        per_query.append((shared, [[*d, *prompt.suffix_ids] for d in prompt.encode_documents(docs)]))
+    for item in golden:
+        shared = prompt.encode_shared(item.query, DEFAULT_INSTRUCTION)
+        room = prompt.item_room(shared)
+        per_query.append((shared, [[*d[:room], *prompt.suffix_ids] for d in prompt.encode_documents(item.documents)]))
     scores: list[float] = []
     step: list[tuple[list[int], list[list[int]]]] = []
     tokens = 0
@@ -246,14 +261,16 @@ def _golden_scores(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, ba
 
 
 def _to_fp8(replicas: list[PackedQwen3Replica], prompt: Qwen3PromptTokenizer, cfg: PackedEngineConfig,
-            share: bool) -> gate.GateResult:
+            share: bool, golden: list[GoldenQuery]) -> gate.GateResult:
     """Quantize every replica; the first one's golden-set ranking against its bf16 self decides
     (both scored the way the engine will serve: prefixes shared or not)."""
-    base = _golden_scores(replicas[0], prompt, cfg.batch_tokens, share)
+    base = _golden_scores(replicas[0], prompt, cfg.batch_tokens, share, golden)
     for r in replicas:
         r.to_fp8()
         _warm_up(r, prompt, share)
-    result = gate.judge("fp8", base, _golden_scores(replicas[0], prompt, cfg.batch_tokens, share))
+    result = gate.judge("fp8", base, _golden_scores(replicas[0], prompt, cfg.batch_tokens, share, golden),
+                        tie=cfg.parity_tie, min_agreement=cfg.parity_min_agreement,
+                        golden=cfg.parity_set or "generated")
     if torch.cuda.is_available():  # the gate's 65k-token steps: do not keep their activations cached
         torch.cuda.empty_cache()
     if not result.passed and cfg.precision_gate == "refuse":
