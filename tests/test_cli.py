@@ -116,3 +116,30 @@ def test_check_config_and_serve_refuse_a_file_where_a_checkpoint_directory_belon
     for command in ("check-config", "serve"):
         assert cli.main([command, "--config", str(config)]) == 2
         assert f"models[0].path (env RERANK_MODELS__0__PATH): '{file}' is a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("engine", ['engine = "packed"\nprecision = "fp8"', 'engine = "openvino"\nprecision = "int8"'])
+def test_check_config_reads_a_parity_set_as_the_gate_will(tmp_path, capsys, engine):
+    golden = tmp_path / "golden.jsonl"
+    config = tmp_path / "g.toml"
+    config.write_text(f'[[models]]\nname = "m"\n{engine}\npath = "/nonexistent/model"\nparity_set = "{golden}"\n')
+    assert cli.main(["check-config", "--config", str(config)]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "parity_set" in x]
+    assert line.startswith(f"rerank-gateway: models[0].parity_set (env RERANK_MODELS__0__PARITY_SET): {golden}: cannot be read")
+    assert line.endswith("[serve starts without this model]")
+    golden.write_text('{"query": "q", "documents": ["a", "b"]}\n')
+    assert cli.main(["check-config", "--config", str(config)]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "parity_set" in x]
+    assert f"{golden}:1: 2 documents; the gate compares top-10, so give at least 10" in line
+    golden.write_text('{"query": "q", "documents": ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]}\n')
+    cli.main(["check-config", "--config", str(config)])  # still 2: the path does not exist
+    assert "parity_set" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("engine", "precision"), [("packed", "auto"), ("openvino", "fp32")])
+def test_a_parity_set_without_a_reduced_precision_is_refused(tmp_path, capsys, engine, precision):
+    config = tmp_path / "g.toml"
+    config.write_text(f'[[models]]\nname = "m"\nengine = "{engine}"\nprecision = "{precision}"\npath = "/m"\n'
+                      f'parity_set = "{tmp_path}/golden.jsonl"\n')
+    assert cli.main(["check-config", "--config", str(config)]) == 2
+    assert "read only with precision" in capsys.readouterr().err

@@ -424,3 +424,15 @@ async def test_with_refine_top_the_speed_compares_each_model_at_the_same_warmth(
         assert engine.parity is not None and engine.parity["speed_vs_fp32"] == 1.5
     finally:
         await engine.stop()
+
+
+def test_a_bad_parity_set_refuses_the_model_in_one_line_before_any_export(dirs, tmp_path, monkeypatch):
+    golden = tmp_path / "golden.jsonl"
+    golden.write_text('{"query": "q", "documents": ["a"]}\n')
+    monkeypatch.setattr("adapters.runtimes.cpu.start.export_family", lambda family: pytest.fail("exported"))
+    engine = OpenVinoEngine(OpenVinoEngineConfig(name="m", path=str(dirs["bert"]), cache_dir=str(tmp_path / "cache"),
+                                                 precision="int8", parity_set=str(golden)))
+    with pytest.raises(EngineConfigError) as info:
+        engine._load()
+    assert str(info.value) == (f"model 'm': parity_set: {golden}:1: 1 documents; the gate compares top-10, "
+                               "so give at least 10")

@@ -95,9 +95,17 @@ def generate_golden_set(vocab: dict[str, int], *, queries: int, documents: int, 
 
 
 def read_golden_set(path: str | Path) -> list[GoldenQuery]:
-    """A JSON Lines file of ``{"query": str, "documents": [str, ...]}`` (at least 10 documents each)."""
+    """A JSON Lines file of ``{"query": str, "documents": [str, ...]}`` (at least 10 documents each).
+
+    Every problem is a one-line ValueError naming the file (and line): the engines refuse the
+    model with it, and ``check-config`` reports it before anything loads."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(f"{path}: cannot be read as UTF-8 text ({why})") from None
     out = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -116,6 +116,15 @@ def _model(i: int, model: object, report: Preflight) -> None:
             report.families[i] = _local_family(i, model)
         except ConfigError as exc:
             report.findings.append(Finding(str(exc), refuses=True))
+    parity_set = getattr(model, "parity_set", None)  # openvino bf16 / int8, packed fp8 (config allows no other)
+    if parity_set is not None:
+        from adapters.runtimes.parity import read_golden_set
+
+        try:
+            read_golden_set(parity_set)
+        except ValueError as exc:  # the line the engine would refuse the model with at load
+            report.findings.append(Finding(
+                f"models[{i}].parity_set (env RERANK_MODELS__{i}__PARITY_SET): {exc}", refuses=False))
     if isinstance(model, DashScopeEngineConfig):
         from adapters.upstreams.http import resolve_api_key
 

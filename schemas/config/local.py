@@ -229,6 +229,9 @@ class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.parity_set is not None and self.precision == "fp32":
+            raise ValueError("parity_set is the golden set of the bf16 / int8 parity gate, read only with precision = "
+                             "'bf16' or 'int8'; set precision or drop parity_set")
         if self.refine_top and self.precision == "fp32":
             raise ValueError("refine_top re-scores a reduced precision's uncertain documents in fp32; with "
                              "precision = 'fp32' every score already is: set precision = 'bf16' or 'int8', or drop refine_top")

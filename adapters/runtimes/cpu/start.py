@@ -65,6 +65,13 @@ class OpenVinoStart:
             raise EngineConfigError(f"model {cfg.name!r}: the openvino runtime runs encoder families only")
         family.load_tokenizer()
         self._family = family
+        if cfg.precision != "fp32":  # the gate's set, read before an export: a bad file refuses at once
+            try:
+                golden = read_golden_set(cfg.parity_set) if cfg.parity_set else generate_golden_set(
+                    family.tokenizer.vocab, queries=cfg.parity_queries, documents=cfg.parity_documents
+                )
+            except ValueError as exc:  # a bad parity_set file (check-config reports it before the start)
+                raise EngineConfigError(f"model {cfg.name!r}: parity_set: {exc}") from None
         self._inputs = ["input_ids", "attention_mask", *(["token_type_ids"] if family.typed else [])]
         core = ov.Core()
         cache = ModelCache(Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir())
@@ -85,9 +92,6 @@ class OpenVinoStart:
             self._use(core, fp32, "f32")
             return
         # Reduced precision: measure it against fp32 on the golden set before serving anything.
-        golden = read_golden_set(cfg.parity_set) if cfg.parity_set else generate_golden_set(
-            family.tokenizer.vocab, queries=cfg.parity_queries, documents=cfg.parity_documents
-        )
         self._use(core, fp32, "f32")
         reference, fp32_s = _timed(self._score_golden, golden)
         fp32_per_doc = fp32_s / _documents(golden)

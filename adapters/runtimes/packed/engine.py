@@ -215,9 +215,8 @@ def _read_golden(cfg: PackedEngineConfig) -> list[GoldenQuery]:
         return gate.golden_set()
     try:
         return read_golden_set(cfg.parity_set)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise EngineConfigError(f"model '{cfg.name}': parity_set: {exc}; give a JSON Lines file of "
-                                f'{{"query": ..., "documents": [...]}} or drop parity_set for the generated set') from None
+    except ValueError as exc:
+        raise EngineConfigError(f"model '{cfg.name}': parity_set: {exc}") from None
 
 
 def _golden_scores(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, batch_tokens: int,
