@@ -136,8 +136,8 @@ def _model(i: int, model: object, report: Preflight) -> None:
 
 def _local_family(i: int, model: LocalModelConfig) -> str:
     """The family a local checkpoint directory gets and why; ConfigError when it cannot serve."""
-    from adapters.families.checkpoint import CheckpointMismatchError, check_window, local_checkpoint_config
     from adapters.base import EngineConfigError
+    from adapters.families.checkpoint import CheckpointMismatchError, check_window, local_checkpoint_config
     from adapters.families.detect import FamilyNotDetectedError, resolve_family, st_pipeline
     from schemas.config import FAMILY_RUNTIMES, RUNTIME_REFUSALS
 

@@ -10,6 +10,7 @@ import msgspec
 from .base import DEFAULT_MODEL_PATH, FamilyName, ModelConfig, Positive
 from .families import FAMILY_RUNTIMES, runtime_refusal
 
+
 class LocalModelConfig(ModelConfig):
     """A checkpoint scored in-process: the gateway tokenizes (and templates) itself.
 

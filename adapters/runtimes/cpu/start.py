@@ -36,8 +36,8 @@ from adapters.runtimes.cpu.export import (
     default_cache_dir,
     export_family,
 )
-from adapters.runtimes.parity import GoldenQuery, compare_rankings, generate_golden_set, read_golden_set
 from adapters.runtimes.cpu.refine import refine_space
+from adapters.runtimes.parity import GoldenQuery, compare_rankings, generate_golden_set, read_golden_set
 
 __all__ = ("OpenVinoStart",)
 

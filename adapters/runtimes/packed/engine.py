@@ -27,9 +27,9 @@ from adapters.families import resolve_for_runtime
 from adapters.families.base import WEIGHTS_LOCK
 from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
 from adapters.runtimes.packed import gate, pipeline
-from adapters.runtimes.parity import GoldenQuery, read_golden_set
 from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
 from adapters.runtimes.packed.scheduler import PackedScheduler
+from adapters.runtimes.parity import GoldenQuery, read_golden_set
 from schemas.config import DEFAULT_INSTRUCTION, PackedEngineConfig
 
 __all__ = ("PackedEngineBase", "PackedQwen3Engine", "resolve_devices")
