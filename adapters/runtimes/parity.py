@@ -1,8 +1,9 @@
 """The parity gate of reduced precisions: does a cheaper precision keep the model's ranking?
 
 Shared by the runtimes that offer one: OpenVINO's bf16 / int8 against fp32
-(``adapters.runtimes.cpu.start``) and the packed engine's FP8 against bf16
-(``adapters.runtimes.packed.gate``). At start the engine scores a golden set (queries x
+(``adapters.runtimes.cpu.start``), the packed engine's FP8 against bf16
+(``adapters.runtimes.packed.gate``) and the transformers engine's bf16 / fp16 on CPU against
+fp32 (``adapters.runtimes.transformers``). At start the engine scores a golden set (queries x
 documents) in the reference precision and in the reduced one, through the same tokenization and
 score rule requests take. A query keeps its ranking when the reduced precision's top-10 holds the
 same documents in the same order as the reference's, swaps of two documents whose reference
@@ -12,10 +13,11 @@ precision is admitted when at least ``min_agreement`` of the queries keep it; ot
 refuses to start with one line saying what was measured.
 
 The golden set is a JSON Lines file of real queries when configured (``parity_set``), else
-generated (here from the tokenizer's own vocabulary: short queries of whole words and documents of
-40-110 words into which 0-5 of the query's words are mixed, so a trained reranker's scores
-spread over its range as they do on real traffic). Deterministic (fixed seed): the same model
-gets the same verdict every start.
+generated: for OpenVINO from the tokenizer's own vocabulary (short queries of whole words and
+documents of 40-110 words into which 0-5 of the query's words are mixed, so a trained reranker's
+scores spread over its range as they do on real traffic); for the others graded one by one
+(``graded_golden_set``). Deterministic (fixed seed): the same model gets the same verdict every
+start.
 """
 
 from __future__ import annotations
@@ -30,7 +32,16 @@ from typing import Any
 
 from schemas.config import PARITY_TOP_K
 
-__all__ = ("GoldenQuery", "ParityReport", "compare_rankings", "generate_golden_set", "read_golden_set")
+__all__ = (
+    "DOC_WORDS",
+    "GRADES",
+    "GoldenQuery",
+    "ParityReport",
+    "compare_rankings",
+    "generate_golden_set",
+    "graded_golden_set",
+    "read_golden_set",
+)
 
 TOP_K = PARITY_TOP_K
 
@@ -91,6 +102,40 @@ def generate_golden_set(vocab: dict[str, int], *, queries: int, documents: int, 
                 body.insert(rng.randrange(len(body) + 1), rng.choice(query_words))
             docs.append(" ".join(body))
         out.append(GoldenQuery(" ".join(query_words), docs))
+    return out
+
+
+# The graded set (packed FP8, transformers bf16 / fp16 on CPU): whole English words that every
+# tokenizer spells, so it needs no vocabulary (a listwise model exposes none).
+GRADES = TOP_K  # query words, so that the top 10 hold 10, 9, ... 1 of them
+DOC_WORDS = 30  # every document's length: relevance is density, not length
+_WORDS = """apple river mountain engine battery protein galaxy violin harbor glacier copper wheat
+tunnel orbit fever castle bridge desert forest lantern market pepper rocket saddle turbine volcano
+whale yogurt zinc anchor basket canyon dolphin eclipse falcon garlic hammer island jungle kettle
+lemon magnet needle oyster parrot quartz rabbit salmon tomato umbrella velvet walnut lizard
+algebra ballot climate diesel enzyme fossil genome harvest insulin justice kernel lattice mortgage
+neuron ozone pension quantum reactor satellite tariff uranium vaccine warranty yeast zoning
+printer router compiler database firewall laptop monitor network password server keyboard""".split()  # noqa: SIM905  # prose reads better
+
+
+def graded_golden_set(*, queries: int, documents: int, seed: int = 24) -> list[GoldenQuery]:
+    """``queries`` queries of ``GRADES`` words; document j holds ``max(0, GRADES - j)`` of them
+    among ``DOC_WORDS`` words, so a trained reranker's top 10 differ in relevance one by one
+    instead of tying (a set whose top 10 share as many query words makes a gate measure the
+    order of equals). The first n queries are the same for any ``queries`` >= n."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(queries):
+        topic = rng.sample(_WORDS, GRADES)
+        query = f"which documents mention {', '.join(topic[:-1])} and {topic[-1]}?"
+        others = [w for w in _WORDS if w not in topic]
+        docs = []
+        for j in range(documents):
+            shared = rng.sample(topic, max(0, GRADES - j))
+            words = shared + rng.sample(others, DOC_WORDS - len(shared))
+            rng.shuffle(words)
+            docs.append(" ".join(words) + ".")
+        out.append(GoldenQuery(query, docs))
     return out
 
 

@@ -7,57 +7,32 @@ top-10 order, swaps of documents whose bf16 scores differ by less than ``parity_
 
 The golden set is the operator's own (``parity_set``, queries from real traffic: the verdict that
 means most) or generated here from a seed, not downloaded: the same prompts on every machine.
-Its documents are graded one by one: document j holds ``max(0, 10 - j)`` of its query's ten
-words in a text of fixed length, so a trained reranker's top 10 differ in relevance step by step
-instead of tying (a set where six documents share all of a query's words makes the gate measure
-the order of equals). Random weights have no ranking to keep: there the gate measures noise and
+Its documents are graded one by one (``parity.graded_golden_set``): document j holds
+``max(0, 10 - j)`` of its query's ten words in a text of fixed length, so a trained reranker's
+top 10 differ in relevance step by step instead of tying (a set where six documents share all of
+a query's words makes the gate measure the order of equals). Random weights have no ranking to keep: there the gate measures noise and
 refuses, which is the point of a gate.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 import msgspec
 
-from adapters.runtimes.parity import TOP_K, GoldenQuery, compare_rankings
+from adapters.runtimes.parity import DOC_WORDS, GRADES, TOP_K, GoldenQuery, compare_rankings, graded_golden_set
 from schemas.config import PARITY_MIN_AGREEMENT, PARITY_TIE
 
-__all__ = ("GOLDEN_DOCS", "GOLDEN_QUERIES", "GRADES", "GateResult", "golden_set", "judge")
+__all__ = ("DOC_WORDS", "GOLDEN_DOCS", "GOLDEN_QUERIES", "GRADES", "GateResult", "golden_set", "judge")
 
 GOLDEN_QUERIES = 100
 GOLDEN_DOCS = 30
-GRADES = TOP_K  # query words, so that the top 10 hold 10, 9, ... 1 of them
-DOC_WORDS = 30  # every document's length: relevance is density, not length
-
-_WORDS = """apple river mountain engine battery protein galaxy violin harbor glacier copper wheat
-tunnel orbit fever castle bridge desert forest lantern market pepper rocket saddle turbine volcano
-whale yogurt zinc anchor basket canyon dolphin eclipse falcon garlic hammer island jungle kettle
-lemon magnet needle oyster parrot quartz rabbit salmon tomato umbrella velvet walnut lizard
-algebra ballot climate diesel enzyme fossil genome harvest insulin justice kernel lattice mortgage
-neuron ozone pension quantum reactor satellite tariff uranium vaccine warranty yeast zoning
-printer router compiler database firewall laptop monitor network password server keyboard""".split()  # noqa: SIM905  # prose reads better
 
 
 def golden_set(n_queries: int | None = None, n_docs: int | None = None, seed: int = 24) -> list[GoldenQuery]:
-    """``n_queries`` queries of ``GRADES`` words; document j shares ``max(0, GRADES - j)`` of them."""
-    n_queries = GOLDEN_QUERIES if n_queries is None else n_queries
-    n_docs = GOLDEN_DOCS if n_docs is None else n_docs
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n_queries):
-        topic = rng.sample(_WORDS, GRADES)
-        query = f"which documents mention {', '.join(topic[:-1])} and {topic[-1]}?"
-        others = [w for w in _WORDS if w not in topic]
-        docs = []
-        for j in range(n_docs):
-            shared = rng.sample(topic, max(0, GRADES - j))
-            words = shared + rng.sample(others, DOC_WORDS - len(shared))
-            rng.shuffle(words)
-            docs.append(" ".join(words) + ".")
-        out.append(GoldenQuery(query, docs))
-    return out
+    """The generated set (``parity.graded_golden_set``): ``GOLDEN_QUERIES`` x ``GOLDEN_DOCS`` unless told."""
+    return graded_golden_set(queries=GOLDEN_QUERIES if n_queries is None else n_queries,
+                             documents=GOLDEN_DOCS if n_docs is None else n_docs, seed=seed)
 
 
 class GateResult(msgspec.Struct, frozen=True):
