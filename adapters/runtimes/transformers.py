@@ -1,5 +1,9 @@
 """Any family's model on Hugging Face transformers (CPU fp32 or CUDA bf16), in-process.
 
+bf16 / fp16 on a CPU is the user's reduced precision: kept only if the parity gate finds fp32's
+ranking on a golden set at start (``adapters.runtimes.parity``, the rule OpenVINO's bf16 / int8
+are admitted by).
+
 Rows (the family's prompts or sequences) are sorted by length and packed into batches bounded
 by a padded-token budget; each forward pass runs in a worker thread behind a capacity limiter
 so the event loop keeps serving. What a row is and how its output becomes a score is the
@@ -17,16 +21,28 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import structlog
 import torch
 
-from adapters.base import EngineError, EngineObserver, EngineUnavailableError, PromptTokenizer, ScoreJob, ScoreResult
+from adapters.base import (
+    EngineConfigError,
+    EngineError,
+    EngineObserver,
+    EngineUnavailableError,
+    PromptTokenizer,
+    ScoreJob,
+    ScoreResult,
+)
 from adapters.families import create_family
 from adapters.families.base import WEIGHTS_LOCK, Family, Row
 from adapters.families.checkpoint import check_window
 from adapters.families.qwen3 import max_position_embeddings
+from adapters.runtimes.parity import GoldenQuery, compare_rankings, graded_golden_set, read_golden_set
 from schemas.config import TransformersEngineConfig
 
 __all__ = ("TransformersEngine", "TransformersQwen3Engine", "plan_batches")
+
+log = structlog.get_logger("adapters.runtimes.transformers")
 
 
 def plan_batches(lengths: Sequence[int], *, batch_tokens: int, max_batch_size: int) -> list[list[int]]:
@@ -72,9 +88,13 @@ class TransformersEngine:
         # worker thread that starts a job's first pass takes it off, under this lock.
         self.queued_jobs = 0
         self._queue_lock = threading.Lock()
+        self.parity: dict[str, Any] | None = None  # the gate's figures, for a reduced dtype on a CPU
 
-    def stats(self) -> dict[str, int]:
-        return {"batches": self._batches, "rows": self._rows}
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"batches": self._batches, "rows": self._rows}
+        if self.parity is not None:
+            out["parity"] = self.parity
+        return out
 
     @property
     def tokenizer(self) -> PromptTokenizer | None:
@@ -183,8 +203,12 @@ class TransformersEngine:
             # encoder families cap theirs at the checkpoint's, so this bites Qwen3 configs.
             check_window(cfg.name, family.window(),
                          max_position_embeddings(cfg.path, cfg.revision, trust_remote_code=cfg.trust_remote_code))
+        reduced = device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
+        golden = _golden_set(cfg) if reduced else []  # a bad parity_set refuses before any weights load
         with WEIGHTS_LOCK:
-            family.load_torch(device, dtype)
+            family.load_torch(device, torch.float32 if reduced else dtype)
+        if reduced:
+            self.parity = _parity_gate(family, cfg, device, dtype, golden)
         self._device, self._dtype, self._loaded = device, dtype, True
 
     def _leave_queue(self, waiting: list[bool]) -> None:
@@ -212,6 +236,67 @@ class TransformersEngine:
     @torch.inference_mode()
     def _forward(family: Family, rows: list[Row]) -> list[torch.Tensor]:
         return list(family.forward(rows).float().cpu())
+
+
+def _golden_set(cfg: TransformersEngineConfig) -> list[GoldenQuery]:
+    if cfg.parity_set is None:
+        return graded_golden_set(queries=cfg.parity_queries, documents=cfg.parity_documents)
+    try:
+        return read_golden_set(cfg.parity_set)
+    except ValueError as exc:  # check-config reports the same line before the start
+        raise EngineConfigError(f"model {cfg.name!r}: parity_set: {exc}") from None
+
+
+def _parity_gate(family: Family, cfg: TransformersEngineConfig, device: torch.device, dtype: torch.dtype,
+                 golden: list[GoldenQuery]) -> dict[str, Any]:
+    """Score ``golden`` with the fp32 weights ``family`` holds, reload them in ``dtype``, score
+    again; refuse (or warn) unless the reduced precision keeps fp32's top-10 order. Both passes
+    take the path requests take (the family's prompts, batches and score rule)."""
+    reference = _golden_scores(family, cfg, golden)
+    family.unload()
+    with WEIGHTS_LOCK:
+        family.load_torch(device, dtype)
+    report = compare_rankings(reference, _golden_scores(family, cfg, golden), tie=cfg.parity_tie)
+    name = str(dtype).removeprefix("torch.")
+    parity = {"precision": name, "golden": cfg.parity_set or "generated", "queries": report.queries,
+              "kept": report.kept, "agreement": round(report.agreement, 4), "mean_shared": round(report.mean_shared, 2),
+              "max_score_change": report.max_delta, "tie": cfg.parity_tie, "min_agreement": cfg.parity_min_agreement}
+    if report.agreement >= cfg.parity_min_agreement:
+        return parity
+    line = f"model {cfg.name!r}: {report.line(name)}, below parity_min_agreement {cfg.parity_min_agreement:.0%}"
+    if cfg.precision_gate == "refuse":
+        family.unload()
+        raise EngineConfigError(f"{line}; refused: use dtype = \"float32\" on a CPU, or precision_gate = \"warn\" "
+                                "after checking the ranking on your own data")
+    log.warning("parity_gate_failed", model=cfg.name, detail=line, precision_gate="warn")
+    return parity
+
+
+@torch.inference_mode()
+def _golden_scores(family: Family, cfg: TransformersEngineConfig, golden: list[GoldenQuery]) -> list[list[float]]:
+    """Each golden query's scores as a request without options gets them (the tokenizer's
+    default instruction; a document cut to the window, as ``truncate`` would)."""
+    out: list[list[float]] = []
+    for g in golden:
+        if family.takes_texts:  # listwise (jina-v3): blocks of documents, as _score_texts sends them
+            size = family.block_size  # type: ignore[attr-defined]
+            out.append([s for i in range(0, len(g.documents), size)
+                        for s in family.score_block(g.query, g.documents[i:i + size], raw=False)])  # type: ignore[attr-defined]
+            continue
+        tok = family.tokenizer
+        instruction = getattr(tok, "default_instruction", "")
+        shared = tok.encode_shared(g.query, instruction)
+        room = tok.item_room(shared)
+        job = ScoreJob(query=g.query, instruction=instruction, shared_ids=shared,
+                       item_ids=[ids[:room] for ids in tok.encode_documents(g.documents)])
+        rows = family.rows(job)
+        outputs: list[Any] = [None] * len(rows)
+        for batch in plan_batches([len(r.ids) for r in rows], batch_tokens=cfg.batch_tokens,
+                                  max_batch_size=cfg.max_batch_size):
+            for i, vec in zip(batch, TransformersEngine._forward(family, [rows[i] for i in batch]), strict=True):
+                outputs[i] = vec
+        out.append(family.scores(job, torch.stack(outputs)))
+    return out
 
 
 def _forward_failed(exc: Exception) -> EngineError:

@@ -61,6 +61,18 @@ class LocalModelConfig(ModelConfig):
 Qwen3LocalConfig = LocalModelConfig
 
 
+# The parity gate (adapters/runtimes/parity.py) admits a reduced precision -- OpenVINO's bf16 /
+# int8 and transformers' bf16 / fp16 on CPU against fp32, packed FP8 against bf16 -- on each
+# golden query's top this-many order ...
+PARITY_TOP_K = 10
+# ... kept by at least this share of the queries (the default of parity_min_agreement) ...
+PARITY_MIN_AGREEMENT = 0.99
+# ... swaps of documents whose reference scores differ by less than this aside (parity_tie).
+PARITY_TIE = 1e-3
+ParityShare = Annotated[float, msgspec.Meta(gt=0, le=1)]
+ParityTie = Annotated[float, msgspec.Meta(ge=0)]
+
+
 class TransformersEngineConfig(LocalModelConfig, tag="transformers"):
     """In-process Hugging Face transformers, CPU or CUDA: length-sorted batches in worker threads."""
 
@@ -75,17 +87,26 @@ class TransformersEngineConfig(LocalModelConfig, tag="transformers"):
     # Listwise families (jina-v3): documents per model.rerank call (the old service's batch_size;
     # 64 was its T4 advice, 125 stays closer to one full listwise window at more latency).
     block_size: Positive = 64
+    # dtype = "bfloat16" / "float16" on a CPU is a reduced precision, kept only if it keeps fp32's
+    # ranking (adapters/runtimes/parity.py, OpenVINO's rule): at start a golden set is scored in
+    # fp32 and in dtype. A failed gate "refuse"s the model in one line, or "warn": serve it anyway.
+    precision_gate: Literal["refuse", "warn"] = "refuse"
+    # The generated golden set's queries (ten words each) ...
+    parity_queries: Positive = 32
+    # ... and documents per query, graded one by one (the j-th holds 10 - j of its query's words) ...
+    parity_documents: Annotated[int, msgspec.Meta(ge=10)] = 30
+    # ... of which this share of the queries must keep fp32's top-10 order ...
+    parity_min_agreement: ParityShare = PARITY_MIN_AGREEMENT
+    # ... not counting swaps of documents whose fp32 scores differ by less than this ...
+    parity_tie: ParityTie = PARITY_TIE
+    # ... or a JSON Lines file of {"query": ..., "documents": [...]} from your own traffic instead.
+    parity_set: str | None = None
 
-
-# The parity gate (adapters/runtimes/parity.py) admits a reduced precision -- OpenVINO's bf16 /
-# int8 against fp32, packed FP8 against bf16 -- on each golden query's top this-many order ...
-PARITY_TOP_K = 10
-# ... kept by at least this share of the queries (the default of parity_min_agreement) ...
-PARITY_MIN_AGREEMENT = 0.99
-# ... swaps of documents whose reference scores differ by less than this aside (parity_tie).
-PARITY_TIE = 1e-3
-ParityShare = Annotated[float, msgspec.Meta(gt=0, le=1)]
-ParityTie = Annotated[float, msgspec.Meta(ge=0)]
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.parity_set is not None and self.dtype == "float32":
+            raise ValueError("parity_set is the golden set of the parity gate of dtype = 'bfloat16' / 'float16' on a "
+                             "CPU, read only then; set dtype or drop parity_set")
 
 
 class PackedEngineConfig(LocalModelConfig, tag="packed"):
