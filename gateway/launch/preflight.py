@@ -116,7 +116,7 @@ def _model(i: int, model: object, report: Preflight) -> None:
             report.families[i] = _local_family(i, model)
         except ConfigError as exc:
             report.findings.append(Finding(str(exc), refuses=True))
-    parity_set = getattr(model, "parity_set", None)  # openvino bf16 / int8, packed fp8 (config allows no other)
+    parity_set = getattr(model, "parity_set", None)  # openvino, transformers, packed (only with a reduced precision)
     if parity_set is not None:
         from adapters.runtimes.parity import read_golden_set
 
