@@ -249,6 +249,29 @@ def test_the_gate_cuts_a_golden_document_longer_than_the_window(tiny_qwen3_dir, 
     assert max(seen) == 256  # the long document filled the window, no more
 
 
+@pytest.mark.parametrize(("configured", "used"), [(None, DEFAULT_INSTRUCTION), ("Find similar text.", "Find similar text.")])
+def test_the_gate_scores_with_the_instruction_a_request_gets(tiny_qwen3_dir, monkeypatch, configured, used):
+    from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
+    from adapters.runtimes.packed import engine as packed_engine
+
+    seen: list[str] = []
+
+    def golden_scores(replica, prompt, batch_tokens, share, golden, instruction=DEFAULT_INSTRUCTION):
+        seen.append(instruction)
+        return [[float(i) for i in range(len(g.documents))] for g in golden]
+
+    class Replica:
+        def to_fp8(self):
+            pass
+
+    monkeypatch.setattr(packed_engine, "_golden_scores", golden_scores)
+    monkeypatch.setattr(packed_engine, "_warm_up", lambda *a: None)
+    tok = Qwen3PromptTokenizer(load_hf_tokenizer(str(tiny_qwen3_dir), None), max_length=512, max_query_tokens=64)
+    cfg = _cfg(tiny_qwen3_dir, precision="fp8", instruction=configured)
+    assert packed_engine._to_fp8([Replica()], tok, cfg, True, gate.golden_set(2)).passed
+    assert seen == [used, used]  # bf16's pass and FP8's
+
+
 def test_parity_set_is_read_only_with_fp8(tiny_qwen3_dir):
     with pytest.raises(ValueError, match="parity_set is the golden set of the FP8 ranking gate"):
         _cfg(tiny_qwen3_dir, parity_set="/tmp/golden.jsonl")

@@ -86,10 +86,12 @@ async def test_warn_serves_a_failed_precision_and_reports_the_gate(tiny_qwen3_di
     assert parity["agreement"] < 0.99 and parity["queries"] == 16 and parity["max_score_change"] > 0
 
 
-async def test_the_gate_scores_the_golden_set_as_a_request_is_scored(tiny_qwen3_dir):
-    """The gate's fp32 pass against the independent reference: same prompts (the default
-    instruction), same score rule, batched as requests are."""
-    cfg = _cfg(tiny_qwen3_dir, dtype="float32", batch_tokens=600, max_batch_size=4)
+@pytest.mark.parametrize("instruction", [None, "Find similar text."])
+async def test_the_gate_scores_the_golden_set_as_a_request_is_scored(tiny_qwen3_dir, instruction):
+    """The gate's fp32 pass against the independent reference: same prompts (the model's configured
+    instruction, else the default one, as a request without one gets), same score rule, batched
+    as requests are."""
+    cfg = _cfg(tiny_qwen3_dir, dtype="float32", batch_tokens=600, max_batch_size=4, instruction=instruction)
     engine = await _started(cfg)
     try:
         golden = graded_golden_set(queries=2, documents=12)
@@ -97,8 +99,8 @@ async def test_the_gate_scores_the_golden_set_as_a_request_is_scored(tiny_qwen3_
     finally:
         await engine.stop()
     for g, scores in zip(golden, got, strict=True):
-        assert scores == pytest.approx(reference.score_texts(tiny_qwen3_dir, g.query, g.documents, DEFAULT_INSTRUCTION),
-                                       abs=1e-4)
+        want = reference.score_texts(tiny_qwen3_dir, g.query, g.documents, instruction or DEFAULT_INSTRUCTION)
+        assert scores == pytest.approx(want, abs=1e-4)
 
 
 async def test_a_listwise_family_is_gated_through_its_blocks(tmp_path_factory):

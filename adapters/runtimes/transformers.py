@@ -274,8 +274,8 @@ def _parity_gate(family: Family, cfg: TransformersEngineConfig, device: torch.de
 
 @torch.inference_mode()
 def _golden_scores(family: Family, cfg: TransformersEngineConfig, golden: list[GoldenQuery]) -> list[list[float]]:
-    """Each golden query's scores as a request without options gets them (the tokenizer's
-    default instruction; a document cut to the window, as ``truncate`` would)."""
+    """Each golden query's scores as a request without options gets them (the model's configured
+    instruction, else the tokenizer's default; a document cut to the window, as ``truncate`` would)."""
     out: list[list[float]] = []
     for g in golden:
         if family.takes_texts:  # listwise (jina-v3): blocks of documents, as _score_texts sends them
@@ -284,7 +284,7 @@ def _golden_scores(family: Family, cfg: TransformersEngineConfig, golden: list[G
                         for s in family.score_block(g.query, g.documents[i:i + size], raw=False)])  # type: ignore[attr-defined]
             continue
         tok = family.tokenizer
-        instruction = getattr(tok, "default_instruction", "")
+        instruction = cfg.instruction if cfg.instruction is not None else getattr(tok, "default_instruction", "")
         shared = tok.encode_shared(g.query, instruction)
         room = tok.item_room(shared)
         job = ScoreJob(query=g.query, instruction=instruction, shared_ids=shared,

@@ -220,14 +220,15 @@ def _read_golden(cfg: PackedEngineConfig) -> list[GoldenQuery]:
 
 
 def _golden_scores(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, batch_tokens: int,
-                   share: bool, golden: list[GoldenQuery]) -> list[list[float]]:
+                   share: bool, golden: list[GoldenQuery], instruction: str = DEFAULT_INSTRUCTION) -> list[list[float]]:
     """The golden set's scores, queries packed together into steps of at most ``batch_tokens``
-    computed tokens, as the scheduler packs them (``share``: each query's prefix once per step).
+    computed tokens, as the scheduler packs them (``share``: each query's prefix once per step),
+    with the instruction a request without one gets (the model's configured one, else Qwen3's).
     A document longer than the window (an operator's own set may hold some) is cut to it, as
     ``truncate`` would: the gate compares one score per document, not chunks."""
     per_query = []
     for item in golden:
-        shared = prompt.encode_shared(item.query, DEFAULT_INSTRUCTION)
+        shared = prompt.encode_shared(item.query, instruction)
         room = prompt.item_room(shared)
         per_query.append((shared, [[*d[:room], *prompt.suffix_ids] for d in prompt.encode_documents(item.documents)]))
     scores: list[float] = []
@@ -263,11 +264,12 @@ def _to_fp8(replicas: list[PackedQwen3Replica], prompt: Qwen3PromptTokenizer, cf
             share: bool, golden: list[GoldenQuery]) -> gate.GateResult:
     """Quantize every replica; the first one's golden-set ranking against its bf16 self decides
     (both scored the way the engine will serve: prefixes shared or not)."""
-    base = _golden_scores(replicas[0], prompt, cfg.batch_tokens, share, golden)
+    instruction = cfg.instruction if cfg.instruction is not None else DEFAULT_INSTRUCTION
+    base = _golden_scores(replicas[0], prompt, cfg.batch_tokens, share, golden, instruction)
     for r in replicas:
         r.to_fp8()
         _warm_up(r, prompt, share)
-    result = gate.judge("fp8", base, _golden_scores(replicas[0], prompt, cfg.batch_tokens, share, golden),
+    result = gate.judge("fp8", base, _golden_scores(replicas[0], prompt, cfg.batch_tokens, share, golden, instruction),
                         tie=cfg.parity_tie, min_agreement=cfg.parity_min_agreement,
                         golden=cfg.parity_set or "generated")
     if torch.cuda.is_available():  # the gate's 65k-token steps: do not keep their activations cached
