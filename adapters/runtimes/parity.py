@@ -25,11 +25,12 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adapters.base import EngineConfigError
 from schemas.config import PARITY_TOP_K
 
 __all__ = (
@@ -39,6 +40,7 @@ __all__ = (
     "ParityReport",
     "compare_rankings",
     "generate_golden_set",
+    "golden_set_or_refuse",
     "graded_golden_set",
     "read_golden_set",
 )
@@ -166,6 +168,18 @@ def read_golden_set(path: str | Path) -> list[GoldenQuery]:
     if not out:
         raise ValueError(f"{path}: no queries")
     return out
+
+
+def golden_set_or_refuse(model: str, parity_set: str | None,
+                         generate: Callable[[], list[GoldenQuery]]) -> list[GoldenQuery]:
+    """The operator's ``parity_set``, else ``generate()``. Engines call it before loading any
+    weights: a bad file is the model's one-line refusal (the line ``check-config`` prints)."""
+    if parity_set is None:
+        return generate()
+    try:
+        return read_golden_set(parity_set)
+    except ValueError as exc:
+        raise EngineConfigError(f"model {model!r}: parity_set: {exc}") from None
 
 
 def _order(scores: Sequence[float]) -> list[int]:

@@ -37,7 +37,7 @@ from adapters.families import create_family
 from adapters.families.base import WEIGHTS_LOCK, Family, Row
 from adapters.families.checkpoint import check_window
 from adapters.families.qwen3 import max_position_embeddings
-from adapters.runtimes.parity import GoldenQuery, compare_rankings, graded_golden_set, read_golden_set
+from adapters.runtimes.parity import GoldenQuery, compare_rankings, golden_set_or_refuse, graded_golden_set
 from schemas.config import TransformersEngineConfig
 
 __all__ = ("TransformersEngine", "TransformersQwen3Engine", "plan_batches")
@@ -204,7 +204,8 @@ class TransformersEngine:
             check_window(cfg.name, family.window(),
                          max_position_embeddings(cfg.path, cfg.revision, trust_remote_code=cfg.trust_remote_code))
         reduced = device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
-        golden = _golden_set(cfg) if reduced else []  # a bad parity_set refuses before any weights load
+        golden = golden_set_or_refuse(cfg.name, cfg.parity_set, lambda: graded_golden_set(
+            queries=cfg.parity_queries, documents=cfg.parity_documents)) if reduced else []
         with WEIGHTS_LOCK:
             family.load_torch(device, torch.float32 if reduced else dtype)
         if reduced:
@@ -236,15 +237,6 @@ class TransformersEngine:
     @torch.inference_mode()
     def _forward(family: Family, rows: list[Row]) -> list[torch.Tensor]:
         return list(family.forward(rows).float().cpu())
-
-
-def _golden_set(cfg: TransformersEngineConfig) -> list[GoldenQuery]:
-    if cfg.parity_set is None:
-        return graded_golden_set(queries=cfg.parity_queries, documents=cfg.parity_documents)
-    try:
-        return read_golden_set(cfg.parity_set)
-    except ValueError as exc:  # check-config reports the same line before the start
-        raise EngineConfigError(f"model {cfg.name!r}: parity_set: {exc}") from None
 
 
 def _parity_gate(family: Family, cfg: TransformersEngineConfig, device: torch.device, dtype: torch.dtype,

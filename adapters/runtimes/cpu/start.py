@@ -37,7 +37,7 @@ from adapters.runtimes.cpu.export import (
     export_family,
 )
 from adapters.runtimes.cpu.refine import refine_space
-from adapters.runtimes.parity import GoldenQuery, compare_rankings, generate_golden_set, read_golden_set
+from adapters.runtimes.parity import GoldenQuery, compare_rankings, generate_golden_set, golden_set_or_refuse
 
 __all__ = ("OpenVinoStart",)
 
@@ -66,12 +66,8 @@ class OpenVinoStart:
         family.load_tokenizer()
         self._family = family
         if cfg.precision != "fp32":  # the gate's set, read before an export: a bad file refuses at once
-            try:
-                golden = read_golden_set(cfg.parity_set) if cfg.parity_set else generate_golden_set(
-                    family.tokenizer.vocab, queries=cfg.parity_queries, documents=cfg.parity_documents
-                )
-            except ValueError as exc:  # a bad parity_set file (check-config reports it before the start)
-                raise EngineConfigError(f"model {cfg.name!r}: parity_set: {exc}") from None
+            golden = golden_set_or_refuse(cfg.name, cfg.parity_set, lambda: generate_golden_set(
+                family.tokenizer.vocab, queries=cfg.parity_queries, documents=cfg.parity_documents))
         self._inputs = ["input_ids", "attention_mask", *(["token_type_ids"] if family.typed else [])]
         core = ov.Core()
         cache = ModelCache(Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir())

@@ -29,7 +29,7 @@ from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
 from adapters.runtimes.packed import gate, pipeline
 from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
 from adapters.runtimes.packed.scheduler import PackedScheduler
-from adapters.runtimes.parity import GoldenQuery, read_golden_set
+from adapters.runtimes.parity import GoldenQuery, golden_set_or_refuse
 from schemas.config import DEFAULT_INSTRUCTION, PackedEngineConfig
 
 __all__ = ("PackedEngineBase", "PackedQwen3Engine", "resolve_devices")
@@ -169,7 +169,7 @@ class PackedQwen3Engine(PackedEngineBase):
         if cfg.gelu_epilogue == "on":
             raise EngineConfigError(f"model '{cfg.name}': gelu_epilogue = 'on' is for cross-encoders; Qwen3's MLP is "
                                     "gated (SiLU): drop it")
-        golden = _read_golden(cfg) if cfg.precision == "fp8" else []  # a bad file refuses before minutes of loading
+        golden = golden_set_or_refuse(cfg.name, cfg.parity_set, gate.golden_set) if cfg.precision == "fp8" else []
         prompt = Qwen3PromptTokenizer(load_hf_tokenizer(cfg.path, cfg.revision), max_length=cfg.max_length,
                                       max_query_tokens=cfg.max_query_tokens)
         # transformers 5 loads weights under process-wide init contexts (meta device): two packed
@@ -208,15 +208,6 @@ def _warm_up(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, share: b
     other = prompt.encode_shared("another warm-up query", "warm-up")
     groups = [[(shared, tails[:1])], [(shared, tails)], [(shared, tails[1:]), (other, tails[:2])]] if share else []
     replica.warm_up([prompts[:1], prompts, prompts[1:], prompts[:1]], groups)
-
-
-def _read_golden(cfg: PackedEngineConfig) -> list[GoldenQuery]:
-    if cfg.parity_set is None:
-        return gate.golden_set()
-    try:
-        return read_golden_set(cfg.parity_set)
-    except ValueError as exc:
-        raise EngineConfigError(f"model '{cfg.name}': parity_set: {exc}") from None
 
 
 def _golden_scores(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, batch_tokens: int,
