@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from gateway.config.settings import ConfigError
 from schemas.config import (
     DashScopeEngineConfig,
+    GatedPrecisionConfig,
     GgufEngineConfig,
     LocalModelConfig,
     PoolEngineConfig,
@@ -116,12 +117,11 @@ def _model(i: int, model: object, report: Preflight) -> None:
             report.families[i] = _local_family(i, model)
         except ConfigError as exc:
             report.findings.append(Finding(str(exc), refuses=True))
-    parity_set = getattr(model, "parity_set", None)  # openvino, transformers, packed (only with a reduced precision)
-    if parity_set is not None:
+    if isinstance(model, GatedPrecisionConfig) and model.parity_set is not None:  # set only with a reduced precision
         from adapters.runtimes.parity import read_golden_set
 
         try:
-            read_golden_set(parity_set)
+            read_golden_set(model.parity_set)
         except ValueError as exc:  # the line the engine would refuse the model with at load
             report.findings.append(Finding(
                 f"models[{i}].parity_set (env RERANK_MODELS__{i}__PARITY_SET): {exc}", refuses=False))

@@ -73,7 +73,22 @@ ParityShare = Annotated[float, msgspec.Meta(gt=0, le=1)]
 ParityTie = Annotated[float, msgspec.Meta(ge=0)]
 
 
-class TransformersEngineConfig(LocalModelConfig, tag="transformers"):
+class GatedPrecisionConfig(LocalModelConfig):
+    """A local model whose engine offers a reduced precision, admitted by the parity gate
+    (adapters/runtimes/parity.py): the keys of the gate's rule, the same on every such engine."""
+
+    # The share of golden queries that must keep the reference precision's top-10 order (fp32's;
+    # bf16's for packed FP8) ...
+    parity_min_agreement: ParityShare = PARITY_MIN_AGREEMENT
+    # ... not counting swaps of documents whose reference scores differ by less than this (ones the
+    # model itself cannot tell apart) ...
+    parity_tie: ParityTie = PARITY_TIE
+    # ... on a JSON Lines file of {"query": ..., "documents": [...]} from your own traffic (the
+    # verdict that means most), instead of the engine's generated set; read before any weights load.
+    parity_set: str | None = None
+
+
+class TransformersEngineConfig(GatedPrecisionConfig, tag="transformers"):
     """In-process Hugging Face transformers, CPU or CUDA: length-sorted batches in worker threads."""
 
     device: str = "auto"  # "auto" (CUDA if available), "cpu", "cuda", "cuda:1", ...
@@ -93,14 +108,8 @@ class TransformersEngineConfig(LocalModelConfig, tag="transformers"):
     precision_gate: Literal["refuse", "warn"] = "refuse"
     # The generated golden set's queries (ten words each) ...
     parity_queries: Positive = 32
-    # ... and documents per query, graded one by one (the j-th holds 10 - j of its query's words) ...
+    # ... and documents per query, graded one by one (the j-th holds 10 - j of its query's words).
     parity_documents: Annotated[int, msgspec.Meta(ge=10)] = 30
-    # ... of which this share of the queries must keep fp32's top-10 order ...
-    parity_min_agreement: ParityShare = PARITY_MIN_AGREEMENT
-    # ... not counting swaps of documents whose fp32 scores differ by less than this ...
-    parity_tie: ParityTie = PARITY_TIE
-    # ... or a JSON Lines file of {"query": ..., "documents": [...]} from your own traffic instead.
-    parity_set: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -109,7 +118,7 @@ class TransformersEngineConfig(LocalModelConfig, tag="transformers"):
                              "CPU, read only then; set dtype or drop parity_set")
 
 
-class PackedEngineConfig(LocalModelConfig, tag="packed"):
+class PackedEngineConfig(GatedPrecisionConfig, tag="packed"):
     """Qwen3-Reranker or a cross-encoder (BERT, ELECTRA, RoBERTa, XLM-R) packed without padding
     into varlen steps filled from every waiting request."""
 
@@ -157,15 +166,6 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
     # A failed gate: "refuse" the model (one line saying by how much), or "warn": serve it anyway
     # (for an operator who has checked the ranking on their own data); /ready shows the gate's figures.
     precision_gate: Literal["refuse", "warn"] = "refuse"
-    # precision = "fp8": the gate's rule, as OpenVINO's (adapters/runtimes/parity.py). The share of
-    # golden queries that must keep bf16's top-10 order ...
-    parity_min_agreement: ParityShare = PARITY_MIN_AGREEMENT
-    # ... not counting swaps of documents whose bf16 scores differ by less than this (ones the model
-    # itself cannot tell apart) ...
-    parity_tie: ParityTie = PARITY_TIE
-    # ... on a JSON Lines file of {"query": ..., "documents": [...]} from your own traffic (the
-    # verdict that means most), instead of the generated set (adapters/runtimes/packed/gate.py).
-    parity_set: str | None = None
     # "pipeline": ONE model split over all of `devices` (two or more, in order), each holding a
     # contiguous range of the layers, one step in flight per device; for a model that does not fit
     # one device. "none": a whole replica per device (data parallel: faster whenever it fits).
@@ -196,7 +196,7 @@ class PackedEngineConfig(LocalModelConfig, tag="packed"):
                              "set precision or drop parity_set")
 
 
-class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
+class OpenVinoEngineConfig(GatedPrecisionConfig, tag="openvino"):
     """Encoder families (cross-encoder, bi-encoder) on OpenVINO's CPU plugin.
 
     The checkpoint is exported to OpenVINO IR on first load and cached on disk (keyed by the
@@ -228,14 +228,6 @@ class OpenVinoEngineConfig(LocalModelConfig, tag="openvino"):
     parity_queries: Positive = 32
     # Documents per golden query.
     parity_documents: Annotated[int, msgspec.Meta(ge=10)] = 30
-    # The precision is refused unless at least this share of the queries keep their fp32 top-10
-    # (same documents, same order).
-    parity_min_agreement: ParityShare = PARITY_MIN_AGREEMENT
-    # Swaps of documents whose fp32 scores differ by less than this are not counted as changes.
-    parity_tie: ParityTie = PARITY_TIE
-    # A JSON Lines file of {"query": ..., "documents": [...]} (real traffic) used as the golden
-    # set instead of the generated one.
-    parity_set: str | None = None
     # bf16 / int8 only: re-score in fp32 the documents the reduced precision cannot order within
     # each request's top this-many (their reduced scores closer to a neighbour's than twice the
     # error measured at start), so that top order is fp32's; 0: off, else at least 10 (the gate's
