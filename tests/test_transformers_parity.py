@@ -63,7 +63,10 @@ async def test_a_precision_the_gate_admits_serves_in_that_dtype(cross_encoder):
         assert "parity" not in fp32.stats()  # fp32 is the reference: no gate
     finally:
         await fp32.stop()
-    fp16 = await _started(_cfg(cross_encoder, dtype="float16"))
+    # fp16 moves this model's scores by ~1.5e-3 at most, so at the default tie (1e-3) its verdict
+    # sits on the edge: CI's full run saw 7 of 8 kept where a run alone saw 8 of 8. With a tie
+    # above twice the largest change no pair can trade places across it: admitted by construction.
+    fp16 = await _started(_cfg(cross_encoder, dtype="float16", parity_tie=0.01))
     try:
         got = await _scores(fp16, query, docs)
         parity = fp16.stats()["parity"]
