@@ -24,15 +24,23 @@ async def _bench_http(url: str, model: str, model_dir: Path, wl: str, out: Path,
     args = [sys.executable, "-m", "gateway", "bench", url, "--model", model, "--tokenizer", str(model_dir),
             "--documents", str(docs), "--doc-tokens", doc_tokens, "--query-tokens", "10", "--concurrency", str(concurrency),
             "--requests", str(requests), "--warmup", "4", "--seed", str({"d100": 11, "d300": 13}[wl] + concurrency),
-            "--title", f"Gateway over HTTP, {wl}, {concurrency} clients", "--no-progress", "--out", str(out)]
+            "--title", f"Gateway over HTTP, {wl}, {concurrency} clients", "--no-progress", "--strict", "--out", str(out)]
     proc = await asyncio.create_subprocess_exec(*args)  # a separate process: the client's CPU is not ours
-    if await proc.wait() != 0:
-        raise RuntimeError(f"bench {wl} failed")
-    return json.loads((out / "bench.json").read_text())
+    rc = await proc.wait()
+    # --strict: any failed request exits 1. The results are still written and kept -- the targets
+    # table refuses "met" for the level and says why -- but the failure is logged where it happened.
+    if rc != 0 and not (rc == 1 and (out / "bench.json").exists()):
+        raise RuntimeError(f"bench {wl} at {concurrency} clients failed (exit {rc})")
+    doc: dict[str, Any] = json.loads((out / "bench.json").read_text())
+    if rc:
+        log(f"bench {wl} at {concurrency} clients: failed requests (--strict exit {rc}): "
+            + "; ".join(f"{s['errors']}" for s in doc["summaries"]))
+    return doc
 
 
-# Requests per (workload, clients): enough for a p99 and a few seconds of steady load.
-HTTP_REQUESTS = {("d100", 1): 100, ("d100", 16): 160, ("d300", 1): 60, ("d300", 16): 96, ("d100", 32): 320}
+# Requests per (workload, clients): a few seconds of steady load, and >= 200 where the targets judge
+# a p99 (d100 at one client: benchmarks/gpu_suite/report.py's P99_MIN_SAMPLES; ~6 s at ~25 ms each).
+HTTP_REQUESTS = {("d100", 1): 240, ("d100", 16): 160, ("d300", 1): 60, ("d300", 16): 96, ("d100", 32): 320}
 DEFAULT_LEVELS = {"d100": (1, 16), "d300": (1, 16)}
 
 

@@ -162,8 +162,9 @@ async def _drive(args: argparse.Namespace, endpoints: list[Any], progress: Any,
             ra, rb = await run_compare(a, b, concurrency=c, total=args.requests, round_size=size,
                                        timeout=args.timeout, progress=progress)
             runs += [ra, rb]
+            sa, sb = summarize(ra), summarize(rb)
             comparisons.append({"a": a.label, "b": b.label, "concurrency": c, "round_size": size,
-                                "ratios": ratios(summarize(ra), summarize(rb))})
+                                "ratios": ratios(sa, sb), "failed": [sa["failed"], sb["failed"]]})
         return runs, comparisons
     if args.rate:
         for i, r in enumerate(args.rate):
@@ -275,7 +276,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         "summaries": summaries,
         "comparisons": comparisons,
         "latencies_ms": [{"endpoint": r.endpoint, "concurrency": r.concurrency, "rate": r.rate,
-                          "ok": [round(s.latency_s * 1e3, 3) for s in r.samples if s.ok]} for r in runs],
+                          "ok": [round(s.latency_s * 1e3, 3) for s in r.samples if s.ok],
+                          "failed": [round(s.latency_s * 1e3, 3) for s in r.samples if not s.ok]} for r in runs],
     }
     # Results first: a failing or missing plotting library must never lose a finished run.
     doc["plots"] = []

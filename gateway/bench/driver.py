@@ -3,8 +3,8 @@ that alternate two endpoints (``--compare``).
 
 Bodies are encoded before the clock starts; one ``httpx.AsyncClient`` with keep-alive
 connections per endpoint. A request counts as OK when the status is 200 and the body holds the
-expected number of results; anything else is recorded with its status (0 for a transport error)
-and a short reason.
+expected number of results; anything else is recorded with its status (0 for a transport error
+or a timeout), a short reason and the time it took, and counts in the report like any request.
 
 Open loop measures latency from the request's *scheduled* send time, so a server that falls
 behind shows its queueing in the latency instead of hiding it (no coordinated omission).
@@ -46,6 +46,9 @@ class Sample(msgspec.Struct, kw_only=True, array_like=True):
     process_ms: float | None = None  # x-process-time-ms: request in -> response headers out
     tokenize_ms: float | None = None  # x-tokenize-time-ms
     inference_ms: float | None = None  # x-inference-time-ms
+    # No answer within --timeout: latency_s is then the whole wait (at least the timeout), and the
+    # request enters the latency distribution there -- the slowest of all, never left out.
+    timed_out: bool = False
 
 
 class LevelRun(msgspec.Struct, kw_only=True):
@@ -106,7 +109,7 @@ def make_client(concurrency: int, timeout: float) -> httpx.AsyncClient:
 
 
 async def _send(client: httpx.AsyncClient, ep: Endpoint, req: BenchRequest, t_ref: float, t_sched: float) -> Sample:
-    status, ok, error, tokens = 0, False, None, None
+    status, ok, error, tokens, timed_out = 0, False, None, None, False
     timing: dict[str, float | None] = {}
     try:
         resp = await client.post(ep.url, content=req.body, headers=ep.headers)
@@ -127,6 +130,9 @@ async def _send(client: httpx.AsyncClient, ep: Endpoint, req: BenchRequest, t_re
                     tokens = int(reply.usage.total_tokens)
         else:
             error = resp.text[:120]
+    except httpx.TimeoutException as exc:
+        timed_out = True
+        error = f"{type(exc).__name__}: {str(exc)[:80]}"
     except httpx.HTTPError as exc:
         error = f"{type(exc).__name__}: {str(exc)[:80]}"
     done = time.perf_counter()
@@ -139,6 +145,7 @@ async def _send(client: httpx.AsyncClient, ep: Endpoint, req: BenchRequest, t_re
         content_tokens=req.content_tokens,
         server_tokens=tokens,
         error=error,
+        timed_out=timed_out,
         **timing,
     )
 
