@@ -1,5 +1,5 @@
 """``rerank-gateway`` command line: ``serve``, ``check-config`` (and subcommands added by
-other modules: ``keys``, ``bench``). What ``--help`` prints is written here for people; this
+other modules: ``keys``, ``bench``, ``eval``). What ``--help`` prints is written here for people; this
 docstring is for readers of the code.
 """
 
@@ -245,6 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.bench.command import add_parser as add_bench_parser
 
     add_bench_parser(sub)
+    # eval's module imports only the standard library; ranx/bm25s/httpx load when it runs.
+    from gateway.eval.command import add_parser as add_eval_parser
+
+    add_eval_parser(sub)
     from gateway.security.keys_cli import add_parser as add_keys_parser
 
     add_keys_parser(sub)
