@@ -64,6 +64,7 @@ from adapters.upstreams.http import (
 )
 from adapters.upstreams.protocols import UpstreamAnswer, UpstreamCall, make_protocol
 from adapters.upstreams.refusals import refusal_error
+from adapters.outliers import OutlierPolicy, Outliers
 from adapters.upstreams.replicas import Replica, cooldown_for, rendezvous_order
 from schemas.config import PoolEngineConfig
 
@@ -86,6 +87,20 @@ class PoolEngine:
         model = config.model if config.model is not None or config.protocol != "cohere" else config.name
         self._protocol = make_protocol(config.protocol, model=model, forward_instruction=config.forward_instruction)
         self._replicas = [Replica(url) for url in config.urls]
+        # Ejection and readmission: the same bookkeeping a fallback chain uses for its targets.
+        self._outliers = Outliers(
+            self._replicas,
+            OutlierPolicy(
+                eject_after_failures=config.eject_after_failures,
+                cooldown_s=config.cooldown_s,
+                max_cooldown_s=config.effective_max_cooldown_s,
+                max_ejected_share=config.max_ejected_share,
+            ),
+            model=config.name,
+            kind="replica",
+            logger=log,
+            clock=clock,
+        )
         self._client: aiohttp.ClientSession | None = None
         # Probes get connections of their own: queued behind busy scoring calls on the shared
         # connector, a probe of a healthy (just busy) replica would time out and eject it.
@@ -111,8 +126,7 @@ class PoolEngine:
         return {"replicas": replicas}
 
     def _cooldown(self, ejections: int) -> float:
-        cfg = self._config
-        return cooldown_for(ejections, cfg.cooldown_s, cfg.effective_max_cooldown_s)
+        return self._outliers.cooldown(ejections)
 
     async def start(self) -> None:
         cfg = self._config
@@ -212,18 +226,8 @@ class PoolEngine:
                 misconfigured = exc  # another replica may be set up right (a half-migrated pool)
 
     async def _choose(self, key: bytes | None, tried: set[str]) -> Replica | None:
-        now = self._clock()
         candidates = [r for r in self._replicas if r.url not in tried]
-        due = [r for r in candidates if r.ejected_until is not None and r.ejected_until <= now]
-        for replica in due:
-            if replica.probe is None:
-                replica.probe = asyncio.create_task(self._probe(replica), name=f"probe:{replica.shown}")
-                replica.probe.add_done_callback(lambda _task, r=replica: setattr(r, "probe", None))
-        admitted = [r for r in candidates if r.admitted]
-        if not admitted and due:
-            # Everything left is ejected: wait for the probes (bounded by probe_timeout_s).
-            await asyncio.gather(*(asyncio.shield(r.probe) for r in due if r.probe is not None), return_exceptions=True)
-            admitted = [r for r in candidates if r.admitted]
+        admitted = await self._outliers.admitted_of(candidates, self._probe)
         if not admitted:
             return None
         if len(admitted) == 1:  # one replica up: no ordering to compute
@@ -255,7 +259,7 @@ class PoolEngine:
             result = self._protocol.decode(content, headers, call, len(body))
             # An answer ends its run of ejections too: its next one is cooldown_s again. (A passing
             # /health does not: a replica serving another model passes it.)
-            replica.consecutive_failures, replica.capped, replica.ejections = 0, False, 0
+            self._outliers.answered(replica)
             replica.served += 1
             return result
         if status in (502, 503, 504):
@@ -278,49 +282,7 @@ class PoolEngine:
 
     # -- health ----------------------------------------------------------------------------
     def _failed(self, replica: Replica, reason: str) -> None:
-        replica.consecutive_failures += 1
-        if replica.admitted and replica.consecutive_failures >= self._config.eject_after_failures:
-            self._eject(replica, reason, failures=replica.consecutive_failures)
-
-    def _eject(self, replica: Replica, reason: str, **fields: Any) -> None:
-        """Take an admitted replica out of rotation for its cooldown (:func:`cooldown_for`), unless the cap is reached.
-
-        Whole-pool trouble (overload: every replica hits read_timeout_s) looks like every
-        replica failing; ejecting them all would answer 503 for cooldown_s after the load has
-        passed. So at most ``max_ejected_share`` of the pool is ejected at once (a pool of one is
-        never ejected by default), and the others keep serving, however slowly. A capped
-        replica keeps its failure count and is ejected at its next failure once there is room.
-        """
-        ejected = sum(1 for r in self._replicas if not r.admitted)
-        allowed = int(self._config.max_ejected_share * len(self._replicas) + 1e-9)  # 0.3 * 10 is 2.999...
-        if ejected >= allowed:
-            # Once when the cap starts holding this replica back: not at each failed call, nor at
-            # each /ready poll (a pool of one whose replica is down would log at every poll).
-            if not replica.capped:
-                replica.capped = True
-                log.warning(
-                    "replica_ejection_capped",
-                    model=self._config.name,
-                    replica=replica.shown,
-                    reason=reason,
-                    ejected=ejected,
-                    replicas=len(self._replicas),
-                    max_ejected_share=self._config.max_ejected_share,
-                    **fields,
-                )
-            return
-        replica.ejections += 1
-        cooldown = self._cooldown(replica.ejections)
-        replica.ejected_until, replica.capped = self._clock() + cooldown, False
-        log.warning(
-            "replica_ejected",
-            model=self._config.name,
-            replica=replica.shown,
-            reason=reason,
-            cooldown_s=cooldown,
-            ejections=replica.ejections,
-            **fields,
-        )
+        self._outliers.failed(replica, reason)
 
     async def _probe(self, replica: Replica) -> bool:
         """Whether ``replica`` passes its health probe; ejects it, or readmits it once its cooldown is over."""
@@ -334,39 +296,11 @@ class PoolEngine:
                 ok, reason = response.status == 200, f"HTTP {response.status}"
         except (aiohttp.ClientError, TimeoutError) as exc:
             ok, reason = False, type(exc).__name__
-        if ok:
-            if replica.ejected_until is None:
-                # Its failed calls stand (only an answered call ends them, in _send): a replica
-                # serving another model passes /health, and a reset at each /ready poll would
-                # keep it from ever reaching eject_after_failures in a quiet pool. The capped
-                # spell ends only if no reason to eject it is left: a failed probe's is gone, a
-                # run of failed calls' is not (else each poll would log the cap again).
-                if replica.consecutive_failures < self._config.eject_after_failures:
-                    replica.capped = False
-            elif replica.ejected_until <= self._clock():
-                log.info("replica_readmitted", model=self._config.name, replica=replica.shown)
-                replica.ejected_until, replica.consecutive_failures, replica.capped = None, 0, False
-            # Else it stays out until its cooldown is over: /ready probes ejected replicas too, and
-            # one ejected as misconfigured passes its /health, so readmitting it at each /ready
-            # poll (every 5 s in deploy/k8s) would cut every cooldown short.
-        elif replica.admitted:
-            # Under the same cap as traffic: a /ready poll while every replica is slow to answer
-            # its /health (TEI's runs through the busy backend) must not eject the whole pool.
-            self._eject(replica, f"probe {reason}")
-        elif replica.ejected_until <= self._clock():
-            # Still failing when its cooldown is over: another cooldown as long (it is already
-            # counted in the cap). Not a longer one: it was not readmitted in between, and once it
-            # is up it is readmitted soonest.
-            replica.ejected_until = self._clock() + self._cooldown(replica.ejections)
-        # A failed /ready probe during the cooldown leaves its end where it is: restarting it at
-        # each poll (every 5 s in deploy/k8s) would keep a replica that is up again out for up to
-        # a whole cooldown more (300 s at the cap) after its last failed poll.
+        self._outliers.probed(replica, ok, reason)
         return ok
 
     def _retry_after(self) -> int:
-        now = self._clock()
-        waits = [r.ejected_until - now for r in self._replicas if r.ejected_until is not None]
-        return max(1, int(min(waits, default=self._config.cooldown_s)) + 1)
+        return self._outliers.retry_after()
 
 
 async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
