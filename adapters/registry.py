@@ -15,16 +15,22 @@ from typing import Final
 
 from adapters.base import RerankEngine
 from schemas.config import (
+    CohereEngineConfig,
     DashScopeEngineConfig,
     GgufEngineConfig,
     EngineConfig,
+    JinaEngineConfig,
+    MixedbreadEngineConfig,
+    NvidiaEngineConfig,
     OpenVinoEngineConfig,
     PackedEngineConfig,
     PoolEngineConfig,
     StaticEngineConfig,
+    TogetherEngineConfig,
     TransformersEngineConfig,
     VllmGenerateEngineConfig,
     VllmScoreEngineConfig,
+    VoyageEngineConfig,
 )
 
 __all__ = (
@@ -51,6 +57,13 @@ _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
     # httpx is a core dependency; tenacity too (retry policy).
     DashScopeEngineConfig: ("adapters.upstreams.dashscope:DashScopeEngine", None),
     PoolEngineConfig: ("adapters.upstreams.pool:PoolEngine", None),
+    # Hosted rerank APIs: one engine, one table row per provider (adapters/upstreams/hosted/); httpx only.
+    CohereEngineConfig: ("adapters.upstreams.hosted.engine:HostedEngine", None),
+    JinaEngineConfig: ("adapters.upstreams.hosted.engine:HostedEngine", None),
+    VoyageEngineConfig: ("adapters.upstreams.hosted.engine:HostedEngine", None),
+    MixedbreadEngineConfig: ("adapters.upstreams.hosted.engine:HostedEngine", None),
+    NvidiaEngineConfig: ("adapters.upstreams.hosted.engine:HostedEngine", None),
+    TogetherEngineConfig: ("adapters.upstreams.hosted.engine:HostedEngine", None),
     # llama-cpp-python (built from its sdist on install) + gguf (reads the file's head and metadata).
     GgufEngineConfig: ("adapters.runtimes.gguf:GgufEngine", "gguf"),
 }

@@ -19,8 +19,6 @@ then become 503; a read timeout is 504.
 
 from __future__ import annotations
 
-import asyncio
-import math
 import time
 from collections.abc import Sequence
 
@@ -39,15 +37,13 @@ from adapters.base import (
 )
 from adapters.upstreams.http import (
     RetryableUpstreamError,
-    answer_limit,
-    call_with_retries,
-    gather_or_cancel,
     make_client,
-    map_transport_error,
     parse_retry_after,
+    post_bounded,
     resolve_api_key,
     upstream_message,
 )
+from adapters.upstreams.split import estimate_tokens, place_scores, plan_calls, score_in_calls
 from schemas.config import DashScopeEngineConfig
 
 __all__ = ("COMPATIBLE_PATH", "NATIVE_PATH", "DashScopeEngine", "estimate_tokens", "plan_calls")
@@ -65,38 +61,6 @@ _ACCOUNT_CODES = {
     "UnsupportedOperation": "the configured model does not support this operation",
 }
 _encoder = msgspec.json.Encoder()
-_DROP_DIGITS = str.maketrans("", "", "0123456789")
-
-
-def estimate_tokens(text: str) -> int:
-    """Tokens DashScope will probably count for ``text``, erring high.
-
-    Qwen-family BPE averages ~4 bytes per token in English and ~1 token per CJK character
-    (3 UTF-8 bytes), so bytes / 3 overestimates both; digits are one token each, so they
-    count fully.
-    """
-    digits = len(text) - len(text.translate(_DROP_DIGITS))
-    return math.ceil(len(text.encode("utf-8")) / 3) + math.ceil(2 * digits / 3)
-
-
-def plan_calls(
-    query_tokens: int, item_tokens: Sequence[int], *, max_items: int, max_request_tokens: int
-) -> list[tuple[int, int]]:
-    """Consecutive ``[start, end)`` ranges, each within the item and request-token limits.
-
-    DashScope counts a request as query tokens x documents + document tokens. An item that
-    alone exceeds the request limit still gets a call of its own (the upstream truncates it).
-    """
-    calls: list[tuple[int, int]] = []
-    start, used = 0, 0
-    for i, tokens in enumerate(item_tokens):
-        cost = query_tokens + tokens
-        if i > start and (i - start >= max_items or used + cost > max_request_tokens):
-            calls.append((start, i))
-            start, used = i, 0
-        used += cost
-    calls.append((start, len(item_tokens)))
-    return calls
 
 
 class _Result(msgspec.Struct):
@@ -191,25 +155,16 @@ class DashScopeEngine:
             max_items=cfg.max_documents_per_call,
             max_request_tokens=cfg.max_tokens_per_request,
         )
-        limiter = asyncio.Semaphore(cfg.max_parallel_calls)
-
-        async def run(start: int, end: int) -> tuple[list[float], int]:
-            async with limiter:
-                budget = deadline - time.monotonic()
-                scores, tokens = await call_with_retries(
-                    lambda: self._call(client, job, job.texts[start:end]),
-                    retries=cfg.retries,
-                    initial_s=cfg.backoff_initial_s,
-                    max_s=cfg.backoff_max_s,
-                    budget_s=max(0.0, budget),
-                )
-            if tokens is None:
-                tokens = query_tokens * (end - start) + sum(item_tokens[start:end])
-            return scores, tokens
-
-        parts = await gather_or_cancel(*(run(s, e) for s, e in calls))
-        scores = [score for part, _ in parts for score in part]
-        return ScoreResult(scores=scores, input_tokens=sum(tokens for _, tokens in parts))
+        return await score_in_calls(
+            calls,
+            lambda start, end: self._call(client, job, job.texts[start:end]),
+            estimate=lambda start, end: query_tokens * (end - start) + sum(item_tokens[start:end]),
+            max_parallel=cfg.max_parallel_calls,
+            retries=cfg.retries,
+            initial_s=cfg.backoff_initial_s,
+            max_s=cfg.backoff_max_s,
+            deadline=deadline,
+        )
 
     def _body(self, job: ScoreJob, texts: Sequence[str]) -> bytes:
         cfg = self._config
@@ -232,26 +187,10 @@ class DashScopeEngine:
     async def _call(
         self, client: httpx.AsyncClient, job: ScoreJob, texts: Sequence[str]
     ) -> tuple[list[float], int | None]:
-        body = self._body(job, texts)
-        limit = answer_limit(len(body))
-        try:
-            # Streamed, so a body past the limit is refused without holding it (see answer_limit).
-            async with client.stream(
-                "POST", self._path, content=body, headers={"Content-Type": "application/json"}
-            ) as response:
-                length = response.headers.get("content-length", "")
-                if length.isascii() and length.isdigit() and (len(length) > 18 or int(length) > limit):
-                    raise EngineError(f"{self._upstream} answered over {limit} bytes")
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.aiter_bytes():  # decoded: a gzip bomb counts as what it holds
-                    size += len(chunk)
-                    if size > limit:
-                        raise EngineError(f"{self._upstream} answered over {limit} bytes")
-                    chunks.append(chunk)
-        except httpx.TransportError as exc:
-            raise map_transport_error(exc, self._upstream, read_timeout_s=self._config.read_timeout_s) from None
-        content = b"".join(chunks)
+        response, content = await post_bounded(
+            client, self._path, self._body(job, texts), upstream=self._upstream,
+            read_timeout_s=self._config.read_timeout_s,
+        )
         if response.status_code == 200:
             return self._parse(content, len(texts))
         raise self._status_error(response, content)
@@ -267,12 +206,7 @@ class DashScopeEngine:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.error("dashscope_malformed_response", model=self._config.name, error=str(exc)[:300])
             raise EngineError(f"{self._upstream} returned a malformed response: {exc}") from None
-        scores = [math.nan] * size
-        for result in results:
-            if 0 <= result.index < size:
-                scores[result.index] = result.relevance_score
-        if len(results) != size or any(math.isnan(s) for s in scores):
-            raise EngineError(f"{self._upstream} returned {len(results)} results for {size} documents")
+        scores = place_scores(((r.index, r.relevance_score) for r in results), size, self._upstream)
         return scores, usage.tokens() if usage is not None else None
 
     def _status_error(self, response: httpx.Response, content: bytes) -> EngineError:

@@ -31,7 +31,13 @@ import httpx
 import msgspec
 import tenacity
 
-from adapters.base import EngineError, EngineOverloadedError, EngineTimeoutError, EngineUnavailableError
+from adapters.base import (
+    EngineConfigError,
+    EngineError,
+    EngineOverloadedError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+)
 
 __all__ = (
     "RetryableUpstreamError",
@@ -43,6 +49,8 @@ __all__ = (
     "map_aiohttp_error",
     "map_transport_error",
     "parse_retry_after",
+    "post_bounded",
+    "read_api_key",
     "resolve_api_key",
     "upstream_message",
 )
@@ -136,6 +144,49 @@ def resolve_api_key(api_key: str | None, api_key_env: str | None) -> str | None:
     if api_key_env:
         return os.environ.get(api_key_env) or None
     return None
+
+
+def read_api_key(api_key: str | None, api_key_file: str | None, api_key_env: str | None) -> str | None:
+    """``api_key``, else the stripped contents of ``api_key_file``, else the ``api_key_env`` variable.
+
+    A file that cannot be read raises :class:`EngineConfigError` naming the setting and the error's
+    kind only (never the contents); an empty file is no key.
+    """
+    if api_key:
+        return api_key
+    if api_key_file:
+        try:
+            with open(api_key_file, encoding="utf-8") as file:
+                return file.read().strip() or None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EngineConfigError(
+                f"api_key_file: cannot read the key file ({type(exc).__name__}); check the path and its permissions"
+            ) from None
+    return resolve_api_key(None, api_key_env)
+
+
+async def post_bounded(
+    client: httpx.AsyncClient, path: str, body: bytes, *, upstream: str, read_timeout_s: float
+) -> tuple[httpx.Response, bytes]:
+    """POST a JSON ``body``; the answer's status/headers and its whole body, at most
+    :func:`answer_limit` bytes (streamed, so a larger body is refused without being held).
+    Transport failures are mapped by :func:`map_transport_error`."""
+    limit = answer_limit(len(body))
+    try:
+        async with client.stream("POST", path, content=body, headers={"Content-Type": "application/json"}) as response:
+            length = response.headers.get("content-length", "")
+            if length.isascii() and length.isdigit() and (len(length) > 18 or int(length) > limit):
+                raise EngineError(f"{upstream} answered over {limit} bytes")
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():  # decoded: a gzip bomb counts as what it holds
+                size += len(chunk)
+                if size > limit:
+                    raise EngineError(f"{upstream} answered over {limit} bytes")
+                chunks.append(chunk)
+    except httpx.TransportError as exc:
+        raise map_transport_error(exc, upstream, read_timeout_s=read_timeout_s) from None
+    return response, b"".join(chunks)
 
 
 def map_transport_error(exc: httpx.TransportError, upstream: str, *, read_timeout_s: float) -> EngineError:

@@ -6,7 +6,7 @@ compares against. Loading (file, env, defaults) lives in ``gateway.config.settin
 
 One module per concern: ``base`` (defaults, shared types, ``ModelConfig``), ``families``
 (which family runs on which runtime), ``server`` (the gateway's own tables), ``local`` and
-``upstream`` (the engine kinds), ``settings`` (the whole file and the engine union). Importers
+``upstream`` and ``hosted`` (the engine kinds), ``settings`` (the whole file and the engine union). Importers
 keep using ``schemas.config``: every name is re-exported here.
 """
 
@@ -31,6 +31,15 @@ from .families import (
     packed_encoder_refusal,
     packed_runs_checkpoint,
     runtime_refusal,
+)
+from .hosted import (
+    CohereEngineConfig,
+    HostedRerankConfig,
+    JinaEngineConfig,
+    MixedbreadEngineConfig,
+    NvidiaEngineConfig,
+    TogetherEngineConfig,
+    VoyageEngineConfig,
 )
 from .local import (
     PARITY_MIN_AGREEMENT,
@@ -66,6 +75,7 @@ __all__ = (
     "ApiKeyConfig",
     "AuthConfig",
     "CacheConfig",
+    "CohereEngineConfig",
     "DEFAULT_INSTRUCTION",
     "DEFAULT_MODEL_NAME",
     "DEFAULT_MODEL_PATH",
@@ -76,6 +86,8 @@ __all__ = (
     "FamilyName",
     "GatedPrecisionConfig",
     "GgufEngineConfig",
+    "HostedRerankConfig",
+    "JinaEngineConfig",
     "KeyHash",
     "KeyId",
     "LLM_RERANKERS",
@@ -83,8 +95,10 @@ __all__ = (
     "LlmRerankerSpec",
     "LocalModelConfig",
     "LoggingConfig",
+    "MixedbreadEngineConfig",
     "ModelConfig",
     "ModelName",
+    "NvidiaEngineConfig",
     "OpenVinoEngineConfig",
     "PACKED_ENCODER_TYPES",
     "PackedEngineConfig",
@@ -99,11 +113,13 @@ __all__ = (
     "ServerConfig",
     "Settings",
     "StaticEngineConfig",
+    "TogetherEngineConfig",
     "TransformersEngineConfig",
     "UpstreamHttpConfig",
     "VllmEngineConfig",
     "VllmGenerateEngineConfig",
     "VllmScoreEngineConfig",
+    "VoyageEngineConfig",
     "packed_encoder_refusal",
     "packed_runs_checkpoint",
     "runtime_refusal",

@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 from .base import _Strict
+from .hosted import (
+    CohereEngineConfig,
+    JinaEngineConfig,
+    MixedbreadEngineConfig,
+    NvidiaEngineConfig,
+    TogetherEngineConfig,
+    VoyageEngineConfig,
+)
 from .local import (
     GgufEngineConfig,
     OpenVinoEngineConfig,
@@ -25,6 +33,12 @@ EngineConfig = (
     | DashScopeEngineConfig
     | PoolEngineConfig
     | GgufEngineConfig
+    | CohereEngineConfig
+    | JinaEngineConfig
+    | VoyageEngineConfig
+    | MixedbreadEngineConfig
+    | NvidiaEngineConfig
+    | TogetherEngineConfig
 )
 
 
