@@ -24,6 +24,7 @@ from gateway import __version__
 from gateway.config.settings import load_settings
 from gateway.errors import exception_handlers
 from gateway.http.access import AccessControl, AccessMiddleware
+from gateway.http.admin import ADMIN_ROUTES
 from gateway.http.dialects.openapi import finalize_dialects_openapi
 from gateway.http.direct import DirectRoutes
 from gateway.http.middleware import request_context
@@ -140,7 +141,7 @@ def create_app(
             log.info("gateway_stopped", stop_s=round(time.perf_counter() - started, 2))
 
     app = GatewayApp(
-        route_handlers=[*ROUTES, metrics_endpoint],
+        route_handlers=[*ROUTES, *ADMIN_ROUTES, metrics_endpoint],
         middleware=[AccessMiddleware],
         lifespan=[lifespan],
         exception_handlers=exception_handlers(),

@@ -26,12 +26,16 @@ from schemas.rerank import ErrorBody
 
 __all__ = (
     "ERROR_TABLE",
+    "AdminOnlyError",
+    "AdminUnavailableError",
     "AuthError",
     "BodyTimeoutError",
     "ForbiddenModelError",
     "GatewayError",
     "InputTooLongError",
     "InvalidRequestError",
+    "KeyConflictError",
+    "KeyNotFoundError",
     "MalformedRequestError",
     "ModelUnavailableError",
     "PayloadTooLargeError",
@@ -97,6 +101,22 @@ class ForbiddenModelError(GatewayError):
     """The API key is valid but not allowed to use this model (403)."""
 
 
+class AdminOnlyError(GatewayError):
+    """The admin API (``/admin/``) was called with a key that is not an admin key (403)."""
+
+
+class KeyNotFoundError(GatewayError):
+    """The admin API names a key id that does not exist (404)."""
+
+
+class KeyConflictError(GatewayError):
+    """The admin API cannot make this change: the id exists, or the key file owns it (409)."""
+
+
+class AdminUnavailableError(GatewayError):
+    """The admin API needs the shared key store, ``limits.redis_url``, and none is set (501)."""
+
+
 class RateLimitedError(GatewayError):
     """The API key is over one of its limits (429); headers carry Retry-After and X-RateLimit-*."""
 
@@ -135,6 +155,10 @@ ERROR_TABLE: Final[dict[type[Exception], int]] = {
     AuthError: 401,
     ForbiddenModelError: 403,
     RateLimitedError: 429,
+    AdminOnlyError: 403,
+    KeyNotFoundError: 404,
+    KeyConflictError: 409,
+    AdminUnavailableError: 501,
     RateLimitStoreError: 503,
     EngineInputError: 422,
     EngineUnavailableError: 503,
@@ -233,7 +257,7 @@ _EXPECTED: Final = (ModelUnavailableError, EngineUnavailableError, RateLimitStor
 # upstream's read_timeout_s, or the upstream's own), and the message names the model, what timed
 # out and the limit; the traceback is the same asyncio or HTTP client path on every slow request.
 # Anything else (a 500 is a bug) keeps its traceback.
-_KNOWN_FAILURES: Final = (EngineMisconfiguredError, EngineAccountError, EngineTimeoutError)
+_KNOWN_FAILURES: Final = (EngineMisconfiguredError, EngineAccountError, EngineTimeoutError, AdminUnavailableError)
 
 
 def _body_too_large(request: Request[Any, Any, Any]) -> str:

@@ -7,7 +7,7 @@ from litestar.testing import TestClient
 
 from gateway.app import create_app
 from gateway.errors import ERROR_TABLE
-from gateway.http.openapi import ERROR_RESPONSES
+from gateway.http.openapi import ERROR_RESPONSES, RERANK_ERRORS
 from gateway.security.auth import hash_key
 from schemas.config import ApiKeyConfig, AuthConfig, LimitsConfig, Settings, StaticEngineConfig
 
@@ -38,7 +38,7 @@ def test_every_error_status_is_documented_with_our_body(doc):
     assert set(error_body["required"]) == {"message", "id", "detail"}
     for path in RERANK_PATHS:
         responses = doc["paths"][path]["post"]["responses"]
-        for status in ERROR_RESPONSES:
+        for status in RERANK_ERRORS:
             content = responses[str(status)]["content"]["application/json"]["schema"]
             if path in ("/v1/rerank", "/rerank", "/v1/v1/rerank"):  # also TEI's routes (gateway.http.dialects)
                 content = content["oneOf"][0]

@@ -12,25 +12,37 @@ Failed requests count too (toward rpm, and in the metrics by status).
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import Final
 
 import msgspec
 import structlog
-
 from litestar import Litestar
 from litestar.datastructures import MutableScopeHeaders
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config.settings import ConfigError
-from gateway.errors import RateLimitedError, classify
-from gateway.http.middleware import cancelled_status, log_fields
+from gateway.errors import (
+    AdminOnlyError,
+    GatewayError,
+    KeyNotFoundError,
+    RateLimitedError,
+    RateLimitStoreError,
+    classify,
+)
+from gateway.http.middleware import cancelled_status, log_fields, request_id
 from gateway.observability.metrics import ANONYMOUS, UNAUTHENTICATED, UsageMetrics
+from gateway.security.admin import SharedKeys, key_info
 from gateway.security.auth import KeyStore, RequestAccess, check_exposure, request_access, scope_warnings
+from gateway.security.quotas import quota_rules
 from gateway.security.ratelimit import Admission, KeyLimiter
 from gateway.serving.telemetry import GatewayTelemetry, request_timing
-from schemas.config import Settings
+from schemas.admin import KeyInfo
+from schemas.config import ApiKeyConfig, Settings
+from schemas.rerank import ErrorBody
 
 log = structlog.get_logger("gateway.access")
 
@@ -39,6 +51,7 @@ __all__ = ("OPEN_PATHS", "AccessControl", "AccessMiddleware")
 # /info (TEI's model info) is as public as the model list.
 OPEN_PATHS: Final = frozenset({"/health", "/ready", "/metrics", "/v1/models", "/models", "/info"})
 _OPEN_PREFIXES: Final = ("/schema",)
+_ADMIN_PREFIX: Final = "/admin/"
 
 
 class AccessControl:
@@ -52,12 +65,80 @@ class AccessControl:
         self.limiter = KeyLimiter(settings.limits, lease_s=longest + 60.0)
         self.metrics = UsageMetrics()
         self.telemetry = GatewayTelemetry(self.metrics.registry, live=self.metrics.live)
+        # The admin API's keys (gateway.security.admin), served with the file's; file wins an id.
+        self.shared_keys: SharedKeys | None = None
+        self._admin_keys: tuple[ApiKeyConfig, ...] = ()
+        self._version = -1
+        self._sync_task: asyncio.Task[None] | None = None
+        self._last_sync_warning = -math.inf
 
     async def start(self) -> None:
         await self.limiter.start()
+        if self.limiter.client is not None:
+            self.shared_keys = SharedKeys(self.limiter.client)
+            await self._sync_quietly()  # Redis down at start: the file's keys, and the poll retries
+            self._sync_task = asyncio.create_task(self._poll(), name="admin-keys-sync")
 
     async def stop(self) -> None:
+        if self._sync_task is not None:
+            self._sync_task.cancel()
+            await asyncio.gather(self._sync_task, return_exceptions=True)
+            self._sync_task = None
         await self.limiter.stop()
+
+    @property
+    def file_ids(self) -> frozenset[str]:
+        return frozenset(k.id for k in self._settings.auth.keys)
+
+    def key_infos(self) -> list[KeyInfo]:
+        """Every key served, file's first: what the admin API lists (no secret, no hash)."""
+        files = self.file_ids
+        return [key_info(k, "file" if k.id in files else "admin") for k in self.keys.keys]
+
+    def key_config(self, key_id: str) -> ApiKeyConfig:
+        for key in self.keys.keys:
+            if key.id == key_id:
+                return key
+        raise KeyNotFoundError(f"no key '{key_id}'")
+
+    def _merged(self, file_keys: tuple[ApiKeyConfig, ...]) -> KeyStore:
+        ids = {k.id for k in file_keys}
+        hashes = {k.hash for k in file_keys}
+        shared = []
+        for key in self._admin_keys:
+            if key.id in ids or key.hash in hashes:
+                log.warning("admin_key_shadowed", key_id=key.id, reason="the config file has a key with this id or hash")
+                continue
+            shared.append(key)
+        return KeyStore((*file_keys, *shared))
+
+    async def sync_keys(self) -> None:
+        """Re-read the admin API's keys when their version moved (one GET when it did not)."""
+        if self.shared_keys is None or await self.shared_keys.version() == self._version:
+            return
+        version, keys = await self.shared_keys.load()
+        old = {k.id for k in self._admin_keys}
+        self._admin_keys, self._version = keys, version
+        self.keys = self._merged(self._settings.auth.keys)
+        new = {k.id for k in keys}
+        if old != new or version:
+            log.info("admin_keys_synced", version=version, keys=len(new), added=sorted(new - old),
+                     removed=sorted(old - new))
+
+    async def _sync_quietly(self) -> None:
+        try:
+            await self.sync_keys()
+        except Exception as exc:  # noqa: BLE001 -- Redis down or slow: keep the keys we have
+            now = time.monotonic()
+            if now - self._last_sync_warning >= 30.0:
+                self._last_sync_warning = now
+                log.warning("admin_keys_sync_failed", error=type(exc).__name__)
+
+    async def _poll(self) -> None:
+        interval = self._settings.auth.sync_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            await self._sync_quietly()
 
     def reload_keys(self, load: Callable[[], Settings]) -> bool:
         """Swap in ``auth.keys`` from a fresh read of the config (SIGHUP); nothing else changes.
@@ -71,7 +152,8 @@ class AccessControl:
             fresh = load()
             # Only the keys change: check exposure against the address actually bound.
             check_exposure(msgspec.structs.replace(fresh, server=self._settings.server))
-            store = KeyStore(fresh.auth.keys)
+            KeyStore(fresh.auth.keys)  # the file alone must be valid (ids and hashes once each)
+            store = self._merged(fresh.auth.keys)
         except (ConfigError, ValueError, OSError) as exc:  # OSError: config unreadable
             reason = str(exc) if isinstance(exc, ValueError) else f"cannot read the config ({type(exc).__name__})"
             log.error("keys_reload_rejected", error=reason, kept=len(self._settings.auth.keys))
@@ -111,11 +193,32 @@ class AccessMiddleware:
         access = RequestAccess(key=None, label=ANONYMOUS)
         admission: Admission | None = None
         status: int | None = None  # set when the response starts
+        quotas = False  # the key has quotas: its usage is charged before the answer goes out
+        charged = False
+        refused = False  # a quota refused the scored answer: its body is dropped
 
         async def send_with_limits(message: Message) -> None:
-            nonlocal status
+            nonlocal status, charged, refused
+            if refused:
+                return
             if message["type"] == "http.response.start":
                 status = message["status"]
+                usage = access.usage
+                if quotas and status == 200 and usage is not None and access.key is not None and access.model:
+                    charged = True
+                    try:
+                        await control.limiter.charge(
+                            access.key, access.model, documents=usage.documents, tokens=usage.tokens,
+                            search_units=usage.search_units, strict=True,
+                        )
+                    except (RateLimitedError, RateLimitStoreError) as exc:
+                        refused = True
+                        status = classify(exc)
+                        if isinstance(exc, RateLimitedError):
+                            control.metrics.record_rate_limited(access.label, exc.limit)
+                            log_fields()["rate_limited"] = exc.limit
+                        await _send_error(send, scope, exc, status)
+                        return
                 if admission is not None:
                     headers = MutableScopeHeaders.from_message(message)
                     used = access.usage.tokens if access.usage else 0
@@ -125,12 +228,20 @@ class AccessMiddleware:
 
         with request_access(access), request_timing() as timing:
             try:
-                if control.keys.enabled:
+                keys = control.keys
+                if keys.enabled:
                     access.label = UNAUTHENTICATED
-                    key = control.keys.authenticate(scope["headers"])
+                    key = keys.authenticate(scope["headers"])
                     access.key, access.label = key, key.id
                     log_fields()["key_id"] = key.id
-                    admission = await control.limiter.admit(key)
+                    if scope["path"].startswith(_ADMIN_PREFIX):
+                        if not key.admin:
+                            raise AdminOnlyError(f"API key '{key.id}' is not an admin key (admin = true)")
+                    else:
+                        quotas = bool(quota_rules(key))
+                        admission = await control.limiter.admit(key)
+                elif scope["path"].startswith(_ADMIN_PREFIX):
+                    raise AdminOnlyError("the admin API needs an admin key: add one with admin = true to [[auth.keys]]")
                 timing.admission_s = time.perf_counter() - timing.started
                 await self.app(scope, receive, send_with_limits)
             except Exception as exc:
@@ -145,6 +256,12 @@ class AccessMiddleware:
                 usage = access.usage
                 if admission is not None:
                     await control.limiter.finish(admission, usage.tokens if usage else 0)
+                if not charged and status == 200 and usage is not None and access.key is not None and access.model:
+                    # No quota: the usage ledger only, once the answer is out (an outage is logged).
+                    await control.limiter.charge(
+                        access.key, access.model, documents=usage.documents, tokens=usage.tokens,
+                        search_units=usage.search_units, strict=False,
+                    )
                 # No status: cancelled before any response, by the client leaving (499) or the
                 # server's shutdown (503, answered by gateway.http.middleware).
                 control.metrics.record_request(access.label, access.model, status or cancelled_status(scope))
@@ -157,3 +274,13 @@ class AccessMiddleware:
                         tokens=usage.tokens,
                         search_units=usage.search_units,
                     )
+
+
+async def _send_error(send: Send, scope: Scope, exc: GatewayError, status: int) -> None:
+    """The Cohere error body for a refusal decided after the handler answered (a quota)."""
+    message = str(exc)
+    body = msgspec.json.encode(ErrorBody(message=message, id=request_id(scope), detail=message))
+    headers = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (exc.headers or {}).items()]
+    headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

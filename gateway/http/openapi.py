@@ -26,7 +26,7 @@ from litestar import Litestar
 from schemas.config import Settings
 from schemas.rerank import ErrorBody, ModelList, RerankRequest, RerankResponse
 
-__all__ = ("ERROR_RESPONSES", "finalize_openapi")
+__all__ = ("ADMIN_ERRORS", "ERROR_RESPONSES", "RERANK_ERRORS", "finalize_openapi")
 
 _REF = "#/components/schemas/{name}"
 
@@ -34,20 +34,26 @@ _REF = "#/components/schemas/{name}"
 ERROR_RESPONSES: Final[dict[int, str]] = {
     400: "The body is not JSON (malformed, empty, invalid UTF-8, nested deeper than 64 levels, over 1,000,000 arrays/objects).",
     401: "API keys are configured and the key is missing, unknown or expired.",
-    403: "The API key does not cover the requested model.",
+    403: "The API key does not cover the requested model; the admin API: the key is not an admin key.",
     404: "Unknown model (the message lists the available names).",
+    409: "Admin API: the key id exists already, or the config file owns that key.",
     408: "The body did not arrive within server.body_read_timeout_s; the connection is closed.",
     413: "Body over limits.max_body_bytes, or more documents or chunks than the limits allow.",
     422: "Valid JSON but not a valid request: wrong types (the message gives the JSON path), empty "
     "query, no documents, out-of-range integers, object document without text; an upstream "
     "rejecting the input.",
-    429: "The API key is over its rpm, tpm or max_concurrent limit.",
+    429: "The API key is over its rpm, tpm or max_concurrent limit, or a daily or monthly quota (the message "
+    "names it and when it resets).",
     500: "A bug: generic message, details only in the log.",
     502: "The engine failed or returned invalid scores; an upstream failed.",
     503: "Model loading, failed, unhealthy or at max_concurrent_requests; upstream unavailable; "
     "rate-limit store down with redis_failure = closed.",
+    501: "Admin API: key changes need the shared key store, limits.redis_url.",
     504: "The engine did not answer within the model's timeout_s, or an upstream replica within its read_timeout_s (or it answered 504 itself).",
 }
+# The statuses a rerank route can answer, and those of the admin API (gateway.http.admin).
+RERANK_ERRORS: Final = tuple(status for status in ERROR_RESPONSES if status not in (409, 501))
+ADMIN_ERRORS: Final = (400, 401, 403, 404, 409, 413, 422, 500, 501, 503)
 _HEADERS: Final[dict[int, tuple[str, ...]]] = {
     401: ("WWW-Authenticate",),
     429: ("Retry-After", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"),
@@ -104,6 +110,11 @@ def finalize_openapi(app: Litestar, settings: Settings) -> None:
         for operation in item.values():
             if not isinstance(operation, dict):
                 continue
+            if path.startswith("/admin/"):
+                responses = operation.setdefault("responses", {})
+                for status in ADMIN_ERRORS:  # Litestar's own {status_code, detail} is not what is sent
+                    responses[str(status)] = _error_response(status)
+                continue
             body = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
             if body.get("schema", {}).get("$ref") != _REF.format(name="RerankRequest"):
                 continue
@@ -120,5 +131,5 @@ def finalize_openapi(app: Litestar, settings: Settings) -> None:
                     "x-inference-time-ms": _header("Time spent in the engine."),
                 }
             )
-            for status in ERROR_RESPONSES:
+            for status in RERANK_ERRORS:
                 responses[str(status)] = _error_response(status)

@@ -96,6 +96,10 @@ class KeyStore:
         self._digests = tuple(bytes.fromhex(k.hash.removeprefix(_HASH_SCHEME)) for k in keys)
 
     @property
+    def keys(self) -> tuple[ApiKeyConfig, ...]:
+        return self._keys
+
+    @property
     def enabled(self) -> bool:
         """Keys are configured, so every protected request needs one."""
         return bool(self._keys)

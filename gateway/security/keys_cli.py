@@ -28,7 +28,9 @@ def format_entry(entry: dict[str, object]) -> str:
     for name, value in entry.items():
         if value is None:
             continue
-        if isinstance(value, str):
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str):
             text = _json_str(value)
         elif isinstance(value, datetime):
             text = _utc_text(value)
@@ -93,6 +95,11 @@ def _create(args: argparse.Namespace) -> int:
         "rpm": args.rpm,
         "tpm": args.tpm,
         "max_concurrent": args.max_concurrent,
+        "tokens_per_day": args.tokens_per_day,
+        "tokens_per_month": args.tokens_per_month,
+        "search_units_per_day": args.search_units_per_day,
+        "search_units_per_month": args.search_units_per_month,
+        "admin": True if args.admin else None,
     }
     try:  # the same validation the gateway applies when it reads the entry
         msgspec.convert({k: v for k, v in entry.items() if v is not None}, ApiKeyConfig)
@@ -141,6 +148,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     create.add_argument("--rpm", type=_positive, help="requests per minute")
     create.add_argument("--tpm", type=_positive, help="input tokens per minute, as the engine counts them")
     create.add_argument("--max-concurrent", type=_positive, help="requests in flight at once")
+    for metric, what in (("tokens", "input tokens"), ("search-units", "search units")):
+        for period in ("day", "month"):
+            create.add_argument(f"--{metric}-per-{period}", type=_positive,
+                                help=f"quota: {what} per calendar {period} (limits.quota_timezone)")
+    create.add_argument("--admin", action="store_true", help="may call the admin API (/admin/v1/...)")
     expiry = create.add_mutually_exclusive_group()
     expiry.add_argument("--expires-at", help="ISO 8601 date/time, in the future (UTC if no offset)")
     expiry.add_argument("--expires-in-days", type=_positive, metavar="DAYS",

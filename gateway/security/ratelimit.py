@@ -25,9 +25,10 @@ import math
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from datetime import date, datetime
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import structlog
@@ -37,11 +38,13 @@ from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimite
 from limits.errors import StorageError
 
 from gateway.errors import RateLimitedError, RateLimitStoreError
+from gateway.security.quotas import Calendar, MemoryQuotaStore, QuotaStatus, RedisQuotaStore, UsageRow, quota_rules
 from schemas.config import ApiKeyConfig, LimitsConfig
 
 __all__ = ("Admission", "KeyLimiter", "Window")
 
 log = structlog.get_logger("gateway.ratelimit")
+_T = TypeVar("_T")
 
 _REDIS_PREFIX = "rerank-gateway"
 # One warning per this many seconds while Redis is down and limits fall back to memory.
@@ -266,13 +269,24 @@ class KeyLimiter:
     Call :meth:`start` inside the event loop (the app lifespan) and :meth:`stop` at shutdown.
     """
 
-    def __init__(self, limits: LimitsConfig, *, lease_s: float = 300.0) -> None:
+    def __init__(
+        self, limits: LimitsConfig, *, lease_s: float = 300.0, clock: Callable[[], datetime] | None = None
+    ) -> None:
         self._config = limits
         self._lease_ms = int(lease_s * 1000)
         self._local: _Backend | None = None
         self._shared: _Backend | None = None
         self._client: Any = None
         self._last_warning = -math.inf
+        # Quotas (gateway.security.quotas): the same store and outage policy as the limits.
+        self.calendar = Calendar(limits.quota_timezone, clock)
+        self._local_quotas = MemoryQuotaStore(self.calendar)
+        self._shared_quotas: RedisQuotaStore | None = None
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client once started with ``limits.redis_url`` (else None)."""
+        return self._client
 
     @property
     def shared(self) -> bool:
@@ -305,6 +319,7 @@ class KeyLimiter:
             retry=retry,
         )
         self._shared = _Backend(storage, _RedisSlots(self._client, self._lease_ms))
+        self._shared_quotas = RedisQuotaStore(self.calendar, self._client)
 
     async def stop(self) -> None:
         if self._client is not None:
@@ -313,6 +328,8 @@ class KeyLimiter:
 
     async def admit(self, key: ApiKeyConfig) -> Admission:
         """Admit a request of ``key`` or raise 429 (:class:`RateLimitedError`) / 503."""
+        if quota_rules(key):  # a used-up quota refuses before any limit counts the request
+            await self._quotas(lambda store: store.check(key), "checking quotas")
         if key.rpm is None and key.tpm is None and key.max_concurrent is None:
             return Admission(key, None)
         assert self._local is not None, "KeyLimiter.start() was not called"
@@ -328,6 +345,50 @@ class KeyLimiter:
                 ) from None
             self._warn(exc, "enforcing limits per process (limits.redis_failure = open)")
             return await self._local.admit(key)
+
+    async def charge(
+        self, key: ApiKeyConfig, model: str, *, documents: int, tokens: int, search_units: int, strict: bool
+    ) -> None:
+        """Charge a scored request to its key's quotas and the usage ledger, in one atomic step.
+
+        Raises 429 when the usage would pass a quota (nothing is charged). ``strict``: the
+        caller can still refuse the request, so a store outage under ``redis_failure = "closed"``
+        raises 503; otherwise (a key without quotas, answered already) an outage is only logged.
+        """
+        async def work(store: MemoryQuotaStore | RedisQuotaStore) -> None:
+            await store.charge(key, model, documents=documents, tokens=tokens, search_units=search_units)
+
+        try:
+            await self._quotas(work, "charging usage")
+        except RateLimitStoreError:
+            if strict:
+                raise
+
+    async def quota_status(self, key: ApiKeyConfig) -> list[QuotaStatus]:
+        return await self._quotas(lambda store: store.status(key), "reading quotas")
+
+    async def usage(self, start: date, end: date) -> list[UsageRow]:
+        return await self._quotas(lambda store: store.usage(start, end), "reading usage")
+
+    async def _quotas(self, call: Callable[[Any], Awaitable[_T]], doing: str) -> _T:
+        if self._shared_quotas is None:
+            return await call(self._local_quotas)
+        try:
+            return await call(self._shared_quotas)
+        except self._redis_errors() as exc:
+            if self._config.redis_failure == "closed":
+                self._warn(exc, f"{doing}: refusing (limits.redis_failure = closed)")
+                raise RateLimitStoreError(
+                    "quotas cannot be checked right now (limit store unreachable); retry shortly"
+                ) from None
+            self._warn(exc, f"{doing}: in this process only (limits.redis_failure = open)")
+            return await call(self._local_quotas)
+
+    @staticmethod
+    def _redis_errors() -> tuple[type[Exception], ...]:
+        import redis.exceptions
+
+        return (redis.exceptions.RedisError, OSError)
 
     async def finish(self, admission: Admission, tokens: int) -> None:
         """Release the request's slot and charge its tokens; never raises for a store outage."""

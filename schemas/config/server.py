@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
 from .base import ModelName, Positive, PositiveFloat, _Strict
+
 
 class ServerConfig(_Strict):
     # Address to bind; anything but loopback needs API keys ([auth]) or auth.open = true.
@@ -50,6 +52,17 @@ class LimitsConfig(_Strict):
     # Redis unreachable: "closed" answers 503, "open" falls back to this process's own counters.
     redis_failure: Literal["open", "closed"] = "closed"
     redis_timeout_s: PositiveFloat = 0.5  # per Redis call; slower counts as Redis unreachable
+    # The IANA time zone (e.g. "Europe/Berlin") whose calendar days and months the keys' daily and
+    # monthly quotas (and the admin API's usage days) follow.
+    quota_timezone: str = "UTC"
+
+    def __post_init__(self) -> None:
+        try:
+            ZoneInfo(self.quota_timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"quota_timezone: {self.quota_timezone!r} is not an IANA time zone (e.g. 'UTC', 'Europe/Berlin')"
+            ) from None
 
 
 KeyId = Annotated[
@@ -75,6 +88,14 @@ class ApiKeyConfig(_Strict):
     rpm: Positive | None = None  # requests per minute (moving window)
     tpm: Positive | None = None  # engine-counted input tokens per minute
     max_concurrent: Positive | None = None  # requests in flight at once
+    # Quotas over calendar days and months (limits.quota_timezone), enforced exactly: a request
+    # whose usage would pass one is refused with 429 and not charged (docs/operating-teams.md).
+    tokens_per_day: Positive | None = None
+    tokens_per_month: Positive | None = None
+    search_units_per_day: Positive | None = None
+    search_units_per_month: Positive | None = None
+    # May call the admin API (/admin/v1/...): create, change and revoke keys, read usage.
+    admin: bool = False
 
 
 class AuthConfig(_Strict):
@@ -82,6 +103,9 @@ class AuthConfig(_Strict):
     open: bool = False
     # API keys ([[auth.keys]] entries, from `rerank-gateway keys create`); none: the gateway is open.
     keys: tuple[ApiKeyConfig, ...] = ()
+    # How often each replica checks the shared key store (Redis, limits.redis_url) for keys the
+    # admin API created, changed or revoked; a change reaches every replica within this.
+    sync_interval_s: PositiveFloat = 0.25
 
 
 class CacheConfig(_Strict):

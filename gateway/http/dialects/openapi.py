@@ -13,7 +13,7 @@ from typing import Any, Final
 import msgspec
 from litestar import Litestar
 
-from gateway.http.openapi import ERROR_RESPONSES, _error_response
+from gateway.http.openapi import ERROR_RESPONSES, RERANK_ERRORS, _error_response
 from schemas.config import Qwen3LocalConfig, Settings, StaticEngineConfig
 from schemas.dialects import (
     TeiError,
@@ -91,8 +91,9 @@ def finalize_dialects_openapi(app: Litestar, settings: Settings) -> None:
     schemas.update(wire)
     paths = document.get("paths", {})
     either = {"oneOf": [_ref("ErrorBody"), _ref("TeiError")]}
+    rerank = {status: ERROR_RESPONSES[status] for status in RERANK_ERRORS}  # not the admin API's own
     tei_statuses = {
-        **ERROR_RESPONSES,
+        **rerank,
         400: ERROR_RESPONSES[400] + " TEI body: `texts` is empty (`Empty`).",
         424: "TEI body only: the engine failed, or raw_scores on a model without raw output (`Backend`).",
     }
@@ -108,7 +109,7 @@ def finalize_dialects_openapi(app: Litestar, settings: Settings) -> None:
         if not settings.auth.keys:
             operation.pop("security", None)
         operation.setdefault("responses", {}).update(_errors(either, tei_statuses))
-    vllm_statuses = {s: t for s, t in ERROR_RESPONSES.items() if s != 422}
+    vllm_statuses = {s: t for s, t in rerank.items() if s != 422}
     vllm_statuses[400] = "Invalid request (vLLM answers 400 where the Cohere routes answer 422), or not JSON."
     for path in _SCORE_PATHS:
         operation = paths.get(path, {}).get("post")

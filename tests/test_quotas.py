@@ -1,0 +1,110 @@
+"""Quotas over calendar days and months, in process: windows in a time zone (DST, year end),
+the 429 that names the quota and its reset, and the config check of the time zone.
+
+The shared (Redis, two replicas) case is tests/test_teams.py.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from litestar.testing import TestClient
+
+from gateway.app import create_app
+from gateway.config.settings import ConfigError, load_settings
+from gateway.security.auth import generate_key, hash_key
+from gateway.security.quotas import Calendar
+from schemas.config import ApiKeyConfig, AuthConfig, LimitsConfig, Settings, StaticEngineConfig
+
+KEY, ADMIN = generate_key(), generate_key()
+
+
+def test_day_and_month_windows_follow_the_time_zone_across_dst_and_year_end() -> None:
+    berlin = Calendar("Europe/Berlin")
+    # 2026-03-29 is the spring-forward day in Berlin: 23 hours long.
+    day, reset = berlin.window("day", datetime(2026, 3, 28, 23, 30, tzinfo=UTC))  # 00:30 local on the 29th
+    assert day == "2026-03-29"
+    assert reset.isoformat() == "2026-03-30T00:00:00+02:00"
+    assert reset - datetime(2026, 3, 28, 23, 0, tzinfo=UTC) == timedelta(hours=23)  # local midnight to midnight
+    month, reset = berlin.window("month", datetime(2026, 12, 31, 23, 30, tzinfo=UTC))  # already 2027 in Berlin
+    assert month == "2027-01" and reset.isoformat() == "2027-02-01T00:00:00+01:00"
+    month, reset = Calendar("UTC").window("month", datetime(2026, 12, 31, 23, 30, tzinfo=UTC))
+    assert month == "2026-12" and reset.isoformat() == "2027-01-01T00:00:00+00:00"
+
+
+def test_a_bad_time_zone_fails_at_load_with_the_field_path(tmp_path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[limits]\nquota_timezone = "Mars/Olympus"\n[[models]]\nname = "m"\nengine = "static"\n')
+    with pytest.raises(ConfigError, match=r"limits.*quota_timezone.*Mars/Olympus"):
+        load_settings(config, environ={})
+
+
+def _app(clock: list[datetime]):
+    keys = (
+        ApiKeyConfig(id="team", hash=hash_key(KEY), models=("*",), tokens_per_day=20, search_units_per_month=3),
+        ApiKeyConfig(id="root", hash=hash_key(ADMIN), models=("*",), admin=True),
+    )
+    settings = Settings(
+        limits=LimitsConfig(quota_timezone="America/New_York"),
+        auth=AuthConfig(keys=keys),
+        models=(StaticEngineConfig(name="m"),),
+    )
+    app = create_app(settings, configure_logs=False)
+    app.state.access.limiter.calendar.clock = lambda: clock[0]
+    return app
+
+
+def test_daily_token_quota_refuses_with_its_name_and_reset_then_resets_at_local_midnight() -> None:
+    clock = [datetime(2026, 7, 1, 3, 0, tzinfo=UTC)]  # 23:00 on June 30th in New York (EDT)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "m", "query": "q", "documents": ["one two three four", "five"]}  # 7 tokens, 1 search unit
+    with TestClient(_app(clock)) as client:
+        assert client.post("/v1/rerank", json=body, headers=headers).status_code == 200
+        assert client.post("/v1/rerank", json=body, headers=headers).status_code == 200
+        # 14 used of 20: the next 7 would pass the quota, so it is refused and not charged.
+        refused = client.post("/v1/rerank", json=body, headers=headers)
+        assert refused.status_code == 429, refused.text
+        message = refused.json()["message"]
+        assert "tokens_per_day = 20" in message and "needs 7 tokens" in message and "6 left" in message
+        assert "resets at 2026-07-01T00:00:00-04:00" in message
+        assert refused.headers["retry-after"] == "3600" and refused.headers["x-quota-name"] == "tokens_per_day"
+        # A smaller request still fits: the refused one was not charged.
+        small = {"model": "m", "query": "q", "documents": ["a"]}  # 1 + 1 = 2 tokens
+        assert client.post("/v1/rerank", json=small, headers=headers).status_code == 200
+        status = client.get("/admin/v1/keys/team/quota", headers={"X-API-Key": ADMIN}).json()
+        by_name = {q["quota"]: q for q in status["quotas"]}
+        assert by_name["tokens_per_day"]["used"] == 16 and by_name["search_units_per_month"]["used"] == 3
+        # The monthly search-unit quota (3) is used up now: refused up front, before any work.
+        month = client.post("/v1/rerank", json=small, headers=headers)
+        assert month.status_code == 429 and "search_units_per_month = 3" in month.json()["message"]
+        assert "resets at 2026-07-01T00:00:00-04:00" in month.json()["message"]
+        # Local midnight: a new day and a new month in New York.
+        clock[0] = datetime(2026, 7, 1, 4, 0, 1, tzinfo=UTC)
+        assert client.post("/v1/rerank", json=body, headers=headers).status_code == 200
+        usage = client.get("/admin/v1/usage?start=2026-06-30&end=2026-06-30", headers={"X-API-Key": ADMIN}).json()
+        assert usage["data"] == [
+            {"key": "team", "model": "m", "requests": 3, "documents": 5, "tokens": 16, "search_units": 3}
+        ]
+        # Without limits.redis_url there is no shared key store: key changes are refused, plainly.
+        created = client.post("/admin/v1/keys", json={"id": "x", "models": ["*"]}, headers={"X-API-Key": ADMIN})
+        assert created.status_code == 501 and "limits.redis_url" in created.json()["message"]
+        # A non-admin key never reaches the admin API.
+        assert client.get("/admin/v1/keys", headers=headers).status_code == 403
+        assert client.get("/admin/v1/keys").status_code == 401
+
+
+def test_keys_create_writes_quotas_and_the_admin_flag_as_valid_toml(capsys: pytest.CaptureFixture[str]) -> None:
+    import msgspec
+
+    from gateway.cli import main
+
+    argv = ["keys", "create", "--name", "ops", "--models", "*", "--tokens-per-month", "9", "--search-units-per-day", "3",
+            "--admin"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    key, _, entry = out.partition("\n\n")
+    parsed = msgspec.toml.decode(entry.encode())["auth"]["keys"][0]
+    config = msgspec.convert(parsed, ApiKeyConfig, strict=True)
+    assert (config.tokens_per_month, config.search_units_per_day, config.admin) == (9, 3, True)
+    assert config.hash == hash_key(key.strip()) and config.tokens_per_day is None
