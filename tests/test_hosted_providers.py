@@ -167,9 +167,9 @@ def test_scores_map_back_to_their_documents_across_split_calls(client, fake, pro
 
 
 def test_voyage_token_limit_splits_calls_within_its_budget(client, fake):
-    # ~120-byte documents: 4 per call would be ~160 tokens by the fake's count, the budget is 400
-    # counted as query tokens x documents + document tokens with the gateway's (higher) estimate.
-    docs = [f"{i} " + "lorem ipsum dolor sit amet " * 4 for i in range(12)]
+    # ~380-byte documents: 4 per call (the document limit) would be ~424 tokens by the fake's count,
+    # over Voyage's 400 (query tokens x documents + document tokens): the token budget must split them.
+    docs = [f"{i} " + "lorem ipsum dolor sit amet " * 14 for i in range(12)]
     r = rerank(client, "voyage", documents=docs)
     assert r.status_code == 200, r.text  # a call over the limit would have been the fake's 400 -> 422
     scores = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
