@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 
 def fake_score(query: str, document: str) -> float:
@@ -229,7 +229,7 @@ class FakeProviders:
             for q in self._faults.values():
                 q.clear()
 
-    def __enter__(self) -> FakeProviders:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -252,10 +252,10 @@ class FakeProviders:
             return error(401, f"invalid api token: {token}")
         try:
             body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError("not an object")
         except ValueError:
-            return error(spec.invalid, "the request body is not valid JSON")
+            body = None
+        if not isinstance(body, dict):
+            return error(spec.invalid, "the request body is not a JSON object")
         with self._lock:
             self.requests.append(Recorded(provider, headers, body, time.monotonic()))
             fault = self._faults[provider].popleft() if self._faults[provider] else None
@@ -268,7 +268,7 @@ class FakeProviders:
         try:
             unknown = set(body) - spec.fields
             if unknown:
-                raise Refused(spec.invalid, f"unknown field '{sorted(unknown)[0]}'")
+                raise Refused(spec.invalid, f"unknown field '{min(unknown)}'")
             query, documents = spec.read(body, spec.invalid)
             limits = self.limits[provider]
             if len(documents) > limits.max_documents:

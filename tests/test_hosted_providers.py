@@ -27,7 +27,7 @@ from schemas.config import (
     TogetherEngineConfig,
     VoyageEngineConfig,
 )
-from tests.fake_providers import SPECS, Fault, FakeProviders, Limits, fake_score, fake_tokens
+from tests.fake_providers import SPECS, FakeProviders, Fault, Limits, fake_score, fake_tokens
 from tests.loopback import wait_loaded
 
 CONFIGS = {
