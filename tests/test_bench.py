@@ -149,7 +149,7 @@ def test_compare_alternates_two_endpoints_and_reports_ratios(gateway_server, stu
 @pytest.mark.slow
 def test_open_loop_keeps_the_schedule(stub_url: str, tmp_path: Path) -> None:
     out = tmp_path / "open"
-    proc = bench(stub_url, "--rate", "40", "--requests", "9", "--documents", "3", "--warmup", "0",
+    proc = bench(stub_url, "--model", "m", "--rate", "40", "--requests", "9", "--documents", "3", "--warmup", "0",
                  "--no-plot", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     (s,) = json.loads((out / "bench.json").read_text())["summaries"]

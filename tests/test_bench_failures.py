@@ -50,7 +50,7 @@ def test_injected_failures_are_in_every_figure_and_table(failing_url: str, tmp_p
     assert (expected.count("502"), expected.count("hang")) == (2, 2)  # the stub's schedule, as this test reads it
     out = tmp_path / "bench"
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway", "bench", f"{failing_url}/v2/rerank", "--requests", "12", "--concurrency", "2",
+        [sys.executable, "-m", "gateway", "bench", f"{failing_url}/v2/rerank", "--model", "m", "--requests", "12", "--concurrency", "2",
          "--documents", "4", "--warmup", "0", "--timeout", str(TIMEOUT_S), "--strict", "--no-progress",
          "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)

@@ -30,6 +30,15 @@ def _endpoint_url(url: str) -> str:
     return url.rstrip("/") + "/v2/rerank" if parts.path in ("", "/") else url
 
 
+def _model_required(url: str, model: str | None, flag: str) -> None:
+    """Cohere v2 requires ``model``: without it every request is a 422, so refuse before sending."""
+    if model is None and urlsplit(url).path.rstrip("/").endswith("/v2/rerank"):
+        raise ValueError(
+            f"{url} is a Cohere v2 endpoint, which requires a model in every request: add {flag} NAME "
+            "(the gateway lists its names at GET /v1/models)"
+        )
+
+
 def _numbers(text: str, kind: type) -> list[Any]:
     try:
         values = [kind(x) for x in text.split(",") if x.strip()]
@@ -61,8 +70,8 @@ _EXAMPLES = """\
 examples:
   rerank-gateway bench http://127.0.0.1:8000 --model qwen3-reranker-0.6b \\
       --requests 200 --concurrency 1,4,16 --documents 100 --doc-tokens 50-150
-  rerank-gateway bench http://127.0.0.1:8000/v2/rerank --rate 20 --requests 400
-  rerank-gateway bench http://127.0.0.1:8000 --compare http://127.0.0.1:4000/rerank
+  rerank-gateway bench http://127.0.0.1:8000/v2/rerank --model qwen3-reranker-0.6b --rate 20 --requests 400
+  rerank-gateway bench http://127.0.0.1:8000 --model qwen3-reranker-0.6b --compare http://127.0.0.1:4000/rerank
 """
 
 
@@ -233,6 +242,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OSError(f"--out {out_dir}: cannot create the folder ({exc.strerror or type(exc).__name__})") from None
+        _model_required(url, args.model, "--model")
+        if compare_url:
+            _model_required(compare_url, args.compare_model or args.model, "--compare-model (or --model)")
     except (ValueError, OSError) as exc:
         print(redactor.scrub(f"rerank-gateway bench: {exc}"), file=sys.stderr)
         return 2
@@ -284,7 +296,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     doc = redactor.scrub_tree(doc)
     write_json(out_dir / "bench.json", doc)
     write_markdown(out_dir / "report.md", doc, title=args.title)
-    if not args.no_plot:
+    # A run where nothing succeeded has nothing to draw (matplotlib only warns about empty axes).
+    if not args.no_plot and any(s["ok"] for s in summaries):
         try:
             doc["plots"] = write_plots(out_dir, runs, summaries)
         except ImportError as exc:
