@@ -337,3 +337,24 @@ def test_key_and_key_file_together_are_refused_at_load(tmp_path):
 
 def test_every_provider_has_a_fake():
     assert set(SPECS) == set(CONFIGS) and set(PROVIDERS) == set(CONFIGS.values())
+
+
+def test_check_config_reports_a_missing_or_unreadable_key(tmp_path, monkeypatch):
+    from gateway.launch.preflight import preflight
+
+    monkeypatch.delenv("RERANK_TEST_UNSET_VARIABLE", raising=False)
+    key = tmp_path / "key"
+    key.write_text(KEYS["jina"])
+    settings = Settings(models=(
+        JinaEngineConfig(name="found", model="m", api_key_file=str(key)),
+        JinaEngineConfig(name="absent", model="m", api_key_env="RERANK_TEST_UNSET_VARIABLE"),
+        JinaEngineConfig(name="unreadable", model="m", api_key_file=str(tmp_path / "nowhere")),
+    ))
+    findings = [f.message for f in preflight(settings).findings if "key" in f.message]
+    assert findings == [
+        ("models[1] (absent): no API key found: set api_key, api_key_file or the environment variable "
+        "RERANK_TEST_UNSET_VARIABLE"),
+        ("models[2] (unreadable): api_key_file: cannot read the key file (FileNotFoundError); check the path and "
+        "its permissions"),
+    ]
+    assert not any(KEYS["jina"] in f.message for f in preflight(settings).findings)

@@ -21,6 +21,7 @@ from schemas.config import (
     DashScopeEngineConfig,
     GatedPrecisionConfig,
     GgufEngineConfig,
+    HostedRerankConfig,
     LocalModelConfig,
     PoolEngineConfig,
     Settings,
@@ -132,6 +133,19 @@ def _model(i: int, model: object, report: Preflight) -> None:
             where = f"the environment variable {model.api_key_env}" if model.api_key_env else "api_key_env"
             report.findings.append(Finding(
                 f"models[{i}] ({model.name}): no DashScope API key: set api_key or {where}", refuses=False))
+    if isinstance(model, HostedRerankConfig):
+        from adapters.base import EngineConfigError
+        from adapters.upstreams.http import read_api_key
+
+        try:
+            found = read_api_key(model.api_key, model.api_key_file, model.api_key_env) is not None
+        except EngineConfigError as exc:  # the key file cannot be read: the line the model fails to load with
+            report.findings.append(Finding(f"models[{i}] ({model.name}): {exc}", refuses=False))
+            found = True
+        if not found:
+            where = f"the environment variable {model.api_key_env}" if model.api_key_env else "api_key_env"
+            report.findings.append(Finding(
+                f"models[{i}] ({model.name}): no API key found: set api_key, api_key_file or {where}", refuses=False))
 
 
 def _local_family(i: int, model: LocalModelConfig) -> str:
