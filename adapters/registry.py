@@ -15,6 +15,7 @@ from typing import Final
 
 from adapters.base import RerankEngine
 from schemas.config import (
+    ComposedModelConfig,
     CohereEngineConfig,
     DashScopeEngineConfig,
     GgufEngineConfig,
@@ -121,6 +122,8 @@ class MissingExtraError(RuntimeError):
 
 def missing_packages(config: EngineConfig) -> MissingExtraError | None:
     """The error :func:`build_engine` would raise for missing packages, found without importing them."""
+    if isinstance(config, ComposedModelConfig):  # a chain (or cascade) has no engine: its models have their own
+        return None
     _, extra = _IMPLEMENTATIONS[type(config)]
     if extra is None:
         return None
@@ -136,6 +139,8 @@ def imports_heavy_libraries(config: EngineConfig) -> bool:
     Engines of the core install (static, DashScope, pools) import only what the gateway already
     has, so they are built at once; the others are worth a worker thread.
     """
+    if isinstance(config, ComposedModelConfig):
+        return False
     return _IMPLEMENTATIONS[type(config)][1] is not None
 
 

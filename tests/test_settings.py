@@ -160,8 +160,9 @@ def test_environment_values_are_converted_to_the_field_type(tmp_path):
     ("text", "wanted"),
     [
         ('[[models]]\nname = "a"\nengine = "transfomers"\npath = "/m"\n',
-         ("models[0].engine: unknown engine 'transfomers'; the engines are 'dashscope', 'gguf', 'openvino', 'packed', 'pool', "
-          "'static', 'transformers', 'vllm-generate', 'vllm-score'")),
+         ("models[0].engine: unknown engine 'transfomers'; the engines are 'chain', 'cohere', 'dashscope', 'gguf', 'jina', "
+          "'mixedbread', 'nvidia', 'openvino', 'packed', 'pool', 'static', 'together', 'transformers', 'vllm-generate', "
+          "'vllm-score', 'voyage'")),
         (f'[logging]\nlevel = "VERBOSE"\n{STATIC}',
          "logging.level: invalid value 'VERBOSE'; allowed: 'DEBUG', 'ERROR', 'INFO', 'WARNING'"),
         ('[[models]]\nname = "my model"\nengine = "static"\n',

@@ -28,7 +28,7 @@ import msgspec
 
 from gateway.config.config_schema import EnvValue, dotted, humanize, type_env_values
 from gateway.config.config_schema import Path as FieldPath
-from schemas.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH, Settings
+from schemas.config import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PATH, ModelReferenceError, Settings, check_references
 
 __all__ = ("ConfigError", "cuda_present", "default_engine_kind", "load_settings")
 
@@ -253,6 +253,10 @@ def _check_names(settings: Settings) -> None:
             if name in seen:
                 raise ConfigError(f"invalid config: model name {name!r} is used twice (by {seen[name]!r} and {model.name!r})")
             seen[name] = model.name
+    try:  # chains (and any model made of others) name configured models: checked once, in schemas
+        check_references(settings.models)
+    except ModelReferenceError as exc:
+        raise ConfigError(f"invalid config: {exc}") from None
     tei_model = settings.dialects.tei_model
     if tei_model is not None and tei_model not in seen:
         raise ConfigError(

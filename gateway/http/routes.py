@@ -41,6 +41,11 @@ def _response(outcome: RerankOutcome) -> Response[RerankResponse]:
     if outcome.cache is not None:  # the response cache is on
         headers["x-cache"] = outcome.cache
         fields["cache"] = outcome.cache
+    if outcome.target is not None:  # a chain: the configured model that computed these scores
+        headers["x-rerank-target"] = outcome.target
+        fields["target"] = outcome.target
+        if outcome.attempts is not None:
+            fields["attempts"] = outcome.attempts
     return Response(outcome.response, status_code=200, headers=headers)
 
 

@@ -45,6 +45,9 @@ class CachedAnswer(msgspec.Struct, frozen=True):
     documents: int
     items: int
     input_tokens: int
+    # The chain target that computed the answer (its x-rerank-target header on a hit); None for
+    # a model served by its own engine. Entries written before this field decode with None.
+    target: str | None = None
 
 
 _answer_encoder = msgspec.msgpack.Encoder()

@@ -76,6 +76,7 @@ _SCORING_LIBRARIES: Final[dict[str, tuple[str, ...]]] = {
     "static": (),
     "dashscope": (),
     "pool": (),
+    "chain": (),  # its answers' key also holds every target's fingerprint (gateway.serving.routing.chain)
 }
 # An engine kind added without an entry here: every library, erring towards a miss.
 _ALL_LIBRARIES = tuple(sorted({d for libs in _SCORING_LIBRARIES.values() for d in libs}))

@@ -13,12 +13,15 @@ import asyncio
 import enum
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters.base import EngineObserver, RerankEngine
 from gateway.errors import ModelUnavailableError
 from gateway.serving.fingerprint import model_fingerprint
 from schemas.config import EngineConfig, ServerConfig, VllmEngineConfig
+
+if TYPE_CHECKING:
+    from gateway.serving.routing.chain import Chain
 
 __all__ = ("ModelRuntimeState", "ModelState")
 
@@ -57,6 +60,9 @@ class ModelRuntimeState:
         # Set once the first load attempt has ended, loaded or failed (ModelRegistry.start's order).
         self.first_attempt_done = asyncio.Event()
         self._fingerprint: str | None = None
+        # Set for an ``engine = "chain"`` model (by ModelRegistry): its targets and their health.
+        # Such a model has no engine of its own; the service routes its requests.
+        self.chain: Chain | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -137,6 +143,8 @@ class ModelRuntimeState:
         if self.config.aliases:
             out["aliases"] = list(self.config.aliases)
         out["in_flight"] = self.in_flight
+        if self.chain is not None:
+            out.update(self.chain.status())
         if self.restarts:
             out["restarts"] = self.restarts
         # Engines may report their own counters (e.g. vLLM's requests per engine step).

@@ -20,13 +20,22 @@ import structlog
 
 from adapters.base import EngineDeadError, RerankEngine
 from adapters.registry import build_engine, imports_heavy_libraries
+from gateway.config.settings import ConfigError
 from gateway.errors import UnknownModelError
 from gateway.observability.logging import adopt_library_loggers
 from gateway.serving import heap
 from gateway.serving.fingerprint import model_fingerprint
 from gateway.serving.load_failures import fix_for
 from gateway.serving.model_state import ModelRuntimeState, ModelState
-from schemas.config import EngineConfig, Settings
+from gateway.serving.routing.chain import Chain
+from schemas.config import (
+    ChainEngineConfig,
+    ComposedModelConfig,
+    EngineConfig,
+    ModelReferenceError,
+    Settings,
+    check_references,
+)
 
 __all__ = ("ModelRegistry", "ModelRuntime", "ModelState", "describe_exception")
 
@@ -178,6 +187,17 @@ class ModelRegistry:
         for rt in self._runtimes:
             for name in (rt.name, *rt.config.aliases):
                 self._by_name[name] = rt
+        try:  # load_settings checked them already; Settings built in code are checked here
+            references = check_references(settings.models)
+        except ModelReferenceError as exc:
+            raise ConfigError(f"invalid config: {exc}") from None
+        for rt in self._runtimes:
+            if isinstance(rt.config, ComposedModelConfig):
+                # No engine of its own: it serves through the models it names, which load as usual.
+                rt.state = ModelState.READY
+                rt.first_attempt_done.set()
+            if isinstance(rt.config, ChainEngineConfig):
+                rt.chain = Chain(rt.config, [self._by_name[name] for name in references[rt.name]])
         self._tasks: list[asyncio.Task[None]] = []
 
     def __iter__(self) -> Iterable[ModelRuntime]:
@@ -209,7 +229,7 @@ class ModelRegistry:
         """
         first = [rt.first_attempt_done for rt in self._runtimes if rt.runs_vllm]
         self._tasks = [asyncio.create_task(rt.load(None if rt.runs_vllm else first), name=f"load:{rt.name}")
-                       for rt in self._runtimes]
+                       for rt in self._runtimes if not isinstance(rt.config, ComposedModelConfig)]
 
     async def wait_loaded(self) -> None:
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -242,6 +262,12 @@ class ModelRegistry:
             else:
                 if rt.engine is engine and not rt.restarting:
                     rt.state, rt.error, rt.down_since = ModelState.READY, None, None
+        for rt in self._runtimes:
+            if rt.chain is not None:  # after its targets: ready while one of them can serve
+                serving = rt.chain.serving()
+                rt.state = ModelState.READY if serving else ModelState.UNHEALTHY
+                rt.error = None if serving else "no target of the chain can serve"
+                rt.down_since = None if serving else (rt.down_since or time.monotonic())
 
     def liveness_failure(self) -> str | None:
         """Why the process should be restarted, or None while it is alive.
@@ -253,7 +279,10 @@ class ModelRegistry:
         bound = self._server.liveness_failure_after_s
         if not bound or not self._runtimes:
             return None
-        since = [rt.down_since for rt in self._runtimes]
+        # Models made of others have no engine to restart: their targets decide.
+        since = [rt.down_since for rt in self._runtimes if not isinstance(rt.config, ComposedModelConfig)]
+        if not since:
+            return None
         if any(s is None for s in since):
             return None
         down_s = time.monotonic() - max(s for s in since if s is not None)
@@ -263,6 +292,7 @@ class ModelRegistry:
             f"every model has been unable to serve for more than {bound:g} s "
             "(server.liveness_failure_after_s); see GET /ready for the causes"
         )
+
 
     @property
     def ready(self) -> bool:

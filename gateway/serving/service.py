@@ -62,7 +62,7 @@ from schemas.rerank import (
     Usage,
 )
 
-__all__ = ("CHUNK", "LongTexts", "RerankOutcome", "RerankService", "chunk_ids", "dedup", "wants_raw_scores")
+__all__ = ("CHUNK", "LongTexts", "RerankOutcome", "RerankService", "Scored", "chunk_ids", "dedup", "wants_raw_scores")
 
 # Cohere v2's documented default for max_tokens_per_doc.
 V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
@@ -79,6 +79,27 @@ class RerankOutcome(msgspec.Struct, kw_only=True, frozen=True):
     inference_ms: float
     # "hit" | "miss" when the response cache is on (the x-cache header), else None.
     cache: str | None = None
+    # The configured model that computed the scores, when the request went through a chain
+    # (the x-rerank-target header); None for a model served by its own engine.
+    target: str | None = None
+    attempts: str | None = None  # "target:outcome,..." when a chain tried more than one target
+
+
+class Scored(msgspec.Struct, kw_only=True, frozen=True):
+    """The scores of one request's documents, from :meth:`RerankService.score_documents`."""
+
+    # One score per document, in the order given; when ``indices`` is set (the engine ranked and
+    # cut to ``top_n`` itself), the score of document ``indices[k]`` only.
+    scores: list[float]
+    indices: list[int] | None
+    input_tokens: int  # tokens the serving engine processed (usage and billing count these)
+    items: int  # items scored (after dedup and chunking)
+    queue_s: float
+    tokenize_s: float
+    inference_s: float
+    target: str  # the configured model whose engine computed them (the model itself, or a chain's target)
+    # (target, outcome) of each chain attempt, in order; () for a model served by its own engine.
+    attempts: tuple[tuple[str, str], ...] = ()
 
 
 class RerankService:
@@ -109,22 +130,153 @@ class RerankService:
                 f"too many documents: {len(documents)} > {self._limits.max_documents} (limits.max_documents)"
             )
         texts = rank_texts(documents, request.rank_fields)
-        # None: the model's default, which only its engine knows (an LLM reranker's family).
-        instruction: str | None = (
-            request.instruction or request.instruct or getattr(runtime.config, "instruction", None)
-        )
+        asked = request.instruction or request.instruct or None
         max_tokens = request.max_tokens_per_doc
         if max_tokens is None and api_version == "2":
             max_tokens = V2_DEFAULT_MAX_TOKENS_PER_DOC
+        chain = runtime.chain
 
         key: str | None = None
         if self.cache is not None:
+            # None: the model's default, which only its engine knows (an LLM reranker's family).
+            instruction = asked or getattr(runtime.config, "instruction", None)
             key = self._cache_key(request, runtime, api_version, instruction, max_tokens, long_texts, raw_scores)
             hit = await self.cache.get(key)
             if hit is not None:
                 return _answer_from_cache(hit, runtime.name, request_id)
 
+        scored = await self.score_documents(
+            runtime, query=query, texts=texts, instruction=asked, max_tokens_per_doc=max_tokens,
+            max_chunks_per_doc=request.max_chunks_per_doc, long_texts=long_texts, raw_scores=raw_scores,
+            top_n=request.top_n,
+        )
+        top_n = min(request.top_n or len(documents), len(documents))
+        if scored.indices is not None:
+            # The engine ranked and cut (job.top_n): items are the documents themselves.
+            by_index = dict(zip(scored.indices, scored.scores, strict=True))
+            order = sorted(by_index, key=lambda i: (-by_index[i], i))[:top_n]
+            score_of: Any = by_index
+        else:
+            score_of = scored.scores
+            order = sorted(range(len(documents)), key=lambda i: (-score_of[i], i))[:top_n]
+        echo = bool(request.return_documents)
+        results = [
+            RerankResult(
+                index=i,
+                relevance_score=score_of[i],
+                document=_as_document(documents[i]) if echo else None,
+            )
+            for i in order
+        ]
+        response = RerankResponse(
+            id=request_id,
+            results=results,
+            meta=RerankMeta(
+                api_version=ApiVersion(version=api_version),
+                billed_units=BilledUnits(search_units=max(1, math.ceil(scored.items / 100))),
+                tokens=Tokens(input_tokens=scored.input_tokens),
+            ),
+            model=runtime.name,
+            usage=Usage(total_tokens=scored.input_tokens),
+        )
+        record_phases(
+            queue_s=scored.queue_s,
+            tokenize_s=scored.tokenize_s,
+            inference_s=scored.inference_s,
+            documents=len(documents),
+            items=scored.items,
+        )
+        record_usage(
+            documents=len(documents),
+            tokens=scored.input_tokens,
+            search_units=response.meta.billed_units.search_units,
+        )
+        target = scored.target if chain is not None else None
+        if self.cache is not None and key is not None:
+            if chain is None or chain.cacheable(scored.target):
+                answer = CachedAnswer(_json.encode(response), len(documents), scored.items, scored.input_tokens, target)
+                await self.cache.put(key, answer)
+            _mark_cache("miss")
+        return RerankOutcome(
+            response=response,
+            model=runtime.name,
+            documents=len(documents),
+            items=scored.items,
+            input_tokens=scored.input_tokens,
+            tokenize_ms=scored.tokenize_s * 1e3,
+            inference_ms=scored.inference_s * 1e3,
+            cache="miss" if key is not None else None,
+            target=target,
+            # What the chain went through before that target served (the access log line).
+            attempts=",".join(f"{n}:{o}" for n, o in scored.attempts) if len(scored.attempts) > 1 else None,
+        )
+
+    async def score_documents(
+        self,
+        model: str | ModelRuntime,
+        *,
+        query: str,
+        texts: Sequence[str],
+        instruction: str | None = None,
+        max_tokens_per_doc: int | None = None,
+        max_chunks_per_doc: int | None = None,
+        long_texts: LongTexts = CHUNK,
+        raw_scores: bool = False,
+        top_n: int | None = None,
+    ) -> Scored:
+        """Score ``texts`` against ``query`` on configured model ``model`` (a name, alias or runtime), with chain routing.
+
+        The entry point for anything that scores on a configured model by name: a rerank
+        request, and models made of others (a cascade's stages). A chain model routes to its
+        targets by its rules (:mod:`gateway.serving.routing.chain`: failover, spill-over,
+        cooldowns, one deadline); any other model scores on its own engine within its
+        ``timeout_s`` and admission bound. ``instruction`` None: the model's configured
+        instruction, else its family's default. ``top_n``: a hint (upstreams may rank and cut;
+        then ``Scored.indices`` is set). No API key check, response cache, usage record or
+        metrics of the request: the caller owns those (``rerank`` does them for its public name).
+        Errors are the engines' and the gateway's (``gateway.errors`` maps them to statuses);
+        ``Scored.target`` names the model whose engine computed the scores.
+        """
+        runtime = self._registry.get(model) if isinstance(model, str) else model
+        args = (query, list(texts), instruction, max_tokens_per_doc, max_chunks_per_doc, long_texts, raw_scores, top_n)
+        chain = runtime.chain
+        if chain is None:
+            return await self._compute(runtime, *args)
+        _admit(runtime)
+        runtime.in_flight += 1
+        try:
+            routed = await chain.route(lambda target: self._compute_routed(target, *args))
+        finally:
+            runtime.in_flight -= 1
+        scored: Scored = routed.value
+        # A target that is a chain itself brings its own attempts, ending in the one that served.
+        attempts = (*routed.attempts[:-1], *scored.attempts) if scored.attempts else tuple(routed.attempts)
+        return msgspec.structs.replace(scored, attempts=attempts)
+
+    async def _compute_routed(self, runtime: ModelRuntime, *args: Any) -> Scored:
+        """One chain attempt: the target scores on its engine, or routes on if it is a chain itself."""
+        if runtime.chain is not None:
+            return await self.score_documents(runtime, query=args[0], texts=args[1], instruction=args[2],
+                                              max_tokens_per_doc=args[3], max_chunks_per_doc=args[4],
+                                              long_texts=args[5], raw_scores=args[6], top_n=args[7])
+        return await self._compute(runtime, *args)
+
+    async def _compute(
+        self,
+        runtime: ModelRuntime,
+        query: str,
+        texts: list[str],
+        instruction: str | None,
+        max_tokens: int | None,
+        max_chunks_per_doc: int | None,
+        long_texts: LongTexts,
+        raw_scores: bool,
+        top_n: int | None,
+    ) -> Scored:
+        """The request's documents scored on ``runtime``'s own engine: build the job, score, fold chunks."""
         engine = runtime.usable_engine()
+        if instruction is None:
+            instruction = getattr(runtime.config, "instruction", None)
         if instruction is None:
             instruction = getattr(engine.tokenizer, "default_instruction", "")
         if raw_scores and not getattr(engine, "supports_raw_scores", False):
@@ -140,12 +292,7 @@ class RerankService:
                 "truncates long texts at the end itself; the gateway cannot count their tokens to cut at "
                 "the start or to refuse them: leave `truncate` unset or send `truncate: true` with `Right`"
             )
-        if runtime.in_flight >= runtime.config.max_concurrent_requests:
-            raise EngineOverloadedError(
-                f"model '{runtime.name}' is at its limit of {runtime.config.max_concurrent_requests} "
-                "concurrent requests; retry shortly",
-                retry_after=1,
-            )
+        _admit(runtime)
         runtime.in_flight += 1
         try:
             unique, positions = dedup(texts)
@@ -154,7 +301,7 @@ class RerankService:
             owners: Sequence[int]
             result = None
             if tokenizer is not None:
-                max_chunks = request.max_chunks_per_doc or getattr(runtime.config, "max_chunks_per_doc", 1)
+                max_chunks = max_chunks_per_doc or getattr(runtime.config, "max_chunks_per_doc", 1)
                 args = (tokenizer, query, instruction, unique, max_tokens, max_chunks, long_texts, raw_scores)
                 if (getattr(engine, "overlaps_tokenizing", False) and len(unique) >= _OVERLAP_MIN_DOCUMENTS
                         and runtime.in_flight == 1):
@@ -168,7 +315,7 @@ class RerankService:
                     texts=unique,
                     max_tokens_per_doc=max_tokens,
                     raw_scores=raw_scores,
-                    top_n=top_n_hint(request.top_n, len(documents), len(unique)),
+                    top_n=top_n_hint(top_n, len(texts), len(unique)),
                 )
                 owners = range(len(unique))
             if result is None:
@@ -179,65 +326,14 @@ class RerankService:
             t2 = time.perf_counter()
         finally:
             runtime.in_flight -= 1
-
-        top_n = min(request.top_n or len(documents), len(documents))
+        common = {"input_tokens": result.input_tokens, "items": job.size, "queue_s": result.queue_s,
+                  "tokenize_s": t1 - t0, "inference_s": t2 - t1, "target": runtime.name}
         if result.indices is not None:
-            # The engine ranked and cut (job.top_n): items are the documents themselves.
-            scores = dict(zip(result.indices, result.scores, strict=True))
-            order = sorted(scores, key=lambda i: (-scores[i], i))[:top_n]
-        else:
-            unique_scores = [-math.inf] * len(unique)
-            for owner, score in zip(owners, result.scores, strict=True):
-                if score > unique_scores[owner]:
-                    unique_scores[owner] = score
-            scores = [unique_scores[p] for p in positions]
-            order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))[:top_n]
-        echo = bool(request.return_documents)
-        results = [
-            RerankResult(
-                index=i,
-                relevance_score=scores[i],
-                document=_as_document(documents[i]) if echo else None,
-            )
-            for i in order
-        ]
-        response = RerankResponse(
-            id=request_id,
-            results=results,
-            meta=RerankMeta(
-                api_version=ApiVersion(version=api_version),
-                billed_units=BilledUnits(search_units=max(1, math.ceil(job.size / 100))),
-                tokens=Tokens(input_tokens=result.input_tokens),
-            ),
-            model=runtime.name,
-            usage=Usage(total_tokens=result.input_tokens),
-        )
-        record_phases(
-            queue_s=result.queue_s,
-            tokenize_s=t1 - t0,
-            inference_s=t2 - t1,
-            documents=len(documents),
-            items=job.size,
-        )
-        record_usage(
-            documents=len(documents),
-            tokens=result.input_tokens,
-            search_units=response.meta.billed_units.search_units,
-        )
-        if self.cache is not None and key is not None:
-            answer = CachedAnswer(_json.encode(response), len(documents), job.size, result.input_tokens)
-            await self.cache.put(key, answer)
-            _mark_cache("miss")
-        return RerankOutcome(
-            response=response,
-            model=runtime.name,
-            documents=len(documents),
-            items=job.size,
-            input_tokens=result.input_tokens,
-            tokenize_ms=(t1 - t0) * 1e3,
-            inference_ms=(t2 - t1) * 1e3,
-            cache="miss" if key is not None else None,
-        )
+            return Scored(scores=result.scores, indices=result.indices, **common)
+        unique_scores = [-math.inf] * len(unique)
+        for owner, score in zip(owners, result.scores, strict=True):
+            unique_scores[owner] = max(unique_scores[owner], score)
+        return Scored(scores=[unique_scores[p] for p in positions], indices=None, **common)
 
     def _cache_key(
         self,
@@ -259,13 +355,14 @@ class RerankService:
             "long_texts": msgspec.to_builtins(long_texts),
             "raw_scores": raw_scores,
         }
+        chain = runtime.chain
         return cache_key(
             scope=scope,
             api_version=api_version,
             model=runtime.name,
             request=request,
             effective=effective,
-            fingerprint=runtime.fingerprint,
+            fingerprint=chain.fingerprint if chain is not None else runtime.fingerprint,
         )
 
     async def _score(self, runtime: ModelRuntime, job: ScoreJob) -> Any:
@@ -307,6 +404,16 @@ class RerankService:
 _response_decoder = msgspec.json.Decoder(RerankResponse)
 
 
+def _admit(runtime: ModelRuntime) -> None:
+    """503 + Retry-After when ``runtime`` holds its ``max_concurrent_requests`` already."""
+    if runtime.in_flight >= runtime.config.max_concurrent_requests:
+        raise EngineOverloadedError(
+            f"model '{runtime.name}' is at its limit of {runtime.config.max_concurrent_requests} "
+            "concurrent requests; retry shortly",
+            retry_after=1,
+        )
+
+
 def _mark_cache(result: str) -> None:
     timing = current_timing()
     if timing is not None:
@@ -327,6 +434,7 @@ def _answer_from_cache(hit: CachedAnswer, model: str, request_id: str) -> Rerank
         tokenize_ms=0.0,
         inference_ms=0.0,
         cache="hit",
+        target=hit.target,
     )
 
 

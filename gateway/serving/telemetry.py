@@ -184,10 +184,20 @@ class GatewayTelemetry:
             "rerank_response_cache_requests", "Rerank requests looked up in the response cache, by result.",
             ("model", "result"), registry=registry,
         )
+        self.route_attempts = Counter(
+            "rerank_route_attempts",
+            "Chain attempts per chain model, target and outcome (served, not_ready, overloaded, spilled, timeout, "
+            "failed, refused, skipped: see docs/routing.md).",
+            ("model", "target", "outcome"), registry=registry,
+        )
 
     def attach(self, models: ModelRegistry, *, cache_enabled: bool = False) -> None:
         """Give every model an engine observer and expose the registry's state gauges."""
         for rt in models:
+            if rt.chain is not None:
+                rt.chain.observe = self._route_observer()
+                for target in rt.chain.targets:  # series from the start, as above
+                    self.route_attempts.labels(rt.name, target.name, "served")
             rt.observer = ModelObserver(self, rt.name)
             # Series exist (at 0) from the start, so rates and dashboards have data before traffic.
             for metric in (self.prefix_queries, self.prefix_hits):
@@ -198,6 +208,17 @@ class GatewayTelemetry:
         collector = _ModelStateCollector(models)
         self.registry.register(collector)
         self.live.append(collector)
+
+    def _route_observer(self) -> Any:
+        children: dict[tuple[str, str, str], Any] = {}
+
+        def observe(model: str, target: str, outcome: str) -> None:
+            child = children.get((model, target, outcome))
+            if child is None:  # labels() once per series, as in observe()
+                child = children[(model, target, outcome)] = self.route_attempts.labels(model, target, outcome)
+            child.inc()
+
+        return observe
 
     def observe(self, timing: RequestTiming, *, model: str | None, route: str) -> None:
         """A rerank request finished (any status): record its phases."""

@@ -68,6 +68,8 @@ from .server import (
     LoggingConfig,
     ServerConfig,
 )
+from .references import ComposedModelConfig, ModelReferenceError, check_references
+from .routing import ChainEngineConfig
 from .settings import EngineConfig, Settings
 from .upstream import DashScopeEngineConfig, PoolEngineConfig, UpstreamHttpConfig
 
@@ -75,6 +77,8 @@ __all__ = (
     "ApiKeyConfig",
     "AuthConfig",
     "CacheConfig",
+    "ChainEngineConfig",
+    "ComposedModelConfig",
     "CohereEngineConfig",
     "DEFAULT_INSTRUCTION",
     "DEFAULT_MODEL_NAME",
@@ -110,6 +114,7 @@ __all__ = (
     "PositiveFloat",
     "Qwen3LocalConfig",
     "RUNTIME_REFUSALS",
+    "ModelReferenceError",
     "ServerConfig",
     "Settings",
     "StaticEngineConfig",
@@ -119,6 +124,7 @@ __all__ = (
     "VllmEngineConfig",
     "VllmGenerateEngineConfig",
     "VllmScoreEngineConfig",
+    "check_references",
     "VoyageEngineConfig",
     "packed_encoder_refusal",
     "packed_runs_checkpoint",

@@ -21,6 +21,7 @@ from .local import (
     VllmScoreEngineConfig,
 )
 from .server import AuthConfig, CacheConfig, DialectsConfig, LimitsConfig, LoggingConfig, ServerConfig
+from .routing import ChainEngineConfig
 from .upstream import DashScopeEngineConfig, PoolEngineConfig
 
 EngineConfig = (
@@ -33,6 +34,7 @@ EngineConfig = (
     | DashScopeEngineConfig
     | PoolEngineConfig
     | GgufEngineConfig
+    | ChainEngineConfig
     | CohereEngineConfig
     | JinaEngineConfig
     | VoyageEngineConfig

@@ -24,7 +24,13 @@ def finish(dialect: str, outcomes: list[RerankOutcome], documents: int) -> dict[
         items=sum(o.items for o in outcomes),
         tokens=sum(o.input_tokens for o in outcomes),
     )
-    return {
+    headers = {
         "x-tokenize-time-ms": f"{sum(o.tokenize_ms for o in outcomes):.2f}",
         "x-inference-time-ms": f"{sum(o.inference_ms for o in outcomes):.2f}",
     }
+    # A chain: the target(s) that computed the scores (several queries of one vLLM score request
+    # may have been served by different targets: each is named once, in order).
+    targets = list(dict.fromkeys(o.target for o in outcomes if o.target is not None))
+    if targets:
+        headers["x-rerank-target"] = fields["target"] = ",".join(targets)
+    return headers

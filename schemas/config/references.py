@@ -1,0 +1,98 @@
+"""Models made of other configured models (a fallback ``chain``, a ``cascade``), and the one check of
+the names they give.
+
+Such an entry has no engine of its own: it names other ``[[models]]`` entries, which load and
+serve as usual, and the gateway routes its requests to them (``gateway.serving.routing``). Every
+kind of it subclasses :class:`ComposedModelConfig` and lists the names it gives in
+:meth:`ComposedModelConfig.references`; :func:`check_references` then checks them all at load, in
+one place, whatever the kind: each name is a configured model or alias, no entry names itself,
+and no entry reaches itself through others (a cycle would route a request forever).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .base import ModelConfig
+
+__all__ = ("ComposedModelConfig", "ModelReferenceError", "check_references")
+
+
+class ComposedModelConfig(ModelConfig):
+    """Base of ``[[models]]`` entries made of other configured models; no engine is loaded for them."""
+
+    def references(self) -> tuple[tuple[str, str], ...]:
+        """``(field path, model name)`` for every other model this entry names, e.g. ``("targets[0]", "local")``."""
+        raise NotImplementedError
+
+
+class ModelReferenceError(ValueError):
+    """A composed model names a model that is not configured, itself, or a cycle; ``path`` is where."""
+
+    def __init__(self, message: str, path: tuple[str | int, ...]) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+def check_references(models: Sequence[ModelConfig]) -> dict[str, tuple[str, ...]]:
+    """Check every :class:`ComposedModelConfig` in ``models``; return each one's canonical names in order.
+
+    Aliases are resolved: a chain may name a target by its alias, and gets the canonical name
+    back. Raises :class:`ModelReferenceError` naming ``models[i].<field>`` and what is wrong.
+    """
+    canonical = {name: m.name for m in models for name in (m.name, *m.aliases)}
+    graph: dict[str, tuple[str, ...]] = {}
+    where: dict[str, int] = {}
+    for i, model in enumerate(models):
+        if not isinstance(model, ComposedModelConfig):
+            continue
+        kind = type(model).__struct_config__.tag
+        names: list[str] = []
+        for field, name in model.references():
+            path = ("models", i, *_split(field))
+            target = canonical.get(name)
+            if target is None:
+                raise ModelReferenceError(
+                    f"models[{i}].{field}: {name!r} is not a configured model name or alias "
+                    f"(configured: {', '.join(sorted(canonical))})",
+                    path,
+                )
+            if target == model.name:
+                raise ModelReferenceError(f"models[{i}].{field}: {kind} {model.name!r} names itself", path)
+            if target in names:
+                raise ModelReferenceError(
+                    f"models[{i}].{field}: {name!r} names {target!r} a second time (each is used at most once)", path
+                )
+            names.append(target)
+        graph[model.name] = tuple(names)
+        where[model.name] = i
+    for start in graph:
+        cycle = _cycle(start, graph)
+        if cycle:
+            i = where[start]
+            raise ModelReferenceError(
+                f"models[{i}] ({start}): names form a cycle ({' -> '.join(cycle)}); a request would be routed forever",
+                ("models", i),
+            )
+    return graph
+
+
+def _cycle(start: str, graph: dict[str, tuple[str, ...]]) -> list[str]:
+    """A path from ``start`` back to itself through ``graph``, or [] (depth-first; graphs are tiny)."""
+    stack: list[tuple[str, list[str]]] = [(start, [start])]
+    seen: set[str] = set()
+    while stack:
+        node, path = stack.pop()
+        for nxt in graph.get(node, ()):
+            if nxt == start:
+                return [*path, start]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, [*path, nxt]))
+    return []
+
+
+def _split(field: str) -> tuple[str | int, ...]:
+    """``"targets[1]"`` -> ``("targets", 1)``."""
+    name, _, rest = field.partition("[")
+    return (name, int(rest.rstrip("]"))) if rest else (name,)
