@@ -212,11 +212,16 @@ def test_an_unreachable_hub_is_said_to_be_the_network(monkeypatch):
     repo = "rerank-gateway-tests/not-in-any-cache"
     exc = _load_error(repo)
     cause = describe_exception(exc)
-    assert "not in the Hugging Face cache and the hub is unreachable" in cause and "no config.json" not in cause
+    assert "not in the local Hugging Face cache, and HF_HUB_OFFLINE is set" in cause and "no config.json" not in cause
     fix = fix_for(TransformersEngineConfig(name="m", path=repo), 0, exc)
     assert "HF_HUB_OFFLINE is set" in fix and f"hf download {repo}" in fix and "local directory" in fix
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the same failure where the host simply is unreachable
-    assert "cannot be reached from this machine" in fix_for(TransformersEngineConfig(name="m", path=repo), 0, exc)
+    # Not offline, the hub's name does not resolve: the cause and the fix say DNS (tests/test_hub_unreachable.py
+    # has the other causes).
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "https://huggingface.invalid")
+    exc = _load_error(repo)
+    assert "huggingface.invalid does not resolve" in describe_exception(exc)
+    assert "does not resolve" in fix_for(TransformersEngineConfig(name="m", path=repo), 0, exc)
 
 
 def test_ready_says_loading_while_a_retry_runs_and_when_the_next_one_is(monkeypatch):

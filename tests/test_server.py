@@ -130,7 +130,7 @@ def test_default_config_without_weights_serves_503_with_hint(gateway_server, tmp
     model = ready.json()["models"][0]
     assert model["name"] == "qwen3-reranker-0.6b" and model["state"] == "failed"
     # The cause is the network (here: offline mode), and the fix says so (issue 22).
-    assert "the hub is unreachable" in model["error"] and "no config.json" not in model["error"]
+    assert "HF_HUB_OFFLINE is set" in model["error"] and "no config.json" not in model["error"]
     assert "HF_HUB_OFFLINE is set" in model["fix"]
     resp = httpx.post(f"{srv.url}/v2/rerank", json={"model": "qwen3-reranker-0.6b", "query": "q", "documents": ["d"]})
     assert resp.status_code == 503 and "local directory" in resp.json()["message"]

@@ -121,21 +121,37 @@ def read_model_files(path: str, revision: str | None = None) -> ModelFiles:
 
 
 def _hub_json(repo: str, name: str, revision: str | None, *, required: bool) -> Any:
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
+    from adapters.families.hub import HubUnreachableError, http_failure, unreachable_reason
+
+    # Probe first: the hub client retries an unreachable host for 23 s before it falls back to the
+    # cache, and then cannot tell offline mode from DNS from a firewall (adapters/families/hub.py).
+    reason = unreachable_reason()
+    if reason is not None:
+        cached = try_to_load_from_cache(repo, name, revision=revision)
+        if isinstance(cached, str):  # what hf_hub_download would fall back to, without the wait
+            return json.loads(Path(cached).read_text())
+        if cached is not None and not required:  # the cache knows the repo has no such file
+            return None
+        raise HubUnreachableError(f"{repo}: {name} is not in the local Hugging Face cache, and {reason}", reason)
     try:
         file = hf_hub_download(repo, name, revision=revision)
     except LocalEntryNotFoundError as exc:  # a subclass of EntryNotFoundError: caught first
-        # Offline or unreachable: the weights cannot load either; gateway.serving.load_failures says so.
-        raise FileNotFoundError(f"{repo}: {name} is not in the Hugging Face cache and the hub is unreachable") from exc
+        # The probe passed but the download could not reach the hub (a proxy, or it went away).
+        why = http_failure(exc) or "the hub could not be reached"
+        raise HubUnreachableError(f"{repo}: {name} is not in the local Hugging Face cache, and {why}", why) from exc
     except EntryNotFoundError:
         if required:
             raise FileNotFoundError(f"{repo}: no {name} in the hub repo (not a transformers checkpoint)") from None
         return None
     except Exception as exc:
         if required:  # the cause (its type and text) follows in the chain: not repeated here
-            raise OSError(f"{repo}: cannot read {name} from the Hugging Face hub") from exc
+            answered = http_failure(exc)
+            raise OSError(
+                f"{repo}: cannot read {name} from the Hugging Face hub" + (f" ({answered})" if answered else "")
+            ) from exc
         return None
     return json.loads(Path(file).read_text())
 
@@ -158,8 +174,8 @@ def _qwen3(files: ModelFiles) -> Detection | None:
 # Causal-LM rerankers ship the plain causal-LM architecture: the reranker is the prompt and the
 # score tokens. These are the ones whose architecture only a reranker of this gateway's kind uses.
 _LLM_RERANKERS = {
-    "GemmaForCausalLM": ("bge-reranker-v2-gemma", "bge-reranker-v2-gemma's A/B prompt, the \"Yes\" logit"),
-    "Qwen2ForCausalLM": ("mxbai-rerank-v2", "mxbai-rerank-v2's prompt, logit(\"1\") - logit(\"0\")"),
+    "GemmaForCausalLM": ("bge-reranker-v2-gemma", 'bge-reranker-v2-gemma\'s A/B prompt, the "Yes" logit'),
+    "Qwen2ForCausalLM": ("mxbai-rerank-v2", 'mxbai-rerank-v2\'s prompt, logit("1") - logit("0")'),
 }
 
 
@@ -190,7 +206,11 @@ def _bi_encoder(files: ModelFiles) -> Detection | None:
 
 
 RULES: tuple[Callable[[ModelFiles], Detection | None], ...] = (
-    _jina_v3, _qwen3, _llm_reranker, _cross_encoder, _bi_encoder
+    _jina_v3,
+    _qwen3,
+    _llm_reranker,
+    _cross_encoder,
+    _bi_encoder,
 )
 
 

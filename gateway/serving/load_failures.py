@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from adapters.base import EngineConfigError
 from adapters.families.checkpoint import is_hub_id, missing_local_path
+from adapters.families.hub import HubUnreachableError, offline_mode
 from adapters.registry import MissingExtraError
 from schemas.config import EngineConfig
 
@@ -20,7 +21,7 @@ __all__ = ("fix_for", "is_network_failure")
 
 # Exception types (by name: their libraries are optional) that mean the hub could not be reached.
 _NETWORK_TYPES = frozenset({
-    "LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectionError", "ConnectError", "ConnectTimeout",
+    "HubUnreachableError", "LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectionError", "ConnectError", "ConnectTimeout",
     "NewConnectionError", "MaxRetryError", "NameResolutionError", "gaierror", "ProxyError", "SSLError",
     "ReadTimeout", "ConnectTimeoutError",
 })
@@ -74,8 +75,13 @@ def fix_for(config: EngineConfig, index: int, exc: BaseException) -> str:
         )
     names = {type(item).__name__ for item in _chain(exc)}
     if is_hub_id(path) and is_network_failure(exc):
-        why = ("HF_HUB_OFFLINE is set, so nothing is downloaded" if os.environ.get("HF_HUB_OFFLINE", "").strip()
-               not in ("", "0", "false", "False") else "the Hugging Face hub cannot be reached from this machine")
+        # The probe's words where it ran (offline mode, DNS, no connection, an HTTP answer).
+        probed = next((item.reason for item in _chain(exc) if isinstance(item, HubUnreachableError)), None)
+        why = probed or (
+            "HF_HUB_OFFLINE is set, so nothing is downloaded"
+            if offline_mode()
+            else "the Hugging Face hub cannot be reached from this machine"
+        )
         return (
             f"'{path}' is a hub id and it is not in the local Hugging Face cache; {why}. Download it where "
             f"the hub is reachable (hf download {path} --local-dir DIR) and set {field} to that local "
