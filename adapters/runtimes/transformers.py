@@ -38,6 +38,7 @@ from adapters.families.base import WEIGHTS_LOCK, Family, Row
 from adapters.families.checkpoint import check_window
 from adapters.families.qwen3 import max_position_embeddings
 from adapters.runtimes.parity import GoldenQuery, compare_rankings, golden_set_or_refuse, graded_golden_set
+from adapters.runtimes.qrels_gate import QrelsSet, judge, read_qrels_set
 from schemas.config import TransformersEngineConfig
 
 __all__ = ("TransformersEngine", "TransformersQwen3Engine", "plan_batches")
@@ -204,12 +205,15 @@ class TransformersEngine:
             check_window(cfg.name, family.window(),
                          max_position_embeddings(cfg.path, cfg.revision, trust_remote_code=cfg.trust_remote_code))
         reduced = device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
+        # The operator's judgements, when given, decide instead of the order rule (read before the weights).
+        qrels = read_qrels_set(cfg.name, cfg.qrels_set, cfg.qrels_split) if reduced and cfg.qrels_set else None
         golden = golden_set_or_refuse(cfg.name, cfg.parity_set, lambda: graded_golden_set(
-            queries=cfg.parity_queries, documents=cfg.parity_documents)) if reduced else []
+            queries=cfg.parity_queries, documents=cfg.parity_documents)) if reduced and qrels is None else []
         with WEIGHTS_LOCK:
             family.load_torch(device, torch.float32 if reduced else dtype)
         if reduced:
-            self.parity = _parity_gate(family, cfg, device, dtype, golden)
+            self.parity = (_parity_gate(family, cfg, device, dtype, golden) if qrels is None
+                           else _qrels_gate(family, cfg, device, dtype, qrels))
         self._device, self._dtype, self._loaded = device, dtype, True
 
     def _leave_queue(self, waiting: list[bool]) -> None:
@@ -289,6 +293,30 @@ def _golden_scores(family: Family, cfg: TransformersEngineConfig, golden: list[G
                 outputs[i] = vec
         out.append(family.scores(job, torch.stack(outputs)))
     return out
+
+
+def _qrels_gate(family: Family, cfg: TransformersEngineConfig, device: torch.device, dtype: torch.dtype,
+                qrels: QrelsSet) -> dict[str, Any]:
+    """The gate on the operator's judgements (``qrels_set``, adapters/runtimes/qrels_gate.py): fp32
+    and ``dtype`` score its queries through the request path, as ``_parity_gate``'s passes do;
+    refused (or warned) unless ``dtype``'s nDCG@10 is within ``qrels_tolerance`` of fp32's."""
+    reference = _golden_scores(family, cfg, qrels.queries)
+    family.unload()
+    with WEIGHTS_LOCK:
+        family.load_torch(device, dtype)
+    verdict = judge(qrels, reference, _golden_scores(family, cfg, qrels.queries), tolerance=cfg.qrels_tolerance)
+    name = str(dtype).removeprefix("torch.")
+    figures = {"precision": name, **verdict.figures()}
+    log.info("qrels_gate", model=cfg.name, **figures)
+    if verdict.admitted:
+        return figures
+    line = f"model {cfg.name!r}: {verdict.line(name)}"
+    if cfg.precision_gate == "refuse":
+        family.unload()
+        raise EngineConfigError(f"{line}; refused: use dtype = \"float32\" on a CPU, a larger qrels_tolerance, or "
+                                "precision_gate = \"warn\"")
+    log.warning("qrels_gate_failed", model=cfg.name, detail=line, precision_gate="warn")
+    return figures
 
 
 def _forward_failed(exc: Exception) -> EngineError:

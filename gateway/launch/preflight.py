@@ -25,6 +25,7 @@ from schemas.config import (
     LocalModelConfig,
     PoolEngineConfig,
     Settings,
+    TransformersEngineConfig,
     VllmGenerateEngineConfig,
 )
 
@@ -126,6 +127,14 @@ def _model(i: int, model: object, report: Preflight) -> None:
         except ValueError as exc:  # the line the engine would refuse the model with at load
             report.findings.append(Finding(
                 f"models[{i}].parity_set (env RERANK_MODELS__{i}__PARITY_SET): {exc}", refuses=False))
+    if isinstance(model, TransformersEngineConfig) and model.qrels_set is not None:  # with a reduced dtype only
+        from adapters.runtimes.judgements import load_beir
+
+        try:
+            load_beir(model.qrels_set, model.qrels_split)  # as adapters/runtimes/qrels_gate.py will
+        except ValueError as exc:  # the line the engine would refuse the model with at load
+            report.findings.append(Finding(
+                f"models[{i}].qrels_set (env RERANK_MODELS__{i}__QRELS_SET): {exc}", refuses=False))
     if isinstance(model, DashScopeEngineConfig):
         from adapters.upstreams.http import resolve_api_key
 

@@ -110,12 +110,24 @@ class TransformersEngineConfig(GatedPrecisionConfig, tag="transformers"):
     parity_queries: Positive = 32
     # ... and documents per query, graded one by one (the j-th holds 10 - j of its query's words).
     parity_documents: Annotated[int, msgspec.Meta(ge=10)] = 30
+    # Or your own judgements: a BEIR directory (corpus.jsonl, queries.jsonl, qrels/<qrels_split>.tsv).
+    # dtype is then admitted on nDCG@10 instead of the top-10 order: only if it is within
+    # qrels_tolerance (relative) of fp32's (adapters/runtimes/qrels_gate.py, docs/evaluate.md).
+    qrels_set: str | None = None
+    qrels_split: str = "test"  # see qrels_set
+    qrels_tolerance: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.005  # see qrels_set
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.qrels_set is not None and self.parity_set is not None:
+            raise ValueError("parity_set and qrels_set are two rules of the same gate (the top-10 order of your "
+                             "queries, or nDCG@10 on your judgements): keep one")
         if self.parity_set is not None and self.dtype == "float32":
             raise ValueError("parity_set is the golden set of the parity gate of dtype = 'bfloat16' / 'float16' on a "
                              "CPU, read only then; set dtype or drop parity_set")
+        if self.qrels_set is not None and self.dtype == "float32":
+            raise ValueError("qrels_set judges dtype = 'bfloat16' / 'float16' on a CPU against fp32, read only then; "
+                             "set dtype or drop qrels_set")
 
 
 class PackedEngineConfig(GatedPrecisionConfig, tag="packed"):
