@@ -30,6 +30,7 @@ from gateway.http.direct import DirectRoutes
 from gateway.http.middleware import request_context
 from gateway.http.openapi import finalize_openapi
 from gateway.http.routes import ROUTES
+from gateway.observability import tracing
 from gateway.observability.logging import configure_logging
 from gateway.observability.metrics import metrics_endpoint
 from gateway.serving import heap
@@ -88,7 +89,12 @@ class GatewayApp(Litestar):
         if scope["type"] == "http":
             timeout = self.state.settings.server.body_read_timeout_s
             next_app = self.direct.match(scope) or super().__call__
-            handled = request_context(scope, receive, send, next_app, body_timeout_s=timeout)
+            if tracing.TRACER is None:
+                handled = request_context(scope, receive, send, next_app, body_timeout_s=timeout)
+            else:  # the request's server span around everything, its id and log line included
+                handled = tracing.serve_request(
+                    scope, send, lambda traced: request_context(scope, receive, traced, next_app, body_timeout_s=timeout)
+                )
             await (handled if self.drain is None else self.drain.run(handled))
         else:
             await super().__call__(scope, receive, send)
@@ -114,6 +120,7 @@ def create_app(
     settings = settings if settings is not None else load_settings()
     if configure_logs:
         configure_logging(settings.logging.level, fmt=settings.logging.format)
+    tracing.configure(os.environ)  # OTEL_* variables; off (and nothing imported) without them
     registry = ModelRegistry(settings)
     access = AccessControl(settings)  # API keys, per-key limits, usage metrics
     cache = build_cache(settings)  # None unless [cache] enabled = true
@@ -138,6 +145,7 @@ def create_app(
             await registry.stop()
             if cache is not None:
                 await cache.close()
+            tracing.shutdown()  # the last spans flushed to the collector
             log.info("gateway_stopped", stop_s=round(time.perf_counter() - started, 2))
 
     app = GatewayApp(

@@ -31,6 +31,7 @@ import httpx
 import msgspec
 import tenacity
 
+from adapters import tracing
 from adapters.base import (
     EngineConfigError,
     EngineError,
@@ -172,8 +173,12 @@ async def post_bounded(
     :func:`answer_limit` bytes (streamed, so a larger body is refused without being held).
     Transport failures are mapped by :func:`map_transport_error`."""
     limit = answer_limit(len(body))
+    # One client span per call (a retry is another); the upstream gets it as its traceparent.
+    span = tracing.start("upstream.call", {"rerank.target": upstream, "http.request.body.size": len(body)})
+    outcome = "cancelled"
     try:
-        async with client.stream("POST", path, content=body, headers={"Content-Type": "application/json"}) as response:
+        async with client.stream("POST", path, content=body, headers=tracing.headers(span, _JSON)) as response:
+            outcome = str(response.status_code) if response.status_code != 200 else "ok"
             length = response.headers.get("content-length", "")
             if length.isascii() and length.isdigit() and (len(length) > 18 or int(length) > limit):
                 raise EngineError(f"{upstream} answered over {limit} bytes")
@@ -185,8 +190,17 @@ async def post_bounded(
                     raise EngineError(f"{upstream} answered over {limit} bytes")
                 chunks.append(chunk)
     except httpx.TransportError as exc:
+        outcome = type(exc).__name__
         raise map_transport_error(exc, upstream, read_timeout_s=read_timeout_s) from None
+    except EngineError:
+        outcome = "answer_too_large"
+        raise
+    finally:
+        tracing.end(span, outcome)
     return response, b"".join(chunks)
+
+
+_JSON = {"Content-Type": "application/json"}
 
 
 def map_transport_error(exc: httpx.TransportError, upstream: str, *, read_timeout_s: float) -> EngineError:

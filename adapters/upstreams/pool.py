@@ -45,6 +45,7 @@ from typing import Any
 import aiohttp
 import structlog
 
+from adapters import tracing
 from adapters.base import (
     EngineError,
     EngineMisconfiguredError,
@@ -243,18 +244,27 @@ class PoolEngine:
     async def _send(self, replica: Replica, call: UpstreamCall, body: bytes) -> UpstreamAnswer:
         assert self._client is not None
         upstream = f"replica {replica.shown}"
+        # Each replica tried is one client span; the replica gets this span as its traceparent.
+        span = tracing.start("upstream.call", {"rerank.model": self._config.name, "rerank.target": replica.shown,
+                                                "http.request.body.size": len(body)})
         replica.outstanding += 1
         try:
-            async with self._client.post(replica.url + self._protocol.path, data=body) as response:
+            async with self._client.post(
+                replica.url + self._protocol.path, data=body, headers=tracing.headers(span)
+            ) as response:
                 content = await _read_bounded(response, answer_limit(len(body)))
                 status, headers = response.status, response.headers
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except BaseException as exc:
+            tracing.end(span, "cancelled" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__)
+            if not isinstance(exc, aiohttp.ClientError | TimeoutError):
+                raise
             error = map_aiohttp_error(exc, upstream, read_timeout_s=self._config.read_timeout_s)
             if isinstance(error, RetryableUpstreamError | EngineTimeoutError):
                 self._failed(replica, type(exc).__name__)
             raise error from None
         finally:
             replica.outstanding -= 1
+        tracing.end(span, "ok" if status == 200 else str(status), **{"http.response.status_code": status})
         if status == 200:
             result = self._protocol.decode(content, headers, call, len(body))
             # An answer ends its run of ejections too: its next one is cooldown_s again. (A passing

@@ -34,6 +34,7 @@ from gateway.errors import (
     classify,
 )
 from gateway.http.middleware import cancelled_status, log_fields, request_id
+from gateway.observability import tracing
 from gateway.observability.metrics import ANONYMOUS, UNAUTHENTICATED, UsageMetrics
 from gateway.security.admin import SharedKeys, key_info
 from gateway.security.auth import KeyStore, RequestAccess, check_exposure, request_access, scope_warnings
@@ -228,20 +229,21 @@ class AccessMiddleware:
 
         with request_access(access), request_timing() as timing:
             try:
-                keys = control.keys
-                if keys.enabled:
-                    access.label = UNAUTHENTICATED
-                    key = keys.authenticate(scope["headers"])
-                    access.key, access.label = key, key.id
-                    log_fields()["key_id"] = key.id
-                    if scope["path"].startswith(_ADMIN_PREFIX):
-                        if not key.admin:
-                            raise AdminOnlyError(f"API key '{key.id}' is not an admin key (admin = true)")
-                    else:
-                        quotas = bool(quota_rules(key))
-                        admission = await control.limiter.admit(key)
-                elif scope["path"].startswith(_ADMIN_PREFIX):
-                    raise AdminOnlyError("the admin API needs an admin key: add one with admin = true to [[auth.keys]]")
+                with tracing.span("auth"):  # key lookup, rate limits, quota check
+                    keys = control.keys
+                    if keys.enabled:
+                        access.label = UNAUTHENTICATED
+                        key = keys.authenticate(scope["headers"])
+                        access.key, access.label = key, key.id
+                        log_fields()["key_id"] = key.id
+                        if scope["path"].startswith(_ADMIN_PREFIX):
+                            if not key.admin:
+                                raise AdminOnlyError(f"API key '{key.id}' is not an admin key (admin = true)")
+                        else:
+                            quotas = bool(quota_rules(key))
+                            admission = await control.limiter.admit(key)
+                    elif scope["path"].startswith(_ADMIN_PREFIX):
+                        raise AdminOnlyError("the admin API needs an admin key: add one with admin = true to [[auth.keys]]")
                 timing.admission_s = time.perf_counter() - timing.started
                 await self.app(scope, receive, send_with_limits)
             except Exception as exc:
@@ -266,6 +268,10 @@ class AccessMiddleware:
                 # server's shutdown (503, answered by gateway.http.middleware).
                 control.metrics.record_request(access.label, access.model, status or cancelled_status(scope))
                 control.telemetry.observe(timing, model=access.model, route=scope.get("path_template", scope["path"]))
+                if access.model is not None:  # on the request's span (what the service resolved and used)
+                    tracing.annotate(**{"rerank.model": access.model, **({
+                        "rerank.documents": usage.documents, "rerank.tokens": usage.tokens,
+                        "rerank.search_units": usage.search_units} if usage is not None else {})})
                 if usage is not None and access.model is not None:
                     control.metrics.record_usage(
                         access.label,

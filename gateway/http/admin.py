@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 from litestar import Request, Response, delete, get, patch, post
 from litestar.params import FromPath, JSONBody, Parameter
 
-from gateway.errors import AdminUnavailableError, InvalidRequestError, KeyNotFoundError
+from gateway.errors import AdminOnlyError, AdminUnavailableError, InvalidRequestError, KeyNotFoundError
 from gateway.http.decoding import StrictBody
 from gateway.security.admin import SharedKeys, change_key, create_key, revoke_key
-from gateway.security.auth import current_key_id
+from gateway.security.auth import current_key_id, current_key_is_admin
 from gateway.security.quotas import USAGE_RETENTION_DAYS
 from schemas.admin import (
     KeyChange,
@@ -41,6 +41,16 @@ _SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 _TAGS = ["admin"]
 
 
+def _admin_only(connection: Any, handler: Any) -> None:
+    """Defence in depth: the access middleware refuses other keys before routing; this guard keeps
+    an admin handler from ever running without an admin key (and off the direct rerank path)."""
+    if not current_key_is_admin():
+        raise AdminOnlyError("the admin API needs an admin key (admin = true)")
+
+
+_GUARDS = [_admin_only]
+
+
 def _control(request: Request[Any, Any, Any]) -> AccessControl:
     control: AccessControl = request.app.state.access
     return control
@@ -58,7 +68,7 @@ def _actor() -> str:
     return current_key_id() or "-"
 
 
-@post("/admin/v1/keys", status_code=201, tags=_TAGS, security=_SECURITY, dto=StrictBody[KeyCreate], return_dto=None,
+@post("/admin/v1/keys", status_code=201, tags=_TAGS, security=_SECURITY, guards=_GUARDS, dto=StrictBody[KeyCreate], return_dto=None,
       summary="Create a key (its secret is in this answer only)")
 async def create_admin_key(request: Request[Any, Any, Any], data: JSONBody[KeyCreate]) -> Response[KeyCreated]:
     control = _control(request)
@@ -67,14 +77,14 @@ async def create_admin_key(request: Request[Any, Any, Any], data: JSONBody[KeyCr
     return Response(created, status_code=201)
 
 
-@get("/admin/v1/keys", tags=_TAGS, security=_SECURITY, summary="List keys (never their secrets or hashes)")
+@get("/admin/v1/keys", tags=_TAGS, security=_SECURITY, guards=_GUARDS, summary="List keys (never their secrets or hashes)")
 async def list_admin_keys(request: Request[Any, Any, Any]) -> KeyList:
     control = _control(request)
     await control.sync_keys()
     return KeyList(data=control.key_infos())
 
 
-@get("/admin/v1/keys/{key_id:str}", tags=_TAGS, security=_SECURITY, summary="One key")
+@get("/admin/v1/keys/{key_id:str}", tags=_TAGS, security=_SECURITY, guards=_GUARDS, summary="One key")
 async def get_admin_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> KeyInfo:
     control = _control(request)
     await control.sync_keys()
@@ -84,7 +94,7 @@ async def get_admin_key(request: Request[Any, Any, Any], key_id: FromPath[str]) 
     raise KeyNotFoundError(f"no key '{key_id}'")
 
 
-@patch("/admin/v1/keys/{key_id:str}", tags=_TAGS, security=_SECURITY, dto=StrictBody[KeyChange], return_dto=None,
+@patch("/admin/v1/keys/{key_id:str}", tags=_TAGS, security=_SECURITY, guards=_GUARDS, dto=StrictBody[KeyChange], return_dto=None,
        summary="Change a key's models, admin flag, expiry, limits or quotas (null removes one)")
 async def change_admin_key(request: Request[Any, Any, Any], key_id: FromPath[str], data: JSONBody[KeyChange]) -> KeyInfo:
     control = _control(request)
@@ -93,14 +103,14 @@ async def change_admin_key(request: Request[Any, Any, Any], key_id: FromPath[str
     return info
 
 
-@delete("/admin/v1/keys/{key_id:str}", tags=_TAGS, security=_SECURITY, summary="Revoke a key")
+@delete("/admin/v1/keys/{key_id:str}", tags=_TAGS, security=_SECURITY, guards=_GUARDS, summary="Revoke a key")
 async def revoke_admin_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> None:
     control = _control(request)
     await revoke_key(_store(control), control.file_ids, _actor(), key_id)
     await control.sync_keys()
 
 
-@get("/admin/v1/keys/{key_id:str}/quota", tags=_TAGS, security=_SECURITY,
+@get("/admin/v1/keys/{key_id:str}/quota", tags=_TAGS, security=_SECURITY, guards=_GUARDS,
      summary="A key's quotas: used so far in this day and month, and when each resets")
 async def admin_key_quota(request: Request[Any, Any, Any], key_id: FromPath[str]) -> QuotaReport:
     control = _control(request)
@@ -115,7 +125,7 @@ async def admin_key_quota(request: Request[Any, Any, Any], key_id: FromPath[str]
     )
 
 
-@get("/admin/v1/usage", tags=_TAGS, security=_SECURITY,
+@get("/admin/v1/usage", tags=_TAGS, security=_SECURITY, guards=_GUARDS,
      summary="Usage per key and model over whole days (limits.quota_timezone), both ends included")
 async def admin_usage(
     request: Request[Any, Any, Any],

@@ -35,6 +35,7 @@ __all__ = (
     "authorize_model",
     "check_exposure",
     "current_key_id",
+    "current_key_is_admin",
     "generate_key",
     "hash_key",
     "is_loopback",
@@ -233,6 +234,12 @@ def current_key_id() -> str | None:
     """The id of the key the current request presented; None without keys or outside a request."""
     access = _current.get()
     return access.key.id if access is not None and access.key is not None else None
+
+
+def current_key_is_admin() -> bool:
+    """The current request presented an admin key (``admin = true``)."""
+    access = _current.get()
+    return access is not None and access.key is not None and access.key.admin
 
 
 def record_usage(*, documents: int, tokens: int, search_units: int) -> None:

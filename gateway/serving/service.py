@@ -34,6 +34,7 @@ from adapters.base import (
     ScoreJob,
 )
 from gateway.errors import InvalidRequestError, PayloadTooLargeError, RawScoresUnsupportedError
+from gateway.observability import tracing
 from gateway.security.auth import authorize_model, current_key_id, record_usage
 from gateway.serving.cache import CachedAnswer, ResponseCache, cache_key
 from gateway.serving.jobs import (
@@ -141,7 +142,9 @@ class RerankService:
             # None: the model's default, which only its engine knows (an LLM reranker's family).
             instruction = asked or getattr(runtime.config, "instruction", None)
             key = self._cache_key(request, runtime, api_version, instruction, max_tokens, long_texts, raw_scores)
-            hit = await self.cache.get(key)
+            with tracing.span("cache.lookup"):
+                hit = await self.cache.get(key)
+                tracing.annotate(**{"rerank.cache": "miss" if hit is None else "hit"})
             if hit is not None:
                 return _answer_from_cache(hit, runtime.name, request_id)
 
@@ -307,7 +310,8 @@ class RerankService:
                         and runtime.in_flight == 1):
                     job, owners, t1, result = await overlapped(self._limits, self._score, runtime, *args)
                 else:
-                    job, owners = await token_job(self._limits, *args)
+                    with tracing.span("tokenize", **{"rerank.documents": len(unique)}):
+                        job, owners = await token_job(self._limits, *args)
             else:
                 job = ScoreJob(
                     query=query,
@@ -370,7 +374,9 @@ class RerankService:
         try:
             # In this task (wait_for would start another one per request).
             async with asyncio.timeout(runtime.config.timeout_s):
-                result = await engine.score(job)
+                with tracing.engine_span(runtime.name, runtime.kind, job.size) as span:
+                    result = await engine.score(job)
+                    tracing.engine_done(span, tokens=result.input_tokens, queue_s=result.queue_s)
         except TimeoutError:
             raise EngineTimeoutError(
                 f"model '{runtime.name}' did not answer within {runtime.config.timeout_s:g}s (timeout_s)"

@@ -29,6 +29,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.observability import tracing
+
 if TYPE_CHECKING:
     from gateway.serving.models import ModelRegistry
 
@@ -97,6 +99,7 @@ class ModelObserver:
     def step(self, *, rows: int, tokens: int) -> None:
         self._batch.observe(rows)
         self._tokens.observe(tokens)
+        tracing.engine_step(rows, tokens)  # the step's span, when the request's own task ran it
 
     def prefix_cache(self, *, queries: int, hits: int) -> None:
         self._queries.inc(queries)
