@@ -65,6 +65,8 @@ _IMPLEMENTATIONS: Final[dict[type, tuple[str, str | None]]] = {
     MixedbreadEngineConfig: ("adapters.upstreams.hosted.engine:HostedEngine", None),
     NvidiaEngineConfig: ("adapters.upstreams.hosted.engine:HostedEngine", None),
     TogetherEngineConfig: ("adapters.upstreams.hosted.engine:HostedEngine", None),
+    # SigV4 through the AWS SDK: boto3 (botocore signs, pools connections); docs/upstreams.md.
+    BedrockEngineConfig: ("adapters.upstreams.hosted.bedrock:BedrockEngine", "bedrock"),
     # llama-cpp-python (built from its sdist on install) + gguf (reads the file's head and metadata).
     GgufEngineConfig: ("adapters.runtimes.gguf:GgufEngine", "gguf"),
 }
@@ -75,6 +77,7 @@ _EXTRA_MODULES: Final[dict[str, tuple[str, ...]]] = {
     "transformers": ("torch", "transformers", "tokenizers"),
     "vllm": ("vllm", "transformers"),
     "openvino": ("openvino", "torch", "transformers", "tokenizers"),
+    "bedrock": ("boto3", "botocore"),
 }
 
 

@@ -7,6 +7,7 @@ parametrized over the providers, and the error test over each provider's documen
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -67,6 +68,9 @@ def _model(provider: str, name: str, fake: FakeProviders, **kw: object) -> objec
     return CONFIGS[provider](name=name, **{**base, **kw})
 
 
+STARTUP_LOGS: list[dict[str, object]] = []
+
+
 @pytest.fixture(scope="module")
 def fake():
     limits = {name: Limits(max_documents=MAX_DOCS) for name in NAMES}
@@ -101,8 +105,11 @@ def client(fake, key_file):
     ]
     app = create_app(Settings(models=tuple(models)), configure_logs=False)
     try:
-        with TestClient(app) as c:
-            wait_loaded(c)
+        with contextlib.ExitStack() as stack:
+            with structlog.testing.capture_logs() as startup:  # what the models log while they start
+                c = stack.enter_context(TestClient(app))
+                wait_loaded(c)
+            STARTUP_LOGS[:] = startup
             yield c
     finally:
         for var, value in saved.items():
@@ -295,7 +302,8 @@ def test_refused_key_is_502_and_no_key_is_ever_logged_or_shown(client, fake, pro
     assert any(e["event"] == "hosted_account_refused" and e["status"] == 401 for e in logs)
     for secret in (WRONG, KEYS[provider]):
         assert secret not in refused.text and secret not in served.text and secret not in ready.text
-        assert not any(secret in repr(e) for e in logs)
+        assert not any(secret in repr(e) for e in logs + STARTUP_LOGS)
+    assert STARTUP_LOGS, "the models' start was not captured"
 
 
 def test_key_from_a_file(client, fake):

@@ -33,6 +33,7 @@ from .families import (
     runtime_refusal,
 )
 from .hosted import (
+    BedrockEngineConfig,
     CohereEngineConfig,
     HostedRerankConfig,
     JinaEngineConfig,
@@ -76,6 +77,7 @@ from .upstream import DashScopeEngineConfig, PoolEngineConfig, UpstreamHttpConfi
 __all__ = (
     "ApiKeyConfig",
     "AuthConfig",
+    "BedrockEngineConfig",
     "CacheConfig",
     "ChainEngineConfig",
     "ComposedModelConfig",

@@ -1,7 +1,8 @@
 """``[[models]]`` entries scored by a hosted rerank API: Cohere, Jina AI, Voyage AI, Mixedbread,
-NVIDIA NIM / API catalog and Together. One engine kind per provider (the provider is a type, not
-a string compared in code); what they share -- the key, the limits a call is split by, retries --
-is :class:`HostedRerankConfig`. The wire formats and where each limit comes from: docs/upstreams.md.
+NVIDIA NIM / API catalog, Together, and AWS Bedrock. One engine kind per provider (the provider is a
+type, not a string compared in code); what the bearer-key APIs share -- the key, the limits a call is
+split by, retries -- is :class:`HostedRerankConfig`; Bedrock signs with AWS credentials instead
+(:class:`BedrockEngineConfig`). The wire formats and where each limit comes from: docs/upstreams.md.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from .base import ModelName, Positive, PositiveFloat
+from .base import ModelConfig, ModelName, Positive, PositiveFloat
 from .upstream import UpstreamHttpConfig
 
 __all__ = (
     "NVIDIA_CATALOG_URL",
+    "BedrockEngineConfig",
     "CohereEngineConfig",
     "HostedRerankConfig",
     "JinaEngineConfig",
@@ -123,3 +125,33 @@ class TogetherEngineConfig(HostedRerankConfig, tag="together", kw_only=True):
     base_url: str = "https://api.together.xyz"  # the provider's public API
     path: str = "/v1/rerank"  # its documented rerank path
     api_key_env: str | None = "TOGETHER_API_KEY"  # the environment variable holding the key
+
+
+class BedrockEngineConfig(ModelConfig, tag="bedrock", kw_only=True):
+    """AWS Bedrock's rerank (``bedrock-agent-runtime`` ``Rerank``), signed with SigV4 by the AWS SDK (boto3).
+
+    Credentials come from the AWS default chain (environment, shared files, a role), never from this file.
+    """
+
+    # The Bedrock model id (amazon.rerank-v1:0, cohere.rerank-v3-5:0), or a model ARN.
+    model: ModelName
+    region: str  # the AWS region (us-west-2, eu-central-1, ...): the endpoint's, and the model ARN's
+    endpoint_url: str | None = None  # e.g. a VPC endpoint; None: the region's public bedrock-agent-runtime endpoint
+    profile: str | None = None  # an AWS profile of the shared config files; None: the default credential chain
+    connect_timeout_s: PositiveFloat = 5.0  # longest wait for a TCP + TLS connection to Bedrock
+    read_timeout_s: PositiveFloat = 30.0  # longest wait for Bedrock's answer to one call
+    max_connections: Positive = 64  # the SDK's connection pool (max_pool_connections)
+    # Sources in one Rerank call (Bedrock's limit: 1000); a larger request is split into calls and merged in order.
+    max_documents_per_call: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 1000
+    max_parallel_calls: Positive = 4  # Rerank calls of one split request in flight at once
+    # Retries of one call after throttling or Bedrock's retryable faults (the SDK's own retries are off).
+    retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
+    backoff_initial_s: PositiveFloat = 0.5  # first retry delay, doubled each time (with jitter) ...
+    backoff_max_s: PositiveFloat = 10.0  # ... up to this
+
+    @property
+    def model_arn(self) -> str:
+        """``model`` as Rerank's ``modelArn``: an ARN as it is, a model id as its foundation-model ARN."""
+        if self.model.startswith("arn:"):
+            return self.model
+        return f"arn:aws:bedrock:{self.region}::foundation-model/{self.model}"

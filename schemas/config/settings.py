@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import _Strict
 from .hosted import (
+    BedrockEngineConfig,
     CohereEngineConfig,
     JinaEngineConfig,
     MixedbreadEngineConfig,
@@ -41,6 +42,7 @@ EngineConfig = (
     | MixedbreadEngineConfig
     | NvidiaEngineConfig
     | TogetherEngineConfig
+    | BedrockEngineConfig
 )
 
 
