@@ -36,16 +36,32 @@ _ENCODER = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2
 CLASSIFIER_SCALE = 0.3
 
 
-def _bert_tokenizer(out: Path) -> Any:
+def _fixed_wordpiece_vocab(specials: list[str]) -> dict[str, int]:
+    """A WordPiece vocabulary that is the same in every process: the corpus's words whole, and
+    every character of it alone and as a continuation (``##c``), each group sorted. The trained
+    one is not: the trainer breaks ties between equally frequent pairs in hash-map order, which
+    Rust seeds per process, so two builds of one seed get different vocabularies (and scores)."""
+    from tokenizers import normalizers, pre_tokenizers
+
+    norm, pre = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    words = sorted({w for text in _CORPUS for w, _ in pre.pre_tokenize_str(norm.normalize_str(text))})
+    chars = sorted({c for w in words for c in w})
+    tokens = [*specials, *chars, *(f"##{c}" for c in chars), *(w for w in words if len(w) > 1)]
+    return {t: i for i, t in enumerate(dict.fromkeys(tokens))}
+
+
+def _bert_tokenizer(out: Path, *, fixed_vocab: bool = False) -> Any:
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    vocab = _fixed_wordpiece_vocab(specials) if fixed_vocab else None
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(_CORPUS * 20, trainer=trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
+    if not fixed_vocab:
+        tok.train_from_iterator(_CORPUS * 20, trainer=trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
@@ -150,8 +166,12 @@ def build_tiny_cross_encoder(
     id2label: dict[int, str] | None = None,
     seed: int = 0,
     config_extra: dict[str, Any] | None = None,
+    fixed_vocab: bool = False,
 ) -> Path:
-    """A ``BertForSequenceClassification`` (kind "bert"), ELECTRA ("electra") or XLM-R one ("xlmr") in ``out_dir``."""
+    """A ``BertForSequenceClassification`` (kind "bert"), ELECTRA ("electra") or XLM-R one ("xlmr") in ``out_dir``.
+
+    ``fixed_vocab`` (bert): a vocabulary that is the same in every process (``_fixed_wordpiece_vocab``),
+    for tests whose verdict must not depend on the process that built the checkpoint."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification, XLMRobertaConfig, XLMRobertaForSequenceClassification
 
@@ -162,7 +182,7 @@ def build_tiny_cross_encoder(
         labels = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
     torch.manual_seed(seed)
     if kind == "bert":
-        fast = _bert_tokenizer(out)
+        fast = _bert_tokenizer(out, fixed_vocab=fixed_vocab)
         cfg = BertConfig(vocab_size=len(fast), max_position_embeddings=512, type_vocab_size=2,
                          pad_token_id=fast.pad_token_id, **_ENCODER, **labels)
         model: Any = BertForSequenceClassification(cfg)

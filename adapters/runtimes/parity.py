@@ -18,14 +18,25 @@ documents of 40-110 words into which 0-5 of the query's words are mixed, so a tr
 scores spread over its range as they do on real traffic); for the others graded one by one
 (``graded_golden_set``). Deterministic (fixed seed): the same model gets the same verdict every
 start.
+
+Scored the same way on every start, too: the passes run in a fixed order, in batches planned
+from the configuration alone (never from other traffic: the gate runs before the model serves),
+and -- for the torch runtimes -- on a fixed number of intra-op threads (:func:`fixed_threads`: the
+cores this process may run on), whatever other code left ``torch.set_num_threads`` at and
+whatever else the machine is doing. A reduction split over another number of threads sums in
+another order, and near the default tie a last-bit change can move a verdict; OpenVINO's
+plugin gets its thread count from the configuration already (``threads``, else the cores).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import random
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +50,8 @@ __all__ = (
     "GoldenQuery",
     "ParityReport",
     "compare_rankings",
+    "fixed_threads",
+    "gate_threads",
     "generate_golden_set",
     "golden_set_or_refuse",
     "graded_golden_set",
@@ -224,3 +237,35 @@ def _change(a: float, b: float) -> float:
     """|a - b|; infinite where one side is NaN (max() would skip it)."""
     d = abs(a - b)
     return math.inf if math.isnan(d) else d
+
+
+# One gate at a time sets the threads: two engines starting side by side in one process must not
+# change each other's count in the middle of a pass.
+_THREADS_LOCK = threading.Lock()
+
+
+def gate_threads() -> int:
+    """The intra-op threads every gate scores with: the cores this process may run on. Fixed for a
+    machine and container; not torch's current setting, which is process state (what a test, an
+    engine or an earlier start left behind)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def fixed_threads() -> Iterator[int]:
+    """torch's intra-op threads set to :func:`gate_threads` for the gate's passes (both of them:
+    the reference and the reduced precision), then restored; yields the count. ``set_num_threads``
+    is called from the thread that scores, which is what OpenMP's per-thread setting needs."""
+    import torch
+
+    with _THREADS_LOCK:
+        before = torch.get_num_threads()
+        n = gate_threads()
+        torch.set_num_threads(n)
+        try:
+            yield n
+        finally:
+            torch.set_num_threads(before)

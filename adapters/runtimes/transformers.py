@@ -37,7 +37,13 @@ from adapters.families import create_family
 from adapters.families.base import WEIGHTS_LOCK, Family, Row
 from adapters.families.checkpoint import check_window
 from adapters.families.qwen3 import max_position_embeddings
-from adapters.runtimes.parity import GoldenQuery, compare_rankings, golden_set_or_refuse, graded_golden_set
+from adapters.runtimes.parity import (
+    GoldenQuery,
+    compare_rankings,
+    fixed_threads,
+    golden_set_or_refuse,
+    graded_golden_set,
+)
 from adapters.runtimes.qrels_gate import QrelsSet, judge, read_qrels_set
 from schemas.config import TransformersEngineConfig
 
@@ -247,16 +253,21 @@ def _parity_gate(family: Family, cfg: TransformersEngineConfig, device: torch.de
                  golden: list[GoldenQuery]) -> dict[str, Any]:
     """Score ``golden`` with the fp32 weights ``family`` holds, reload them in ``dtype``, score
     again; refuse (or warn) unless the reduced precision keeps fp32's top-10 order. Both passes
-    take the path requests take (the family's prompts, batches and score rule)."""
-    reference = _golden_scores(family, cfg, golden)
+    take the path requests take (the family's prompts, batches and score rule), on the gate's fixed
+    thread count (``parity.fixed_threads``): the same verdict on every start."""
+    with fixed_threads() as threads:
+        reference = _golden_scores(family, cfg, golden)
     family.unload()
     with WEIGHTS_LOCK:
         family.load_torch(device, dtype)
-    report = compare_rankings(reference, _golden_scores(family, cfg, golden), tie=cfg.parity_tie)
+    with fixed_threads():
+        reduced = _golden_scores(family, cfg, golden)
+    report = compare_rankings(reference, reduced, tie=cfg.parity_tie)
     name = str(dtype).removeprefix("torch.")
     parity = {"precision": name, "golden": cfg.parity_set or "generated", "queries": report.queries,
               "kept": report.kept, "agreement": round(report.agreement, 4), "mean_shared": round(report.mean_shared, 2),
-              "max_score_change": report.max_delta, "tie": cfg.parity_tie, "min_agreement": cfg.parity_min_agreement}
+              "max_score_change": report.max_delta, "tie": cfg.parity_tie, "min_agreement": cfg.parity_min_agreement,
+              "threads": threads}
     if report.agreement >= cfg.parity_min_agreement:
         return parity
     line = f"model {cfg.name!r}: {report.line(name)}, below parity_min_agreement {cfg.parity_min_agreement:.0%}"

@@ -29,7 +29,7 @@ from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
 from adapters.runtimes.packed import gate, pipeline
 from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
 from adapters.runtimes.packed.scheduler import PackedScheduler
-from adapters.runtimes.parity import GoldenQuery, golden_set_or_refuse
+from adapters.runtimes.parity import GoldenQuery, fixed_threads, golden_set_or_refuse
 from schemas.config import DEFAULT_INSTRUCTION, PackedEngineConfig
 
 __all__ = ("PackedEngineBase", "PackedQwen3Engine", "resolve_devices")
@@ -256,12 +256,16 @@ def _to_fp8(replicas: list[PackedQwen3Replica], prompt: Qwen3PromptTokenizer, cf
     """Quantize every replica; the first one's golden-set ranking against its bf16 self decides
     (both scored the way the engine will serve: prefixes shared or not)."""
     instruction = cfg.instruction if cfg.instruction is not None else DEFAULT_INSTRUCTION
-    base = _golden_scores(replicas[0], prompt, cfg.batch_tokens, share, golden, instruction)
+    # Fixed intra-op threads for both passes (parity.fixed_threads): on a CPU "device" a reduction's
+    # order follows the thread count, which is process state; on a GPU it costs nothing.
+    with fixed_threads():
+        base = _golden_scores(replicas[0], prompt, cfg.batch_tokens, share, golden, instruction)
     for r in replicas:
         r.to_fp8()
         _warm_up(r, prompt, share)
-    result = gate.judge("fp8", base, _golden_scores(replicas[0], prompt, cfg.batch_tokens, share, golden, instruction),
-                        tie=cfg.parity_tie, min_agreement=cfg.parity_min_agreement,
+    with fixed_threads():
+        cand = _golden_scores(replicas[0], prompt, cfg.batch_tokens, share, golden, instruction)
+    result = gate.judge("fp8", base, cand, tie=cfg.parity_tie, min_agreement=cfg.parity_min_agreement,
                         golden=cfg.parity_set or "generated")
     if torch.cuda.is_available():  # the gate's 65k-token steps: do not keep their activations cached
         torch.cuda.empty_cache()
