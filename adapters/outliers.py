@@ -200,7 +200,7 @@ class Outliers(Generic[M]):
         for member in due:
             if member.probe is None:
                 member.probe = asyncio.create_task(_ignore_result(probe(member)), name=f"probe:{member.shown}")
-                member.probe.add_done_callback(lambda _task, m=member: setattr(m, "probe", None))
+                member.probe.add_done_callback(_probe_done(member))
         admitted = [m for m in candidates if m.admitted]
         if not admitted and due and wait:
             # Everything left is ejected: wait for the probes.
@@ -217,3 +217,10 @@ class Outliers(Generic[M]):
 
 async def _ignore_result(awaitable: Awaitable[Any]) -> None:
     await awaitable
+
+
+def _probe_done(member: Member) -> Callable[[asyncio.Task[None]], None]:
+    def done(_task: asyncio.Task[None]) -> None:
+        member.probe = None
+
+    return done

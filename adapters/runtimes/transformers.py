@@ -95,6 +95,9 @@ class TransformersEngine:
         # worker thread that starts a job's first pass takes it off, under this lock.
         self.queued_jobs = 0
         self._queue_lock = threading.Lock()
+        # Recent engine time of one job (its forward passes, its waits for a slot excluded), a moving
+        # average: with queued_jobs, the expected wait a fallback chain's spill-over reads.
+        self._job_s: float | None = None
         self.parity: dict[str, Any] | None = None  # the gate's figures, for a reduced dtype on a CPU
 
     def stats(self) -> dict[str, Any]:
@@ -158,6 +161,7 @@ class TransformersEngine:
         # Time between handing a batch to the limiter and its thread starting is queueing
         # (another request's forward pass holds the slot), not engine work.
         queue_s = 0.0
+        began = time.perf_counter()
         waiting = [True]  # shared with the worker threads: cleared when the first pass starts
         with self._queue_lock:
             self.queued_jobs += 1
@@ -180,12 +184,23 @@ class TransformersEngine:
                     outputs[i] = vec
         finally:
             self._leave_queue(waiting)  # cancelled (or empty) before any pass started
+        if batches:
+            job_s = time.perf_counter() - began - queue_s
+            self._job_s = job_s if self._job_s is None else 0.8 * self._job_s + 0.2 * job_s
         scores = family.scores(job, torch.stack(outputs) if outputs else torch.empty(0, 1))
         return ScoreResult(scores=scores, input_tokens=sum(len(r.ids) for r in rows), queue_s=queue_s)
 
     def queue_depth(self) -> int:
         """Requests waiting for their first forward pass (``rerank_queued_requests``)."""
         return self.queued_jobs
+
+    def expected_wait_s(self) -> float:
+        """Seconds a job submitted now would wait for its first pass: the jobs queued ahead of it times the
+        recent engine time of a job, over the passes that run at once (``max_parallel_batches``); 0
+        before any job ran. Read by a chain's spill-over (``gateway.serving.routing.saturation``)."""
+        if self._job_s is None:
+            return 0.0
+        return self.queued_jobs * self._job_s / self._config.max_parallel_batches
 
     async def _score_texts(self, family: Any, job: ScoreJob) -> ScoreResult:
         """Listwise families: one model call per block of documents, scores back in input order."""

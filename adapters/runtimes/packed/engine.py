@@ -79,6 +79,14 @@ class PackedEngineBase(abc.ABC):
         if self._scheduler is None:
             raise EngineUnavailableError("model is not loaded")
 
+    def queue_depth(self) -> int:
+        """Requests waiting for their first step (``rerank_queued_requests``, a chain's spill-over)."""
+        return self._scheduler.queue_depth() if self._scheduler is not None else 0
+
+    def expected_wait_s(self) -> float:
+        """The scheduler's :meth:`~adapters.runtimes.packed.scheduler.PackedScheduler.expected_wait_s`."""
+        return self._scheduler.expected_wait_s() if self._scheduler is not None else 0.0
+
     def _stats(self, base: dict[str, Any]) -> dict[str, Any]:
         """``base`` with the kernels every replica reports, a compile error, and the scheduler's counters."""
         out: dict[str, Any] = {"attention": self._replicas[0].attention_name if self._replicas else None,

@@ -83,6 +83,7 @@ class PackedScheduler:
         self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=1024)
         self._requests = 0
         self._queue_s = 0.0
+        self._step_s: float | None = None  # recent step duration, a moving average (expected_wait_s)
         self._engine_s = 0.0  # submit -> last score, summed over finished requests
         self._finished = 0
         self._dropped = 0
@@ -133,6 +134,22 @@ class PackedScheduler:
             req.resolve(self._error_type("engine stopped"))
         for t in self._threads:
             t.join(timeout)
+
+    def queue_depth(self) -> int:
+        """Requests no step has started yet (``rerank_queued_requests``; a chain's spill-over)."""
+        with self._cond:
+            return sum(1 for r in self._queue if r.started_at is None)
+
+    def expected_wait_s(self) -> float:
+        """Seconds a request submitted now would wait for its first step: the prompt tokens queued ahead
+        of it over the step budget (steps to go), times the recent step time, over the devices; 0
+        before any step ran. Read by a chain's spill-over (``gateway.serving.routing.saturation``)."""
+        with self._cond:
+            queued = sum(r.tokens_left for r in self._queue)
+            step_s = self._step_s
+        if not queued or step_s is None:
+            return 0.0
+        return -(-queued // self._budget) * step_s / len(self._runners)
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
@@ -337,6 +354,7 @@ class PackedScheduler:
             counters["prep_s"] += prep
             counters["wait_s"] += end - (t0 if wait_from is None else wait_from)
             self._recent.append((prep, end - (t0 if wait_from is None else wait_from)))
+            self._step_s = dt if self._step_s is None else 0.9 * self._step_s + 0.1 * dt
             self.steps_by_requests[len({id(r) for r, _ in taken})] += 1
             for k, (req, i) in enumerate(taken):
                 if req.cancelled or req.future.done():
