@@ -20,6 +20,7 @@ from adapters.upstreams.hosted.providers import PROVIDERS, Outcome
 from gateway.app import create_app
 from gateway.config.settings import ConfigError, load_settings
 from schemas.config import (
+    ChainEngineConfig,
     CohereEngineConfig,
     JinaEngineConfig,
     MixedbreadEngineConfig,
@@ -102,6 +103,8 @@ def client(fake, key_file):
     models += [
         _model("cohere", "cohere-file", fake, api_key_file=key_file, api_key_env="RERANK_TEST_UNSET_VARIABLE"),
         _model("voyage", "voyage-nokey", fake, api_key_env="RERANK_TEST_UNSET_VARIABLE"),
+        # A hosted provider as a fallback chain's target: Cohere first, Voyage behind it.
+        ChainEngineConfig(name="hosted-chain", targets=("cohere", "voyage"), accepts="other-models"),
     ]
     app = create_app(Settings(models=tuple(models)), configure_logs=False)
     try:
@@ -366,3 +369,22 @@ def test_check_config_reports_a_missing_or_unreadable_key(tmp_path, monkeypatch)
         "its permissions"),
     ]
     assert not any(KEYS["jina"] in f.message for f in preflight(settings).findings)
+
+
+@pytest.mark.parametrize(("fault", "served_by"), [
+    (Fault(503, "overloaded"), "voyage"),  # retried, then the chain moves on
+    (Fault(401, "invalid api token"), "voyage"),  # the target's account: the chain moves on
+    (Fault(400, "invalid request: query must not be empty"), None),  # the request's own fault: back as it is
+])
+def test_hosted_providers_as_chain_targets(client, fake, fault, served_by):
+    faults = [fault] * 3 if fault.status == 503 else [fault]  # a 503 is retried twice first
+    fake.fail_next("cohere", *faults)
+    r = rerank(client, "hosted-chain", documents=DOCS[:2])
+    providers = [c.provider for c in fake.requests]
+    if served_by is None:
+        assert r.status_code == 422, r.text
+        assert providers == ["cohere"]
+        return
+    assert r.status_code == 200, r.text
+    assert r.headers["x-rerank-target"] == served_by
+    assert providers == ["cohere"] * len(faults) + [served_by]
