@@ -72,6 +72,8 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         f'[[models]]\nname = "pool"\nengine = "pool"\nprotocol = "cohere"\nurls = ["{upstream.url}"]\nmodel = "ok"\n'
         f'[[models]]\nname = "broken"\nengine = "pool"\nprotocol = "cohere"\nurls = ["{upstream.url}"]\n'
         'model = "broken"\n'
+        # A chain whose first target fails (its replica answers 500) and whose second serves.
+        '[[models]]\nname = "chain"\nengine = "chain"\ntargets = ["broken", "m"]\naccepts = "other-models"\n'
     )
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "gw-test"}
     server = ServerProcess(config, tmp_path_factory.mktemp("traced"), env=env)
@@ -158,6 +160,21 @@ def test_an_error_trace_marks_the_failed_call_the_engine_and_the_request(traced)
     assert engine.status_code == 2 and engine.attributes["rerank.outcome"] != "ok"
     call = next(s for s in engine.children if s.name == "upstream.call")
     assert call.status_code == 2 and call.attributes["http.response.status_code"] == 500
+    _contained(root)
+
+
+def test_a_chain_has_one_span_per_attempt_with_its_target_and_outcome(traced) -> None:
+    server, receiver = traced
+    traceparent, trace_id, _ = _traceparent()
+    assert _post(server, "chain", traceparent).status_code == 200
+    root = receiver.trace(trace_id, "POST /v2/rerank")
+    attempts = [s for s in root.children if s.name == "route.attempt"]
+    assert [(a.attributes["rerank.target"], a.attributes["rerank.chain"]) for a in attempts] == [
+        ("broken", "chain"), ("m", "chain")
+    ]
+    assert attempts[0].attributes["rerank.outcome"] != "served" and attempts[1].attributes["rerank.outcome"] == "served"
+    assert [c.name for c in attempts[0].children] == ["engine"]  # the failed call to the replica under it
+    assert any(s.name == "upstream.call" for s in _all(attempts[0]))
     _contained(root)
 
 

@@ -40,6 +40,7 @@ from adapters.base import (
 )
 from adapters.outliers import Member, OutlierPolicy, Outliers
 from gateway.errors import GatewayError, ModelUnavailableError
+from gateway.observability import tracing
 from gateway.serving.model_state import ModelRuntimeState, ModelState
 from gateway.serving.routing.saturation import saturated
 from schemas.config import ChainEngineConfig
@@ -203,8 +204,18 @@ class Chain:
         self, target: Target, compute: Callable[[ModelRuntimeState], Awaitable[T]], deadline: float,
         attempts: list[tuple[str, str]],
     ) -> tuple[T] | None:
-        """One attempt on one target: the single place where an attempt starts and ends (a span per
-        attempt wraps this). ``(answer,)``, or None to move on; raises what must be answered as it is."""
+        """One attempt on one target, as one ``route.attempt`` span (gateway.observability.tracing)."""
+        with tracing.span("route.attempt", **{"rerank.chain": self.name, "rerank.target": target.name}):
+            done = await self._attempt_once(target, compute, deadline, attempts)
+            tracing.annotate(**{"rerank.outcome": attempts[-1][1]})
+            return done
+
+    async def _attempt_once(
+        self, target: Target, compute: Callable[[ModelRuntimeState], Awaitable[T]], deadline: float,
+        attempts: list[tuple[str, str]],
+    ) -> tuple[T] | None:
+        """One attempt on one target: the single place where an attempt starts and ends.
+        ``(answer,)``, or None to move on; raises what must be answered as it is."""
         left = deadline - time.monotonic()
         if left <= 0:
             self._record(attempts, target, "timeout")
