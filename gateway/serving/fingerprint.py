@@ -76,6 +76,7 @@ _SCORING_LIBRARIES: Final[dict[str, tuple[str, ...]]] = {
     "static": (),
     "dashscope": (),
     "pool": (),
+    "cascade": (),  # its answers' key holds every stage's fingerprint (gateway.serving.routing.cascade)
     "chain": (),  # its answers' key also holds every target's fingerprint (gateway.serving.routing.chain)
 }
 # An engine kind added without an entry here: every library, erring towards a miss.

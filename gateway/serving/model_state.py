@@ -21,6 +21,7 @@ from gateway.serving.fingerprint import model_fingerprint
 from schemas.config import EngineConfig, ServerConfig, VllmEngineConfig
 
 if TYPE_CHECKING:
+    from gateway.serving.routing.cascade import Cascade
     from gateway.serving.routing.chain import Chain
 
 __all__ = ("ModelRuntimeState", "ModelState")
@@ -63,6 +64,8 @@ class ModelRuntimeState:
         # Set for an ``engine = "chain"`` model (by ModelRegistry): its targets and their health.
         # Such a model has no engine of its own; the service routes its requests.
         self.chain: Chain | None = None
+        # Set for an ``engine = "cascade"`` model (by ModelRegistry): its stages.
+        self.cascade: Cascade | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -145,6 +148,8 @@ class ModelRuntimeState:
         out["in_flight"] = self.in_flight
         if self.chain is not None:
             out.update(self.chain.status())
+        if self.cascade is not None:
+            out.update(self.cascade.status())
         if self.restarts:
             out["restarts"] = self.restarts
         # Engines may report their own counters (e.g. vLLM's requests per engine step).

@@ -27,8 +27,10 @@ from gateway.serving import heap
 from gateway.serving.fingerprint import model_fingerprint
 from gateway.serving.load_failures import fix_for
 from gateway.serving.model_state import ModelRuntimeState, ModelState
+from gateway.serving.routing.cascade import Cascade
 from gateway.serving.routing.chain import Chain
 from schemas.config import (
+    CascadeEngineConfig,
     ChainEngineConfig,
     ComposedModelConfig,
     EngineConfig,
@@ -198,6 +200,8 @@ class ModelRegistry:
                 rt.first_attempt_done.set()
             if isinstance(rt.config, ChainEngineConfig):
                 rt.chain = Chain(rt.config, [self._by_name[name] for name in references[rt.name]])
+            if isinstance(rt.config, CascadeEngineConfig):
+                rt.cascade = Cascade(rt.config, [self._by_name[name] for name in references[rt.name]])
         self._tasks: list[asyncio.Task[None]] = []
 
     def __iter__(self) -> Iterable[ModelRuntime]:

@@ -241,6 +241,16 @@ class RerankService:
         ``Scored.target`` names the model whose engine computed the scores.
         """
         runtime = self._registry.get(model) if isinstance(model, str) else model
+        if runtime.cascade is not None:  # stages scored through this same method (gateway.serving.routing.cascade)
+            _admit(runtime)
+            runtime.in_flight += 1
+            try:
+                return Scored(**await runtime.cascade.score(
+                    self.score_documents, query=query, texts=texts, instruction=instruction,
+                    max_tokens_per_doc=max_tokens_per_doc, max_chunks_per_doc=max_chunks_per_doc,
+                    long_texts=long_texts, raw_scores=raw_scores))
+            finally:
+                runtime.in_flight -= 1
         args = (query, list(texts), instruction, max_tokens_per_doc, max_chunks_per_doc, long_texts, raw_scores, top_n)
         chain = runtime.chain
         if chain is None:
@@ -366,7 +376,8 @@ class RerankService:
             model=runtime.name,
             request=request,
             effective=effective,
-            fingerprint=chain.fingerprint if chain is not None else runtime.fingerprint,
+            fingerprint=(chain.fingerprint if chain is not None
+                         else runtime.cascade.fingerprint if runtime.cascade is not None else runtime.fingerprint),
         )
 
     async def _score(self, runtime: ModelRuntime, job: ScoreJob) -> Any:

@@ -69,6 +69,7 @@ from .server import (
     LoggingConfig,
     ServerConfig,
 )
+from .cascade import CascadeEngineConfig, CascadeStage
 from .references import ComposedModelConfig, ModelReferenceError, check_references
 from .routing import ChainEngineConfig
 from .settings import EngineConfig, Settings
@@ -79,6 +80,8 @@ __all__ = (
     "AuthConfig",
     "BedrockEngineConfig",
     "CacheConfig",
+    "CascadeEngineConfig",
+    "CascadeStage",
     "ChainEngineConfig",
     "ComposedModelConfig",
     "CohereEngineConfig",

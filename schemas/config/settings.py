@@ -22,6 +22,7 @@ from .local import (
     VllmScoreEngineConfig,
 )
 from .server import AuthConfig, CacheConfig, DialectsConfig, LimitsConfig, LoggingConfig, ServerConfig
+from .cascade import CascadeEngineConfig
 from .routing import ChainEngineConfig
 from .upstream import DashScopeEngineConfig, PoolEngineConfig
 
@@ -36,6 +37,7 @@ EngineConfig = (
     | PoolEngineConfig
     | GgufEngineConfig
     | ChainEngineConfig
+    | CascadeEngineConfig
     | CohereEngineConfig
     | JinaEngineConfig
     | VoyageEngineConfig
