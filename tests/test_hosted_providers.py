@@ -8,6 +8,7 @@ parametrized over the providers, and the error test over each provider's documen
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import tempfile
@@ -388,3 +389,23 @@ def test_hosted_providers_as_chain_targets(client, fake, fault, served_by):
     assert r.status_code == 200, r.text
     assert r.headers["x-rerank-target"] == served_by
     assert providers == ["cohere"] * len(faults) + [served_by]
+
+
+@pytest.mark.parametrize("provider", NAMES)
+def test_the_fakes_are_strict(fake, provider):
+    # What the gateway's calls are checked against: the fakes refuse what the providers refuse.
+    spec, auth = SPECS[provider], {"authorization": f"Bearer {KEYS[provider]}"}
+    path = f"/{provider}{spec.path}"
+    good = EXPECTED_BODY[provider](DOCS[:2])
+
+    def status(body, headers=auth):
+        return fake.handle(path, headers, json.dumps(body).encode())[0]
+
+    assert status(good) == 200
+    assert status({**good, "documents_typo": 1}) == spec.invalid  # an unknown field
+    assert status({**good, "query": 7} if provider != "nvidia" else {**good, "query": {"text": 7}}) == spec.invalid
+    assert status({k: v for k, v in good.items() if k != "model"}) == spec.invalid
+    assert status(EXPECTED_BODY[provider](DOCS[:1] * (MAX_DOCS + 1))) == spec.invalid  # over the document limit
+    assert status(good, {"authorization": f"Bearer {WRONG}"}) == 401
+    assert status(good, {}) == 401
+    fake.clear()
