@@ -15,6 +15,7 @@ from typing import Final
 
 from adapters.base import RerankEngine
 from schemas.config import (
+    BedrockEngineConfig,
     ComposedModelConfig,
     CohereEngineConfig,
     DashScopeEngineConfig,
