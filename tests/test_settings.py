@@ -160,7 +160,7 @@ def test_environment_values_are_converted_to_the_field_type(tmp_path):
     ("text", "wanted"),
     [
         ('[[models]]\nname = "a"\nengine = "transfomers"\npath = "/m"\n',
-         ("models[0].engine: unknown engine 'transfomers'; the engines are 'bedrock', 'chain', 'cohere', 'dashscope', 'gguf', 'jina', "
+         ("models[0].engine: unknown engine 'transfomers'; the engines are 'bedrock', 'cascade', 'chain', 'cohere', 'dashscope', 'gguf', 'jina', "
           "'mixedbread', 'nvidia', 'openvino', 'packed', 'pool', 'static', 'together', 'transformers', 'vllm-generate', "
           "'vllm-score', 'voyage'")),
         (f'[logging]\nlevel = "VERBOSE"\n{STATIC}',
