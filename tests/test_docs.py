@@ -85,7 +85,7 @@ def test_reference_defaults_and_types_are_the_structs(hook):
     text = hook.config_reference_markdown()
     assert "| `port` | integer (≥ 0, ≤ 65535) | `8000` |" in text
     assert '| `runner` | `"granian"` or `"uvicorn"` | `"uvicorn"` |' in text
-    assert '| `devices` | list of string, at least 1 long | `["auto"]` |' in text
+    assert '| `devices` | list of string, at least 1 item | `["auto"]` |' in text
     assert f"| `batch_tokens` | integer (≥ 1) | `{cfg.TransformersEngineConfig(name='x').batch_tokens:_}` |" in text
     # A comment above a field and one beside it both reach the reference.
     assert "the whole body, from the headers (then 408)" in text
@@ -155,6 +155,46 @@ def test_strict_build_fails_on_a_broken_link(tmp_path: Path):
     )
     assert proc.returncode != 0
     assert "missing.md" in proc.stderr and "nowhere" in proc.stderr
+
+
+def test_committed_references_are_current(hook):
+    """docs/reference/ holds what the code generates (GitHub readers see it; the site regenerates it)."""
+    for page, text in hook.generated_pages().items():
+        committed = (ROOT / "docs" / page).read_text()
+        assert committed == text, f"docs/{page} is stale: run .venv/bin/python docs/hooks/reference.py write"
+
+
+def test_references_read_as_prose_for_users(hook):
+    """No source paths or module names in the meanings, no raw regexes as types, key names whole,
+    and the HTTP reference's status table written once."""
+    config = hook.config_reference_markdown()
+    rows = [line for line in config.splitlines() if line.startswith("| `")]
+    for row in rows:
+        assert not re.search(r"(?<![\w-])(?:gateway|adapters|schemas|benchmarks|tests)[./][a-z]", row), row
+        assert "matching `" not in row, f"a pattern without words (docs/hooks/reference.py PATTERN_WORDS): {row}"
+    http = hook.http_reference_markdown()
+    # The seven rerank/score routes share their error statuses: each such row is written once.
+    assert http.count("| 422 | Valid JSON but not a valid request") == 1
+    assert http.count("| Status | Meaning |\n") == 1
+    css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text()
+    assert "td:first-child code" in css and "nowrap" in css
+
+
+def test_readme_reference_commands_run_as_written():
+    """The README's `.venv/bin/python docs/hooks/reference.py config` prints the committed page."""
+    text = (ROOT / "README.md").read_text()
+    quoted = re.findall(r"`\.venv/bin/python (docs/hooks/reference\.py (\w+))`", " ".join(text.split()))
+    assert {arg for _, arg in quoted} >= {"config", "write"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "hooks" / "reference.py"), "config"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (ROOT / "docs" / "reference" / "configuration.md").read_text()
 
 
 def test_hook_module_is_importable_without_mkdocs_objects():

@@ -8,8 +8,10 @@
 - ``index.md`` is the README with its ``docs/`` links made relative to the site.
 
 ``tests/test_docs.py`` imports this module to check the reference against the structs and builds
-the site with ``mkdocs build --strict``. Run by itself it prints a page:
-``python docs/hooks/reference.py config|http``.
+the site with ``mkdocs build --strict``. Run by itself it prints a page
+(``.venv/bin/python docs/hooks/reference.py config|http``) or, with ``write``, refreshes the
+copies committed under ``docs/reference/`` so that the pages read on GitHub too (the site
+regenerates them; a test fails while the committed copies are stale).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import re
 import sys
 import tokenize
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +72,45 @@ def _module_field_comments(source: str) -> dict[tuple[str, str], str]:
             while n >= 0 and lines[n].strip().startswith("#"):
                 above.insert(0, lines[n].strip().lstrip("#").strip())
                 n -= 1
-            parts = above + [
-                trailing[i] for i in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if i in trailing
-            ]
-            out[(node.name, stmt.target.id)] = " ".join(p for p in parts if p)
+            beside = [trailing[i] for i in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if i in trailing]
+            parts = [" ".join(p for p in above if p), " ".join(p for p in beside if p)]
+            out[(node.name, stmt.target.id)] = _sentences(p for p in parts if p)
+    return out
+
+
+# A source path or module (`adapters/runtimes/parity.py`, `gateway.launch.servers`): the comments
+# are written beside the code, for its readers; the reference is for people configuring the gateway.
+_MODULE = r"(?:(?<![\w-])(?:(?:gateway|adapters|schemas|benchmarks|tests)[./]|docs/(?!s\b))[\w./-]*\w)"
+_BARE_MODULE = re.compile(rf"\s*(?:see\s+)?`?{_MODULE}`?(?:,\s*|;\s*)?")
+# A docs page named in a comment becomes a link to it (from reference/, one folder down).
+_DOCS_PAGE = re.compile(r"`?\bdocs/([\w-]+)\.md(#[\w-]+)?`?")
+
+
+def _docs_link(m: re.Match[str]) -> str:
+    """A link to a page of this site, or nothing where the page does not exist (yet)."""
+    page = m.group(1)
+    if not (ROOT / "docs" / f"{page}.md").is_file():
+        return ""
+    return f"[{page.replace('-', ' ')}](../{page}.md{m.group(2) or ''})"
+
+
+def for_users(text: str) -> str:
+    """A code comment as a reference meaning: source paths dropped (tests/test_docs.py checks none
+    is left), with the parentheses they leave empty; docs pages made links."""
+    text = _DOCS_PAGE.sub(_docs_link, text)
+    text = _BARE_MODULE.sub("", text)
+    text = re.sub(r"\s*\(\s*\)", "", text)
+    text = re.sub(r"\(\s+", "(", text)
+    return re.sub(r"[,;]?\s*\)", ")", text).strip()
+
+
+def _sentences(parts: Iterable[str]) -> str:
+    """Comment lines joined; a part after a finished sentence starts with a capital."""
+    out = ""
+    for part in parts:
+        if out.endswith((".", ":")) and part[:1].islower() and not part.startswith(("e.g.", "i.e.")):
+            part = part[:1].upper() + part[1:]
+        out = f"{out} {part}" if out else part
     return out
 
 
@@ -81,22 +119,35 @@ def field_doc(cls: type, name: str, comments: dict[tuple[str, str], str] | None 
     comments = _field_comments() if comments is None else comments
     for klass in cls.__mro__:
         if (klass.__name__, name) in comments:
-            return comments[(klass.__name__, name)]
+            return for_users(comments[(klass.__name__, name)])
     return ""
 
 
-def _constraints(t: Any) -> list[str]:
+# Each pattern of schemas/config/ in words (a reader of the reference should not decode regexes);
+# tests/test_docs.py fails on a pattern missing here.
+PATTERN_WORDS = {
+    r"^[^\s]+\Z": "no spaces",
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z": "letters, digits, `.`, `_` and `-`, starting with a letter or digit",
+    r"^sha256:[0-9a-f]{64}\Z": "`sha256:` and 64 lowercase hex digits",
+}
+
+
+def _constraints(t: Any, unit: str = "characters") -> list[str]:
     out = []
     for attr, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
         value = getattr(t, attr, None)
         if value is not None:
             out.append(f"{sym} {value}")
-    if getattr(t, "min_length", None) is not None:
-        out.append(f"at least {t.min_length} long")
-    if getattr(t, "max_length", None) is not None:
-        out.append(f"at most {t.max_length} long")
-    if getattr(t, "pattern", None):
-        out.append(f"matching `{t.pattern}`")
+    low, high = getattr(t, "min_length", None), getattr(t, "max_length", None)
+    if low is not None and high is not None:
+        out.append(f"{low}–{high} {unit}")
+    elif low is not None:
+        out.append(f"at least {low} {unit if low != 1 else unit.rstrip('s')}")
+    elif high is not None:
+        out.append(f"at most {high} {unit}")
+    pattern = getattr(t, "pattern", None)
+    if pattern:
+        out.append(PATTERN_WORDS.get(pattern, f"matching `{pattern}`"))
     return out
 
 
@@ -111,7 +162,7 @@ def type_text(t: msgspec.inspect.Type) -> str:
     if isinstance(t, mi.LiteralType):
         return " or ".join(f"`{json.dumps(v)}`" for v in t.values)
     if isinstance(t, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
-        return f"list of {type_text(t.item_type)}" + "".join(f", {c}" for c in _constraints(t))
+        return f"list of {type_text(t.item_type)}" + "".join(f", {c}" for c in _constraints(t, "items"))
     if isinstance(t, mi.DictType):
         return f"table of {type_text(t.key_type)} to {type_text(t.value_type)}"
     if isinstance(t, mi.StructType):
@@ -173,7 +224,7 @@ def _flat(text: str) -> str:
 
 def _doc(cls: type) -> str:
     doc = cls.__dict__.get("__doc__") or ""
-    return re.sub(r"\s+", " ", doc).strip().replace("``", "`")
+    return for_users(re.sub(r"\s+", " ", doc).strip().replace("``", "`"))
 
 
 def sections() -> list[tuple[str, str, type]]:
@@ -199,7 +250,7 @@ def config_reference_markdown() -> str:
     out = [
         "# Configuration reference",
         "",
-        "Generated from `schemas/config/` when the site is built: every key the gateway reads, its",
+        "Generated from `schemas/config/` (`docs/hooks/reference.py`): every key the gateway reads, its",
         "type and default, and the comment written beside it in the code. How the file is found and",
         "how the environment overrides it: [Configuration](../configuration.md).",
         "",
@@ -298,41 +349,86 @@ def http_reference_markdown(doc: dict[str, Any] | None = None) -> str:
     out = [
         "# HTTP reference",
         "",
-        f"Generated when the site is built from the OpenAPI document of the app itself ({info.get('title')}",
+        f"Generated (`docs/hooks/reference.py`) from the OpenAPI document of the app itself ({info.get('title')}",
         f"{info.get('version')}, default configuration), the one every running gateway serves at",
         "`/schema/openapi.json` (Swagger UI at `/schema/swagger`). The narrative with examples:",
         "[HTTP API](../api.md); other request bodies: [Dialects](../dialects.md).",
         "",
-        "## Routes",
-        "",
     ]
-    for path, item in doc.get("paths", {}).items():
-        for method, op in item.items():
-            if method not in ("get", "post", "put", "delete", "patch"):
-                continue
-            out += [f"### `{method.upper()} {path}`", ""]
-            text = op.get("description") or op.get("summary") or ""
-            if text:
-                out += [re.sub(r"\s+", " ", text).strip(), ""]
-            body = op.get("requestBody", {}).get("content", {})
-            for ctype, media in body.items():
-                out += [f"Request body (`{ctype}`): {_schema_type(media.get('schema', {}))}.", ""]
-            params = op.get("parameters", [])
-            if params:
-                out += ["| Parameter | In | Type | Required |", "|---|---|---|---|"]
-                for p in params:
-                    out.append(
-                        f"| `{p['name']}` | {p.get('in', '')} | {_cell(_schema_type(p.get('schema', {})))} | "
-                        f"{'yes' if p.get('required') else 'no'} |"
-                    )
-                out.append("")
-            out += ["| Status | Meaning | Body |", "|---|---|---|"]
-            for status, resp in op.get("responses", {}).items():
-                content = resp.get("content", {})
-                schema = next(iter(content.values()), {}).get("schema") if content else None
-                meaning = _cell(_flat(resp.get("description", "")))
-                out.append(f"| {status} | {meaning} | {_cell(_schema_type(schema)) if schema else ''} |")
+    # Sorted: the document's own path order is not stable from one app build to the next.
+    ops = sorted(
+        (method, path, op)
+        for path, item in doc.get("paths", {}).items()
+        for method, op in item.items()
+        if method in ("get", "post", "put", "delete", "patch")
+    )
+
+    def rows(op: dict[str, Any]) -> list[tuple[str, str, str]]:
+        out_rows = []
+        for status, resp in op.get("responses", {}).items():
+            content = resp.get("content", {})
+            schema = next(iter(content.values()), {}).get("schema") if content else None
+            out_rows.append(
+                (status, _cell(_flat(resp.get("description", ""))), _cell(_schema_type(schema)) if schema else "")
+            )
+        return out_rows
+
+    # A status that means the same on several routes is written once, in the table below; a route
+    # lists its statuses and writes out only those of its own (the rerank routes share 14).
+    seen: dict[tuple[str, str], int] = {}
+    for _, _, op in ops:
+        for status, meaning, _ in rows(op):
+            seen[(status, meaning)] = seen.get((status, meaning), 0) + 1
+    shared = sorted((k for k, n in seen.items() if n > 1 and not k[0].startswith("2")), key=lambda k: k[0])
+    out += [
+        "## Statuses",
+        "",
+        "What a status means on every route that answers it (each route below lists the ones it can",
+        "answer; the body of an error is the route's error schema).",
+        "",
+        "| Status | Meaning |",
+        "|---|---|",
+    ]
+    out += [f"| {status} | {meaning} |" for status, meaning in shared]
+    out += ["", "## Routes", ""]
+    first_of: dict[str, str] = {}
+    for method, path, op in ops:
+        anchor = re.sub(r"[^a-z0-9]+", "-", f"{method} {path}".lower()).strip("-")
+        out += [f"### `{method.upper()} {path}` {{#{anchor}}}", ""]
+        key = json.dumps({k: v for k, v in op.items() if k != "operationId"}, sort_keys=True, default=str)
+        if key in first_of:
+            out += [f"The same as [{first_of[key]}](#{first_of[key + '#']}): another path to the same handler.", ""]
+            continue
+        first_of[key], first_of[key + "#"] = f"`{method.upper()} {path}`", anchor
+        text = op.get("description") or op.get("summary") or ""
+        if text:
+            out += [re.sub(r"\s+", " ", text).strip(), ""]
+        body = op.get("requestBody", {}).get("content", {})
+        for ctype, media in body.items():
+            out += [f"Request body (`{ctype}`): {_schema_type(media.get('schema', {}))}.", ""]
+        params = op.get("parameters", [])
+        if params:
+            out += ["| Parameter | In | Type | Required |", "|---|---|---|---|"]
+            for p in params:
+                out.append(
+                    f"| `{p['name']}` | {p.get('in', '')} | {_cell(_schema_type(p.get('schema', {})))} | "
+                    f"{'yes' if p.get('required') else 'no'} |"
+                )
             out.append("")
+        own = [(s, m, b) for s, m, b in rows(op) if (s, m) not in shared or s.startswith("2")]
+        common = sorted((s, b) for s, m, b in rows(op) if (s, m) in shared and not s.startswith("2"))
+        if own:
+            out += ["| Status | Meaning | Body |", "|---|---|---|"]
+            out += [f"| {s} | {m} | {b} |" for s, m, b in own]
+            out.append("")
+        if common:
+            bodies = sorted({b for _, b in common if b})
+            out += [
+                "Errors as in [Statuses](#statuses): "
+                + ", ".join(s for s, _ in common)
+                + (f"; body {' / '.join(bodies)}." if bodies else "."),
+                "",
+            ]
     out += ["## Schemas", ""]
     for name, schema in sorted(doc.get("components", {}).get("schemas", {}).items()):
         out += [f"### `{name}` {{#{name.lower()}}}", ""]
@@ -382,5 +478,27 @@ def on_files(files: Any, config: Any) -> Any:
     return files
 
 
+def generated_pages() -> dict[str, str]:
+    """The committed copies under docs/ (readable on GitHub) and what they must hold."""
+    return {CONFIG_PAGE: config_reference_markdown() + "\n", HTTP_PAGE: http_reference_markdown() + "\n"}
+
+
+def main(argv: list[str]) -> int:
+    """``config`` / ``http``: print a page; ``write``: refresh the committed copies (after changing
+    schemas/config/ or a route; tests/test_docs.py fails while they are stale)."""
+    command = argv[1] if len(argv) > 1 else ""
+    if command in ("config", "http"):
+        print({"config": config_reference_markdown, "http": http_reference_markdown}[command]())
+        return 0
+    if command == "write":
+        for page, text in generated_pages().items():
+            (ROOT / "docs" / page).parent.mkdir(parents=True, exist_ok=True)
+            (ROOT / "docs" / page).write_text(text)
+            print(f"wrote docs/{page}")
+        return 0
+    print("usage: reference.py config|http|write", file=sys.stderr)
+    return 2
+
+
 if __name__ == "__main__":
-    print({"config": config_reference_markdown, "http": http_reference_markdown}[sys.argv[1]]())
+    sys.exit(main(sys.argv))
