@@ -73,6 +73,27 @@ ParityShare = Annotated[float, msgspec.Meta(gt=0, le=1)]
 ParityTie = Annotated[float, msgspec.Meta(ge=0)]
 
 
+# One name for one concept: `precision` with the short names openvino and packed use is accepted on
+# every engine; where an engine's own key is `dtype` (transformers, packed, vLLM) it is that dtype.
+# So `precision = "bf16"` on a transformers model means dtype = "bfloat16" instead of failing as
+# an unknown key ("did you mean 'revision'?").
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DtypeAlias = Literal["fp32", "bf16", "fp16"]
+
+
+def _precision_as_dtype(config: Any, precision: str | None, *, reset_to: str | None) -> None:
+    """Set ``config.dtype`` from a ``precision`` that names one (frozen struct: at construction)."""
+    if precision not in PRECISION_DTYPES:
+        return
+    dtype = PRECISION_DTYPES[precision]
+    if config.dtype not in ("auto", dtype):
+        raise ValueError(
+            f"precision = {precision!r} is dtype = {dtype!r}, but dtype = {config.dtype!r} is set too: keep one"
+        )
+    msgspec.structs.force_setattr(config, "dtype", dtype)
+    msgspec.structs.force_setattr(config, "precision", reset_to)
+
+
 class GatedPrecisionConfig(LocalModelConfig):
     """A local model whose engine offers a reduced precision, admitted by the parity gate
     (adapters/runtimes/parity.py): the keys of the gate's rule, the same on every such engine."""
@@ -94,6 +115,8 @@ class TransformersEngineConfig(GatedPrecisionConfig, tag="transformers"):
     device: str = "auto"  # "auto" (CUDA if available), "cpu", "cuda", "cuda:1", ...
     # "auto": float32 on CPU, bfloat16 on CUDA (float16 where bfloat16 is unsupported).
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # Another name for dtype, as the openvino and packed engines spell it: "fp32", "bf16", "fp16".
+    precision: DtypeAlias | None = None
     # Padded tokens (longest prompt x rows) per forward pass, and rows per pass.
     batch_tokens: Positive = 16_384
     max_batch_size: Positive = 64  # rows per forward pass
@@ -119,15 +142,22 @@ class TransformersEngineConfig(GatedPrecisionConfig, tag="transformers"):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _precision_as_dtype(self, self.precision, reset_to=None)
         if self.qrels_set is not None and self.parity_set is not None:
-            raise ValueError("parity_set and qrels_set are two rules of the same gate (the top-10 order of your "
-                             "queries, or nDCG@10 on your judgements): keep one")
+            raise ValueError(
+                "parity_set and qrels_set are two rules of the same gate (the top-10 order of your "
+                "queries, or nDCG@10 on your judgements): keep one"
+            )
         if self.parity_set is not None and self.dtype == "float32":
-            raise ValueError("parity_set is the golden set of the parity gate of dtype = 'bfloat16' / 'float16' on a "
-                             "CPU, read only then; set dtype or drop parity_set")
+            raise ValueError(
+                "parity_set is the golden set of the parity gate of dtype = 'bfloat16' / 'float16' on a "
+                "CPU, read only then; set dtype or drop parity_set"
+            )
         if self.qrels_set is not None and self.dtype == "float32":
-            raise ValueError("qrels_set judges dtype = 'bfloat16' / 'float16' on a CPU against fp32, read only then; "
-                             "set dtype or drop qrels_set")
+            raise ValueError(
+                "qrels_set judges dtype = 'bfloat16' / 'float16' on a CPU against fp32, read only then; "
+                "set dtype or drop qrels_set"
+            )
 
 
 class PackedEngineConfig(GatedPrecisionConfig, tag="packed"):
@@ -174,7 +204,8 @@ class PackedEngineConfig(GatedPrecisionConfig, tag="packed"):
     # "fp8": the GEMMs in e4m3 (weights quantized at load, one scale per output channel; activations
     # per token), attention and norms in bf16. Kept only if bf16's top-10 order survives on >= 99 %
     # of a golden set's queries, checked at load (adapters/runtimes/packed/gate.py). "auto": `dtype`.
-    precision: Literal["auto", "fp8"] = "auto"
+    # "fp32", "bf16", "fp16" are another way to write dtype.
+    precision: Literal["auto", "fp8", "fp32", "bf16", "fp16"] = "auto"
     # A failed gate: "refuse" the model (one line saying by how much), or "warn": serve it anyway
     # (for an operator who has checked the ranking on their own data); /ready shows the gate's figures.
     precision_gate: Literal["refuse", "warn"] = "refuse"
@@ -188,24 +219,37 @@ class PackedEngineConfig(GatedPrecisionConfig, tag="packed"):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _precision_as_dtype(self, self.precision, reset_to="auto")
         if self.split == "pipeline" and len(self.devices) < 2:
-            raise ValueError(f"split = 'pipeline' needs at least 2 devices, got devices = {list(self.devices)}; "
-                             f"list them, e.g. [\"cuda:0\", \"cuda:1\"], or drop split")
+            raise ValueError(
+                f"split = 'pipeline' needs at least 2 devices, got devices = {list(self.devices)}; "
+                f'list them, e.g. ["cuda:0", "cuda:1"], or drop split'
+            )
         if self.split_layers is not None and self.split != "pipeline":
             raise ValueError("split_layers is only read with split = 'pipeline'; set split or drop split_layers")
         if self.split_layers is not None and len(self.split_layers) != len(self.devices):
-            raise ValueError(f"split_layers has {len(self.split_layers)} entries for {len(self.devices)} devices; "
-                             f"give one layer count per device")
+            raise ValueError(
+                f"split_layers has {len(self.split_layers)} entries for {len(self.devices)} devices; "
+                f"give one layer count per device"
+            )
         if self.family == "cross-encoder" and self.split != "none":
-            raise ValueError("split = 'pipeline' is for Qwen3 rerankers on engine 'packed'; a cross-encoder fits one "
-                             "device: list several devices for one replica each")
+            raise ValueError(
+                "split = 'pipeline' is for Qwen3 rerankers on engine 'packed'; a cross-encoder fits one "
+                "device: list several devices for one replica each"
+            )
         if self.family == "qwen3" and self.gelu_epilogue == "on":
-            raise ValueError("gelu_epilogue = 'on' is for cross-encoders on engine 'packed'; Qwen3's MLP is gated (SiLU)")
+            raise ValueError(
+                "gelu_epilogue = 'on' is for cross-encoders on engine 'packed'; Qwen3's MLP is gated (SiLU)"
+            )
         if self.family == "cross-encoder" and self.precision != "auto":
-            raise ValueError("precision = 'fp8' is for Qwen3 rerankers on engine 'packed'; cross-encoders run in `dtype`")
+            raise ValueError(
+                "precision = 'fp8' is for Qwen3 rerankers on engine 'packed'; cross-encoders run in `dtype`"
+            )
         if self.parity_set is not None and self.precision != "fp8":
-            raise ValueError("parity_set is the golden set of the FP8 ranking gate, read only with precision = 'fp8'; "
-                             "set precision or drop parity_set")
+            raise ValueError(
+                "parity_set is the golden set of the FP8 ranking gate, read only with precision = 'fp8'; "
+                "set precision or drop parity_set"
+            )
 
 
 class OpenVinoEngineConfig(GatedPrecisionConfig, tag="openvino"):
@@ -256,24 +300,31 @@ class OpenVinoEngineConfig(GatedPrecisionConfig, tag="openvino"):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.parity_set is not None and self.precision == "fp32":
-            raise ValueError("parity_set is the golden set of the bf16 / int8 parity gate, read only with precision = "
-                             "'bf16' or 'int8'; set precision or drop parity_set")
+            raise ValueError(
+                "parity_set is the golden set of the bf16 / int8 parity gate, read only with precision = "
+                "'bf16' or 'int8'; set precision or drop parity_set"
+            )
         if self.refine_top and self.precision == "fp32":
-            raise ValueError("refine_top re-scores a reduced precision's uncertain documents in fp32; with "
-                             "precision = 'fp32' every score already is: set precision = 'bf16' or 'int8', or drop refine_top")
+            raise ValueError(
+                "refine_top re-scores a reduced precision's uncertain documents in fp32; with "
+                "precision = 'fp32' every score already is: set precision = 'bf16' or 'int8', or drop refine_top"
+            )
         if 0 < self.refine_top < PARITY_TOP_K:
             # Below the gate's top-10 the gate would refuse (or admit) on documents refinement never ordered.
-            raise ValueError(f"refine_top = {self.refine_top}: the parity gate admits a reduced precision on the fp32 "
-                             f"top-{PARITY_TOP_K} order, which refining fewer documents does not keep; set refine_top "
-                             f">= {PARITY_TOP_K}, or 0 (off)")
+            raise ValueError(
+                f"refine_top = {self.refine_top}: the parity gate admits a reduced precision on the fp32 "
+                f"top-{PARITY_TOP_K} order, which refining fewer documents does not keep; set refine_top "
+                f">= {PARITY_TOP_K}, or 0 (off)"
+            )
 
 
 class VllmEngineConfig(LocalModelConfig):
     """A local model on vLLM's async engine; ``max_length`` is also vLLM's ``max_model_len``."""
 
-
     # "auto": float32 on CPU, bfloat16 on CUDA.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # Another name for dtype, as the openvino and packed engines spell it: "fp32", "bf16", "fp16".
+    precision: DtypeAlias | None = None
     # Fraction of GPU memory vLLM may take (weights + KV cache); on CPU, of RAM for the KV cache.
     # None: 0.9 on CUDA, 0.1 on CPU (where 0.9 would reserve most of the machine's RAM).
     gpu_memory_utilization: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
@@ -290,6 +341,10 @@ class VllmEngineConfig(LocalModelConfig):
     enable_prefix_caching: bool = True
     # Any other AsyncEngineArgs field, passed through as is (wins over the keys above).
     engine_args: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _precision_as_dtype(self, self.precision, reset_to=None)
 
 
 class VllmScoreEngineConfig(VllmEngineConfig, tag="vllm-score"):
