@@ -119,11 +119,18 @@ def test_an_alias_and_priority_do_not_change_the_key() -> None:
     assert engine.calls == 1
 
 
-def test_entries_expire_after_ttl_and_the_lru_evicts() -> None:
+def test_entries_expire_after_ttl_and_the_lru_evicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The TTL runs on a clock the test steps: a loaded machine taking longer than the TTL between
+    # two requests must not turn the expected hit into a miss.
+    from gateway.serving import cache as cache_module
+
+    now = [1000.0]
+    monkeypatch.setattr(cache_module, "_now", lambda: now[0])
     with gateway(CacheConfig(enabled=True, ttl_s=0.3, max_entries=2)) as (client, engine):
         client.post("/v2/rerank", json=BODY)
+        now[0] += 0.29
         assert client.post("/v2/rerank", json=BODY).headers["x-cache"] == "hit"
-        time.sleep(0.4)
+        now[0] += 0.02  # 0.31 s after the answer was stored: past the TTL
         assert client.post("/v2/rerank", json=BODY).headers["x-cache"] == "miss"
         assert engine.calls == 2
         for query in ("q2", "q3"):  # two newer entries push the oldest out (max_entries = 2)

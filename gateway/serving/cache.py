@@ -80,9 +80,14 @@ class _Backend(Protocol):
     async def close(self) -> None: ...
 
 
+def _now() -> float:
+    """The memory backend's TTL clock, read through the module so a test can step it (no sleeps)."""
+    return time.monotonic()
+
+
 class _MemoryBackend:
     def __init__(self, max_entries: int, ttl_s: float) -> None:
-        self._entries: TTLCache[str, bytes] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=time.monotonic)
+        self._entries: TTLCache[str, bytes] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=lambda: _now())
 
     async def get(self, key: str) -> bytes | None:
         return self._entries.get(key)
