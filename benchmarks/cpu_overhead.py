@@ -254,13 +254,119 @@ def bench(args: list[str], out: Path, secret: str | None = None) -> dict[str, An
     return json.loads((out / "bench.json").read_text())
 
 
+# -- tracing: CPU per request off, on, and in a build without it (--tracing) ------------------------
+# Run in a fresh process per measurement, from the checkout given (cwd first on sys.path), so the
+# "without" build is really that code: the gateway's ASGI app, static engine, 100-document bodies,
+# CPU seconds of the whole process (exporter thread included) over `n` requests after a warm-up.
+_TRACING_WORKER = """
+import asyncio, json, os, sys, time
+sys.path.insert(0, os.getcwd())
+from gateway.app import create_app
+from schemas.config import Settings, StaticEngineConfig
+n = int(sys.argv[1])
+docs = [f"document {i} about the topic with some words in it" for i in range(100)]
+body = json.dumps({"model": "m", "query": "what is the topic", "documents": docs, "top_n": 10}).encode()
+scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+         "path": "/v2/rerank", "raw_path": b"/v2/rerank", "query_string": b"", "root_path": "",
+         "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+                     (b"content-length", str(len(body)).encode()),
+                     (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")],
+         "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000)}
+async def call(app):
+    done = asyncio.Event()
+    async def receive():
+        if not done.is_set():
+            done.set()
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)
+    status = []
+    async def send(message):
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+    await app({**scope, "state": {}}, receive, send)
+    assert status == [200], status
+async def main():
+    app = create_app(Settings(models=(StaticEngineConfig(name="m"),)), configure_logs=False)
+    async with app.lifespan():
+        while not app.state.registry.ready:
+            await asyncio.sleep(0.01)
+        for _ in range(200):
+            await call(app)
+        cpu, wall = time.process_time(), time.perf_counter()
+        for _ in range(n):
+            await call(app)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    print(json.dumps({"cpu_ms_per_request": cpu / n * 1e3, "wall_ms_per_request": wall / n * 1e3}))
+asyncio.run(main())
+"""
+
+
+def tracing_cpu(before: Path, rounds: int, n: int) -> dict[str, Any]:
+    """CPU ms per request of three builds side by side, rounds interleaved in rotating order."""
+    import statistics
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):  # an OTLP/HTTP endpoint that takes every export
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    variants = {
+        "without (build before tracing)": (before, plain),
+        "tracing off": (ROOT, plain),
+        "tracing on (OTLP to loopback)": (ROOT, {**plain, "OTEL_EXPORTER_OTLP_ENDPOINT":
+                                               f"http://127.0.0.1:{sink.server_address[1]}"}),
+    }
+    runs: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    try:
+        for r in range(rounds):
+            for name in names[r % 3:] + names[:r % 3]:
+                cwd, env = variants[name]
+                out = subprocess.run([sys.executable, "-c", _TRACING_WORKER, str(n)], cwd=cwd, env=env,
+                                     capture_output=True, text=True, check=False)
+                if out.returncode != 0:
+                    raise RuntimeError(f"{name}: the worker failed:\n{out.stderr[-3000:]}")
+                runs[name].append(json.loads(out.stdout.strip().splitlines()[-1])["cpu_ms_per_request"])
+                print(f"round {r + 1}: {name}: {runs[name][-1]:.4f} ms CPU/request", flush=True)
+    finally:
+        sink.shutdown()
+    base = runs["without (build before tracing)"]
+    return {
+        "requests_per_run": n, "rounds": rounds, "runs_cpu_ms_per_request": runs,
+        "median_cpu_ms_per_request": {k: statistics.median(v) for k, v in runs.items()},
+        # Per round, each build against the build without tracing: the spread is the noise.
+        "ratio_to_without_per_round": {k: [b / a for a, b in zip(base, v, strict=True)] for k, v in runs.items()},
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench-out/cpu-overhead")
     ap.add_argument("--requests", type=int, default=400, help="measured requests per endpoint and level")
     ap.add_argument("--skip-litellm", action="store_true")
+    ap.add_argument("--tracing", metavar="CHECKOUT", type=Path,
+                    help="only the tracing comparison: CPU per request of CHECKOUT (a build without tracing: "
+                    "git archive 5af38df | tar -x -C CHECKOUT), this build with tracing off, and with it on")
+    ap.add_argument("--rounds", type=int, default=7, help="--tracing: interleaved rounds")
     args = ap.parse_args()
     out = (ROOT / args.out).resolve() if not Path(args.out).is_absolute() else Path(args.out)
+    if args.tracing is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        result = tracing_cpu(args.tracing.resolve(), args.rounds, args.requests)
+        result["command"] = " ".join(["python -m benchmarks.cpu_overhead", *sys.argv[1:]])
+        (out / "tracing_cpu.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result["median_cpu_ms_per_request"], indent=1))
+        return 0
     logs = ROOT / "bench-out" / "cpu-overhead-logs"
     out.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)

@@ -268,7 +268,7 @@ class AccessMiddleware:
                 # server's shutdown (503, answered by gateway.http.middleware).
                 control.metrics.record_request(access.label, access.model, status or cancelled_status(scope))
                 control.telemetry.observe(timing, model=access.model, route=scope.get("path_template", scope["path"]))
-                if access.model is not None:  # on the request's span (what the service resolved and used)
+                if tracing.TRACER is not None and access.model is not None:  # on the request's span
                     tracing.annotate(**{"rerank.model": access.model, **({
                         "rerank.documents": usage.documents, "rerank.tokens": usage.tokens,
                         "rerank.search_units": usage.search_units} if usage is not None else {})})

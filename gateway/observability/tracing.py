@@ -22,8 +22,8 @@ The tree of a rerank request (docs/operating-teams.md)::
     +- tokenize                rank texts -> token rows (engines with a tokenizer)
     +- engine                  the engine's work for this request: model, engine, items, tokens
        +- queue                waiting for the engine (its queue_s), when it reports one
-       +- engine.step          each step this request joined (rows, tokens): static, transformers,
-       |                       openvino, gguf (steps run in the request's own task)
+       +- engine.step          each step this request joined (rows, tokens): engines reporting their
+       |                       steps in the request's own task (static, transformers)
        +- upstream.call        each call to a pool replica or hosted API, traceparent sent on
 
 Attributes never hold a key, a key's hash or any text of a query or document.

@@ -90,10 +90,10 @@ class ApiKeyConfig(_Strict):
     max_concurrent: Positive | None = None  # requests in flight at once
     # Quotas over calendar days and months (limits.quota_timezone), enforced exactly: a request
     # whose usage would pass one is refused with 429 and not charged (docs/operating-teams.md).
-    tokens_per_day: Positive | None = None
-    tokens_per_month: Positive | None = None
-    search_units_per_day: Positive | None = None
-    search_units_per_month: Positive | None = None
+    tokens_per_day: Positive | None = None  # engine-counted input tokens per calendar day
+    tokens_per_month: Positive | None = None  # engine-counted input tokens per calendar month
+    search_units_per_day: Positive | None = None  # search units (1 per 100 items scored) per day
+    search_units_per_month: Positive | None = None  # search units per calendar month
     # May call the admin API (/admin/v1/...): create, change and revoke keys, read usage.
     admin: bool = False
 
