@@ -6,7 +6,7 @@ random-weight checkpoint (and, on CUDA, measures the bf16 matmul rates) in a chi
 the benchmark's own process never touches CUDA; :func:`reference_scores` scores the probe
 request with plain transformers in fp32, in another. :func:`pair_lengths` and
 :func:`probe_request` draw the d100 workload from the bench's own generator. Apart from the
-runner and the report because ``benchmarks/gc_pauses.py`` and ``benchmarks/host_overhead.py``
+runner and the report because other scripts
 build and load the same tiny checkpoint (they import these names from ``gpu_encoders``, which
 hands them on).
 """

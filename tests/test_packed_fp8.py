@@ -387,31 +387,6 @@ def test_vllm_in_place_residual_is_checked_on_a_copy():
     assert torch.equal(inputs["h"], before)
 
 
-@pytest.mark.slow
-def test_fp8_profile_script_runs_every_variant_on_the_tiny_checkpoint(tmp_path):
-    """benchmarks.packed_fp8_profile's logic on CPU (the GPU run times the 0.6B shape the same way)."""
-    import json
-
-    from benchmarks import packed_fp8_profile
-
-    packed_fp8_profile.main(["--device", "cpu", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
-                             "--docs", "4", "--reps", "2"])
-    res = json.loads((tmp_path / "out" / "fp8_profile.json").read_text())
-    names = ["bf16", "fp8 compiled", "fp8 triton", "fp8 vLLM", "fp8 auto"]
-    assert list(res["variants"]) == names and res["step_prompts"] == 4
-    assert "bf16_scores" not in res and "first_fp8_scores" not in res
-    for name in names:
-        v = res["variants"][name]
-        assert v["wall_p50_ms"] > 0 and v["profile"]["top"] and v["profile"]["total_ms"] > 0, name
-        if name != "bf16":  # FP8 moved the scores, a little
-            assert 0 < v["max_abs_diff_vs_bf16"] < 0.05, name
-            assert v["max_abs_diff_vs_first_fp8"] == 0, name  # on CPU every family is the eager reference
-            assert set(v["picks"]["regions"]) == {"norm", "silu_mul", "quant"}
-    assert res["variants"]["fp8 auto"]["profile"]["by_category_ms"]["gemm"] > 0
-    md = (tmp_path / "out" / "fp8_profile.md").read_text()
-    assert all(f"| {n} |" in md for n in names) and "top kernels of one step" in md
-
-
 # -- the gate on a checkpoint whose scores spread as a trained reranker's do --------------------------
 # tests/tiny_qwen3_spread.py: P(yes) spans ~0.01..0.99 over the golden documents. Replicas are used
 # directly (no engine start per case) and one torch thread: on 2 busy cores two threads ran the

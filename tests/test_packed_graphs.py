@@ -187,7 +187,7 @@ def _cpu_graphs(monkeypatch, forward=lambda *a: None, offset=0):
 def test_a_class_first_step_warms_on_the_replay_stream_and_the_capture_stream_only_captures(monkeypatch):
     """Graphs keep their capture stream's cuBLAS workspace (PyTorch keeps one per stream), so an
     eager step there could write it while an earlier graph replays on the main stream (non-finite
-    logits on the H200, benchmarks/gpu_graph_race.py): the first capture of a (pairs, max length)
+    logits on the H200, report gpu-h200-2026-12-03): the first capture of a (pairs, max length)
     class runs its warm step on the main stream, and the capture stream runs nothing but captures."""
     import torch
 

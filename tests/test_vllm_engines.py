@@ -375,7 +375,7 @@ def test_engine_death_gives_503_then_recovers(server: ServerProcess) -> None:
 
 def test_sigterm_exits_promptly_and_cleanly(server: ServerProcess) -> None:
     """Runs after the engine-death test: a clean SIGTERM stops both vLLM engines quickly, exit 0,
-    with no EngineDeadError or traceback (benchmarks/sigterm_vllm.py measures it side by side)."""
+    with no EngineDeadError or traceback (report shutdown-2026-12-01 measured it side by side)."""
     assert httpx.get(f"{server.url}/ready", timeout=30).status_code == 200
     # vLLM's engine cores and their executors' workers: none may outlive the gateway.
     engines = [p for p in psutil.Process(server.proc.pid).children(recursive=True) if "VLLM" in p.name()]
@@ -397,6 +397,6 @@ def test_sigterm_exits_promptly_and_cleanly(server: ServerProcess) -> None:
 
     left = [p for p in engines if running(p)]
     assert not left, f"engine processes left running after the gateway exited: {left}"
-    # How fast is a benchmark's question (benchmarks/sigterm_vllm.py), not a test's: this only
+    # How fast is a benchmark's question (report shutdown-2026-12-01), not a test's: this only
     # bounds it well below the 60 s wait so a hang shows as a failure with the log.
     assert took < 45, took

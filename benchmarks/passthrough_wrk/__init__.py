@@ -20,8 +20,7 @@ Writes ``passthrough_wrk.json`` and ``passthrough_wrk.md`` into ``--out``.
 """
 # The wrk client, the process-tree readings, the profile, the run and the report live in the
 # modules below. The names are handed on here ("X as X": a re-export outside ``__all__``), the
-# private ones too: benchmarks/instructions.py, benchmarks/upstream_clients.py and the scripts
-# beside the dated reports import them from here.
+# private ones too: the scripts beside the dated reports import them from here.
 from benchmarks.passthrough_wrk.host import _idle_cpu as _idle_cpu
 from benchmarks.passthrough_wrk.host import _loadavg as _loadavg
 from benchmarks.passthrough_wrk.host import _signal_tree as _signal_tree

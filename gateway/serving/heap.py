@@ -4,7 +4,7 @@ Importing torch and transformers and loading a model leave hundreds of thousands
 long-lived objects (modules, tensors' Python wrappers, compiled graphs, tokenizer tables). None
 of them is garbage, yet every full (generation 2) collection walks them all while holding the
 GIL: the event loop and the engine's worker threads stop for as long as that takes
-(``benchmarks/gc_pauses.py``: a serving gateway with a tiny packed or transformers model holds
+(report cpu-2026-12-01-hostlat: a serving gateway with a tiny packed or transformers model holds
 ~472k objects and a full collection took 285-640 ms on the shared 2-core box; frozen, 0.5 ms --
 docs/benchmarks/cpu-2026-12-01-hostlat/; torch.compile's graphs on a GPU add more).
 ``gc.freeze()`` moves every object alive at that moment into a permanent generation no

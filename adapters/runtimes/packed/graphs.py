@@ -245,7 +245,7 @@ class StepGraphs:
         # PyTorch's docs do: PyTorch keeps a cuBLAS workspace per stream and every graph keeps its
         # capture stream's, so eager GEMMs there could write that workspace while earlier graphs
         # replay on the main stream. The H200 showed no corruption from it with these GEMMs
-        # (benchmarks/gpu_graph_race.py, report gpu-h200-2026-12-03) and the rare non-finite
+        # (report gpu-h200-2026-12-03) and the rare non-finite
         # steps under load went on without it (``nonfinite`` records them); it stays a hazard
         # this ordering removes for the cost of one forward per class on the main stream.
         if key[1:] not in self._warmed:
