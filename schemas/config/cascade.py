@@ -31,6 +31,9 @@ class CascadeEngineConfig(ComposedModelConfig, tag="cascade", kw_only=True):
     its own model's ``timeout_s`` and admission bound); ``max_concurrent_requests`` the cascade's
     own requests."""
 
+    # In order, each {model = a configured model's name or alias, keep = how many of its best
+    # documents the next stage gets (every stage but the last)}: the first stage scores every
+    # document, each next one what the one before kept; e.g. [{model = "fast", keep = 50}, {model = "accurate"}].
     stages: Annotated[tuple[CascadeStage, ...], msgspec.Meta(min_length=2)]
 
     def __post_init__(self) -> None:

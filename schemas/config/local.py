@@ -135,7 +135,7 @@ class TransformersEngineConfig(GatedPrecisionConfig, tag="transformers"):
     parity_documents: Annotated[int, msgspec.Meta(ge=10)] = 30
     # Or your own judgements: a BEIR directory (corpus.jsonl, queries.jsonl, qrels/<qrels_split>.tsv).
     # dtype is then admitted on nDCG@10 instead of the top-10 order: only if it is within
-    # qrels_tolerance (relative) of fp32's (adapters/runtimes/qrels_gate.py, docs/evaluate.md).
+    # qrels_tolerance (relative) of fp32's ("Evaluate and choose" in the docs).
     qrels_set: str | None = None
     qrels_split: str = "test"  # see qrels_set
     qrels_tolerance: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.005  # see qrels_set
