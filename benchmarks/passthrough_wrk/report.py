@@ -8,7 +8,7 @@ import collections
 import statistics
 from typing import Any
 
-GATEWAYS = ("gateway-before", "gateway-1w", "gateway-Nw", "gateway-granian-1w", "gateway-granian-Nw")
+GATEWAYS = ("gateway-before", "gateway-1w", "gateway-Nw", "gateway-granian-1w", "gateway-granian-Nw", "gateway-chain-1w")
 TARGETS = (*GATEWAYS, "litellm")
 # The one-worker targets whose 1-client p50 is compared with the stub's (the latency target).
 ONE_WORKER = ("gateway-1w", "gateway-granian-1w")
@@ -80,6 +80,18 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
     summary["added_p50_ms_1_client"] = summary["added_p50_ms_1_client_by_target"].get("gateway-1w", float("nan"))
     if "gateway-1w" in summary["cpu_growth_by_target"]:
         summary["gateway_1w_cpu_growth"] = summary["cpu_growth_by_target"]["gateway-1w"]
+    # A healthy chain's overhead (--chain): gateway-chain-1w ÷ gateway-1w, median of the per-round pairs.
+    chain: dict[str, Any] = {}
+    for c in clients:
+        pairs = _round_pairs(by, ("gateway-chain-1w", c), ("gateway-1w", c), rounds)
+        if pairs:
+            chain[str(c)] = {
+                k: _median([a[k] / b[k] for a, b in pairs if a.get(k) and b.get(k)])
+                for k in ("cpu_ms_per_request", "p50_ms", "p99_ms", "req_s")
+            } | {"pairs": len(pairs),
+                 "cpu_ratios": [a["cpu_ms_per_request"] / b["cpu_ms_per_request"] for a, b in pairs]}
+    if chain:
+        summary["chain_vs_plain"] = chain
     summary["loadavg_1min"] = {"min": min(r["loadavg_before"][0] for r in runs),
                                "median": _median([r["loadavg_before"][0] for r in runs]),
                                "max": max(r["loadavg_before"][0] for r in runs)}
@@ -125,6 +137,13 @@ def render(results: dict[str, Any]) -> str:
             f"{gw} CPU per request, {max(w['clients'])} clients ÷ {min(w['clients'])} client, median of per-round "
             f"pairs: {v:.3f}{extra}."
         )
+    if s.get("chain_vs_plain"):
+        lines += ["", ("A healthy chain against the same model without one (gateway-chain-1w ÷ gateway-1w, median of "
+                       "per-round pairs; 1.00 = no overhead):"), "",
+                  "| clients | CPU per request | p50 | p99 | req/s | pairs |", "|---|---|---|---|---|---|"]
+        for c, v in s["chain_vs_plain"].items():
+            lines.append(f"| {c} | {v['cpu_ms_per_request']:.3f}× | {v['p50_ms']:.3f}× | {v['p99_ms']:.3f}× | "
+                         f"{v['req_s']:.3f}× | {v['pairs']} |")
     prof = results.get("profile_gateway_1w_32_clients")
     if prof:
         lines += ["", "py-spy profile of gateway-1w at 32 clients (share of samples, innermost known frame):", "",

@@ -24,6 +24,15 @@ from benchmarks.passthrough_wrk.pyspy_profile import _profile
 from benchmarks.passthrough_wrk.report import TARGETS, render, summarize
 from benchmarks.passthrough_wrk.wrk import _body, _lua, _wrk
 
+# --client python: the aiohttp client in a process of its own (its CPU is not the target's).
+
+
+def _pyclient(url: str, body: Path, clients: int, seconds: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.passthrough_wrk.pyclient", url, str(body), str(clients), str(seconds)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=seconds + 60, cwd=ROOT).stdout
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
 # The package's docstring is the run's description (``--help`` shows it).
 _SUITE_DOC = sys.modules[__package__].__doc__
 
@@ -49,9 +58,17 @@ def main() -> int:
     ap.add_argument("--no-pause", action="store_true",
                     help="leave the other targets running during each run (by default they are stopped with "
                     "SIGSTOP: an idle LiteLLM proxy keeps using CPU, which moved the 1-client figures of the others)")
+    ap.add_argument("--chain", action="store_true",
+                    help="add gateway-chain-1w: the same pool model behind a fallback chain (engine = \"chain\", a "
+                    "second replica target), side by side with gateway-1w: a healthy chain's overhead")
+    ap.add_argument("--targets", default="",
+                    help="comma-separated targets to run (default: all); the stub always runs")
+    ap.add_argument("--client", choices=("wrk", "python"), default="wrk",
+                    help="python: benchmarks.passthrough_wrk.pyclient (aiohttp) where wrk is not installed; "
+                    "compare only figures taken with the same client")
     args = ap.parse_args()
-    if shutil.which("wrk") is None:
-        print("wrk is missing: apt-get install -y wrk", file=sys.stderr)
+    if args.client == "wrk" and shutil.which("wrk") is None:
+        print("wrk is missing: apt-get install -y wrk (or --client python)", file=sys.stderr)
         return 2
     out = Path(args.out) if Path(args.out).is_absolute() else ROOT / args.out
     logs = ROOT / "bench-out" / "passthrough-wrk-logs"
@@ -76,6 +93,7 @@ def main() -> int:
                      "workers": args.workers},
         "runners": args.runners.split(","),
         "command": " ".join(["python -m benchmarks.passthrough_wrk", *sys.argv[1:]]),
+        "client": args.client,
         "runs": [],
     }
     try:
@@ -89,20 +107,32 @@ def main() -> int:
             gateways += [(f"{prefix}-1w", 1, ROOT, runner), (f"{prefix}-Nw", args.workers, ROOT, runner)]
         if args.before:
             gateways.insert(0, ("gateway-before", 1, Path(args.before).resolve(), "uvicorn"))
+        if args.chain:
+            gateways.append(("gateway-chain-1w", 1, ROOT, "uvicorn"))
+        if args.targets:
+            wanted = set(args.targets.split(","))
+            gateways = [g for g in gateways if g[0] in wanted]
         for name, workers, cwd, runner in gateways:
             port = _free_port()
             cfg = logs / f"{name}.toml"
             server = ([f"workers = {workers}"] if workers > 1 else []) + ([f'runner = "{runner}"'] if runner != "uvicorn" else [])
+            pool = f'engine = "pool"\nprotocol = "cohere"\nurls = ["http://127.0.0.1:{sp}"]\nmodel = "stub"\nmax_connections = 64\n'
+            # The chain: the same pool model as its first target (a second replica behind it, never
+            # used while the first is healthy), so the pair differs by the chain's routing alone.
+            models = (
+                '[[models]]\nname = "rerank"\nengine = "chain"\ntargets = ["rerank-local", "rerank-spare"]\n'
+                f'accepts = "replicas"\n\n[[models]]\nname = "rerank-local"\n{pool}\n[[models]]\nname = "rerank-spare"\n{pool}'
+                if name == "gateway-chain-1w" else f'[[models]]\nname = "rerank"\n{pool}'
+            )
             cfg.write_text(
                 ("[server]\n" + "\n".join(server) + "\n\n" if server else "") + "[logging]\nlevel = \"WARNING\"\n\n"
-                f'[[models]]\nname = "rerank"\nengine = "pool"\nprotocol = "cohere"\n'
-                f'urls = ["http://127.0.0.1:{sp}"]\nmodel = "stub"\nmax_connections = 64\n'
+                + models
             )
             procs[name] = Proc(name, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port)],
                                logs, cwd=cwd)
             urls[name] = f"http://127.0.0.1:{port}/v2/rerank"
         exe = Path(args.litellm_venv) / "bin" / "litellm"
-        if exe.exists():
+        if exe.exists() and args.client == "wrk":  # the python client sends no LiteLLM key
             lp = _free_port()
             (logs / "litellm.yaml").write_text(
                 "model_list:\n  - model_name: rerank\n    litellm_params:\n      model: cohere/rerank-v3.5\n"
@@ -123,11 +153,17 @@ def main() -> int:
         procs["stub"].wait_http(f"http://127.0.0.1:{sp}/health")
         for name, *_ in gateways:
             procs[name].wait_http(urls[name].replace("/v2/rerank", "/ready"))
-        if "litellm" in procs:
+        if "litellm" in procs and (not args.targets or "litellm" in args.targets.split(",")):
             procs["litellm"].wait_http(urls["litellm"].replace("/v2/rerank", "/health/liveliness"), timeout=900)
-        targets = ["stub", *[t for t in TARGETS if t in procs]]
+        targets = ["stub", *[t for t in TARGETS if t in procs and (not args.targets or t in args.targets.split(","))]]
+
+        def load(t: str, c: int, seconds: float) -> dict[str, Any]:
+            if args.client == "python":
+                return _pyclient(urls[t], body, c, seconds)
+            return _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], c, seconds)
+
         for t in targets:  # warm-up: connections, lazy imports, first-request paths
-            _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], 4, 1.0)
+            load(t, 4, 1.0)
 
         results["idle_cpu_share"] = _idle_cpu({t: procs[t] for t in targets})
         results["spinners"] = args.spinners
@@ -147,7 +183,7 @@ def main() -> int:
                     load0 = _loadavg()
                     cpu0, sw0 = procs[t].cpu_s(), _switches(procs[t])
                     try:
-                        res = _wrk(urls[t], scripts["litellm" if t == "litellm" else "plain"], c, args.seconds)
+                        res = load(t, c, args.seconds)
                     finally:
                         cpu1, sw1 = procs[t].cpu_s(), _switches(procs[t])
                         for other in paused:

@@ -14,6 +14,9 @@ Writes ``<out>/<UTC date>/reliability.json`` and ``reliability.md``. Sections (`
   gateway process (``static`` engine: the gateway's own code is what runs), RSS every second.
 - ``upstream``: a pool over two stub replicas under load; one is killed (SIGKILL), then
   replaced by a slow one (1 s per request): errors and p99 per phase.
+- ``failover``: a fallback chain over two pools under load, its primary killed then restarted:
+  errors and p50/p99 per phase, which target served, and the time until the primary is
+  preferred again (:mod:`benchmarks.reliability.failover`).
 - ``redis``: per-key limits in Redis; Redis killed under load then restarted, with
   ``redis_failure = "closed"`` (503 + Retry-After meanwhile) and ``"open"`` (keeps serving).
 - ``sigterm``: SIGTERM with requests in flight: every one is answered, then the process exits.

@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from benchmarks.reliability.failover import failover
 from benchmarks.reliability.processes import ROOT
 from benchmarks.reliability.report import _write
 from benchmarks.reliability.sections import (
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             "fuzz": lambda: fuzz(workdir, args.fuzz_examples),
             "soak": lambda: soak(workdir, args.clients, args.soak_s),
             "upstream": lambda: upstream(workdir, max(2, args.clients // 2)),
+            "failover": lambda: failover(workdir, args.clients),
             "redis": lambda: redis_faults(workdir, max(2, args.clients // 2)),
             "sigterm": lambda: sigterm(workdir),
             "engine": lambda: engine_kill(workdir, 4, args.engine_window_s, Path(args.keep_logs) if args.keep_logs else None),

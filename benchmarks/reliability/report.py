@@ -49,6 +49,15 @@ def _md(report: dict[str, Any]) -> str:
             p = u[phase]
             row("upstream", f"{phase}: requests / errors / lost / p99 ms", f"{p['requests']} / {p['errors']} / {p['lost']} / {p['p99_ms']}")
         row("upstream", "recovery after the kill (s to first 200)", u["recovery_s_after_kill"])
+    if (fo := report.get("failover")) and "healthy" in fo:
+        for phase in ("healthy", "first_second_after_kill", "primary_dead", "after_restart"):
+            p = fo[phase]
+            row("failover", f"{phase}: requests / errors / p50 / p99 ms / served by",
+                f"{p['requests']} / {p['errors']} / {p['p50_ms']} / {p['p99_ms']} / {p['served_by']}")
+        row("failover", f"primary preferred again (s after it is back; cooldown_s {fo['cooldown_s']:g}): first answer / "
+            "first second all its own", f"{fo['preferred_again_s']} / {fo['all_primary_again_s']}")
+    elif fo:
+        row("failover", "skipped", fo.get("skipped"))
     if r := report.get("redis"):
         for mode, m in r.items():
             d = m["redis_down"]

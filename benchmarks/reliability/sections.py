@@ -25,7 +25,7 @@ from benchmarks.reliability.load import Load, _load
 from benchmarks.reliability.processes import KEY, Gateway, Proc, _auth_toml, _free_port, _redis, _wait_http
 
 # The order in which the sections run; ``--only`` picks a subset.
-SECTIONS = ("fuzz", "soak", "upstream", "redis", "sigterm", "engine")
+SECTIONS = ("fuzz", "soak", "upstream", "failover", "redis", "sigterm", "engine")
 
 
 def hostile_pass(gw: Gateway) -> dict[str, Any]:

@@ -52,6 +52,9 @@ log = structlog.get_logger("gateway.routing")
 T = TypeVar("T")
 # (chain, target, outcome) -> None: the per-target metrics (gateway.serving.telemetry sets it).
 Observe = Callable[[str, str, str], None]
+# An attempt whose target's own timeout_s ends within this of what is left of the chain's deadline
+# runs under the target's timer alone (a second timer per request cost ~2 % of a passthrough's CPU).
+_OWN_TIMER_SLACK_S = 0.05
 # A target's health probe, bounded: a pool's check_health probes its replicas over HTTP.
 _PROBE_TIMEOUT_S = 5.0
 
@@ -174,10 +177,12 @@ class Chain:
         """
         deadline = time.monotonic() + self.config.timeout_s
         attempts: list[tuple[str, str]] = []
-        admitted = await self.outliers.admitted_of(self.targets, self._probe)
-        for target in self.targets:
-            if target not in admitted:
-                self._record(attempts, target, "skipped")
+        admitted = self.targets
+        if not all(t.ejected_until is None for t in admitted):  # someone cools down: skip it, or probe it
+            admitted = await self.outliers.admitted_of(self.targets, self._probe)
+            for target in self.targets:
+                if target not in admitted:
+                    self._record(attempts, target, "skipped")
         passed: list[Target] = []  # saturated: tried only if every other target fails
         for i, target in enumerate(admitted):
             if self._spill and i < len(admitted) - 1:
@@ -221,7 +226,10 @@ class Chain:
             self._record(attempts, target, "timeout")
             return None
         try:
-            async with asyncio.timeout(left):
+            if left < target.runtime.config.timeout_s - _OWN_TIMER_SLACK_S:
+                async with asyncio.timeout(left):
+                    value = await compute(target.runtime)
+            else:  # the target's own timeout_s ends its engine call about as soon: one timer per request, not two
                 value = await compute(target.runtime)
         except TimeoutError:  # the chain's deadline, not the target's own timeout_s (that is EngineTimeoutError)
             self._record(attempts, target, "timeout")
