@@ -32,7 +32,7 @@ def test_every_command_and_option_has_help():
     assert not missing, f"without help: {missing}"
 
 
-@pytest.mark.parametrize("command", [[], ["bench"], ["keys"], ["serve"], ["check-config"]])
+@pytest.mark.parametrize("command", [[], ["bench"], ["eval"], ["keys"], ["serve"], ["check-config"]])
 def test_descriptions_are_written_for_people(command, capsys):
     with pytest.raises(SystemExit) as done:
         cli.main([*command, "--help"])
