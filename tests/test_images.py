@@ -15,8 +15,10 @@ in flight (all answered, exit 0), the image's HEALTHCHECK, the unprivileged user
 size. A ``redis-server`` image from the same Debian packages holds the per-key limit two
 gateway containers share. The GPU image and Kubernetes are only validated (tests/test_deploy.py).
 
-podman and mmdebstrap are installed with apt-get when missing (root); the module is skipped,
-saying why, only when that is impossible. Recipe and sandbox settings: docs/containers.md.
+podman and mmdebstrap are installed with apt-get when missing (root; the README's test command
+says so); the module is skipped, saying why, only when that is impossible. Every image it made
+is removed at the end unless ``RERANK_KEEP_IMAGES=1`` (then the next run skips mmdebstrap and
+reuses the layers). Recipe and sandbox settings: docs/containers.md.
 """
 
 from __future__ import annotations
@@ -110,8 +112,17 @@ def private_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _remove_images(pm: Podman) -> None:
+    """Every image this module made (about 2.5 GB), unless RERANK_KEEP_IMAGES=1 asks to keep them
+    for the next run (which then skips mmdebstrap and reuses the build cache)."""
+    if os.environ.get("RERANK_KEEP_IMAGES", "").strip() in ("1", "true", "yes"):
+        return
+    for image in (*IMAGES.values(), REDIS, PYBASE, BOOKWORM):
+        pm("rmi", "--force", image, check=False, timeout=300)
+
+
 @pytest.fixture(scope="module")
-def podman(private_tmp: Path) -> Podman:
+def podman(private_tmp: Path) -> Iterator[Podman]:
     reason = _install()
     if reason:
         pytest.skip(reason)
@@ -135,7 +146,10 @@ def podman(private_tmp: Path) -> Podman:
             "ENV PATH=/opt/py/bin:$PATH PIP_CERT=/etc/ssl/certs/ca-certificates.crt\n"
         )
         pm("build", "--network", "host", "-t", PYBASE, str(work))
-    return pm
+    try:
+        yield pm
+    finally:
+        _remove_images(pm)
 
 
 @pytest.fixture(scope="module")
@@ -419,3 +433,25 @@ def _hash(key: str) -> str:
     from gateway.security.auth import hash_key
 
     return hash_key(key)
+
+
+class _Recorder:
+    """Stands in for :class:`Podman` to see what the module's cleanup asks podman to do."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 600) -> None:
+        self.calls.append(args)
+
+
+def test_cleanup_removes_every_image_unless_asked_to_keep_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    pm = _Recorder()
+    monkeypatch.delenv("RERANK_KEEP_IMAGES", raising=False)
+    _remove_images(pm)  # type: ignore[arg-type]
+    removed = [c[-1] for c in pm.calls if c[:2] == ("rmi", "--force")]
+    assert removed == [*IMAGES.values(), REDIS, PYBASE, BOOKWORM]  # children before the bases they are built on
+    pm.calls.clear()
+    monkeypatch.setenv("RERANK_KEEP_IMAGES", "1")
+    _remove_images(pm)  # type: ignore[arg-type]
+    assert pm.calls == []
