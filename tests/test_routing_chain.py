@@ -288,3 +288,13 @@ def test_a_target_may_be_named_by_its_alias(tmp_path: Path) -> None:
     with TestClient(create_app(settings)) as client:
         response = client.post("/v2/rerank", json={**BODY, "model": "c"})
         assert response.status_code == 200 and response.headers["x-rerank-target"] == "a"
+
+
+def test_the_tei_and_vllm_dialects_name_the_target_too(upstream):
+    upstream.set("500")
+    with TestClient(create_app(_settings(upstream.url), configure_logs=False)) as client:
+        tei = client.post("/rerank", json={"query": "rivers", "texts": ["a river", "a road"]})  # TEI's body: the first model
+        assert tei.status_code == 200 and tei.headers["x-rerank-target"] == "fallback"
+        assert {r["score"] for r in tei.json()} == {FALLBACK_SCORE}
+        score = client.post("/score", json={"model": "chained", "text_1": "rivers", "text_2": ["a river", "a road"]})
+        assert score.status_code == 200 and score.headers["x-rerank-target"] == "fallback"
