@@ -22,7 +22,7 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -48,6 +48,7 @@ from gateway.serving.jobs import (
     top_n_hint,
     wants_raw_scores,
 )
+from gateway.serving.model_state import ModelRuntimeState
 from gateway.serving.models import ModelRegistry, ModelRuntime
 from gateway.serving.parts import _OVERLAP_MIN_DOCUMENTS, _OVERLAP_PARTS, overlapped  # noqa: F401  (tests read _PARTS here)
 from gateway.serving.telemetry import current_timing, record_phases
@@ -266,8 +267,9 @@ class RerankService:
         attempts = (*routed.attempts[:-1], *scored.attempts) if scored.attempts else tuple(routed.attempts)
         return msgspec.structs.replace(scored, attempts=attempts)
 
-    async def _compute_routed(self, runtime: ModelRuntime, *args: Any) -> Scored:
+    async def _compute_routed(self, target: ModelRuntimeState, *args: Any) -> Scored:
         """One chain attempt: the target scores on its engine, or routes on if it is a chain itself."""
+        runtime = cast(ModelRuntime, target)  # the registry's runtimes, as the chain was given them
         if runtime.chain is not None:
             return await self.score_documents(runtime, query=args[0], texts=args[1], instruction=args[2],
                                               max_tokens_per_doc=args[3], max_chunks_per_doc=args[4],
@@ -340,14 +342,15 @@ class RerankService:
             t2 = time.perf_counter()
         finally:
             runtime.in_flight -= 1
-        common = {"input_tokens": result.input_tokens, "items": job.size, "queue_s": result.queue_s,
-                  "tokenize_s": t1 - t0, "inference_s": t2 - t1, "target": runtime.name}
         if result.indices is not None:
-            return Scored(scores=result.scores, indices=result.indices, **common)
-        unique_scores = [-math.inf] * len(unique)
-        for owner, score in zip(owners, result.scores, strict=True):
-            unique_scores[owner] = max(unique_scores[owner], score)
-        return Scored(scores=[unique_scores[p] for p in positions], indices=None, **common)
+            scores, indices = result.scores, result.indices
+        else:
+            unique_scores = [-math.inf] * len(unique)
+            for owner, score in zip(owners, result.scores, strict=True):
+                unique_scores[owner] = max(unique_scores[owner], score)
+            scores, indices = [unique_scores[p] for p in positions], None
+        return Scored(scores=scores, indices=indices, input_tokens=result.input_tokens, items=job.size,
+                      queue_s=result.queue_s, tokenize_s=t1 - t0, inference_s=t2 - t1, target=runtime.name)
 
     def _cache_key(
         self,
