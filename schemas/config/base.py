@@ -32,7 +32,7 @@ class _Strict(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=T
     pass
 
 
-class ModelConfig(_Strict, tag_field="engine"):
+class ModelConfig(_Strict, tag_field="engine", frozen=True):
     """Fields every engine kind shares."""
 
     name: ModelName  # the public model name clients send (no spaces)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from .base import DEFAULT_INSTRUCTION, _Strict
 
-class LlmRerankerSpec(_Strict, kw_only=True):
+
+class LlmRerankerSpec(_Strict, kw_only=True, frozen=True):
     """A causal-LM reranker: the prompt it was trained on and the logits its score reads.
 
     The prompt is a row of pieces, each tokenized on its own (the model cards tokenize them so,
@@ -33,7 +36,7 @@ class LlmRerankerSpec(_Strict, kw_only=True):
     no_token: str | None = None
     # vLLM's pooling runner: the documented online conversion into a one-logit classifier
     # (W[yes] - W[no], or W[yes]); the gateway applies the sigmoid itself.
-    vllm_hf_overrides: dict[str, Any] = {}
+    vllm_hf_overrides: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 _QWEN3_PREFIX = (
@@ -97,9 +100,11 @@ LLM_RERANKERS: dict[str, LlmRerankerSpec] = {
         document=" {document}",
         tail=(
             "\n",
-            "You are a search relevance expert who evaluates how well documents match search queries. "
-            "For each query-document pair, carefully analyze the semantic relationship between them, "
-            "then provide your binary relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:",
+            (
+                "You are a search relevance expert who evaluates how well documents match search queries. "
+                "For each query-document pair, carefully analyze the semantic relationship between them, "
+                "then provide your binary relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:"
+            ),
             "<|im_end|>\n<|im_start|>assistant\n",
         ),
         instruction_format="instruction: {instruction}\n",
@@ -118,8 +123,10 @@ _PACKED_QWEN3_ONLY = (
     "packed runs Qwen3's layer layout only (no attention biases as Qwen2 has, no Gemma "
     "embedding scale, (1 + w) RMSNorm or GeGLU); use transformers or vllm-score"
 )
-_PACKED_NO_BI_ENCODER = ("packed runs Qwen3 rerankers and cross-encoders (BERT, ELECTRA, RoBERTa, XLM-R, ModernBERT); "
-                         "use transformers or openvino")
+_PACKED_NO_BI_ENCODER = (
+    "packed runs Qwen3 rerankers and cross-encoders (BERT, ELECTRA, RoBERTa, XLM-R, ModernBERT); "
+    "use transformers or openvino"
+)
 RUNTIME_REFUSALS: dict[tuple[str, str], str] = {
     ("bge-reranker-v2-gemma", "packed"): _PACKED_QWEN3_ONLY,
     ("mxbai-rerank-v2", "packed"): _PACKED_QWEN3_ONLY,
@@ -146,13 +153,18 @@ def packed_encoder_refusal(hf_config: dict[str, Any]) -> str | None:
     """Why the packed runtime cannot run this cross-encoder checkpoint (its config.json), or None."""
     model_type = str(hf_config.get("model_type") or "?")
     if model_type not in PACKED_ENCODER_TYPES:
-        return (f"engine 'packed' runs BERT, ELECTRA, RoBERTa, XLM-R and ModernBERT cross-encoders, not model_type "
-                f"'{model_type}'; use engine = 'transformers' (or 'openvino' on CPU, 'vllm-score')")
+        return (
+            f"engine 'packed' runs BERT, ELECTRA, RoBERTa, XLM-R and ModernBERT cross-encoders, not model_type "
+            f"'{model_type}'; use engine = 'transformers' (or 'openvino' on CPU, 'vllm-score')"
+        )
     position = hf_config.get("position_embedding_type", "absolute")
     if position not in (None, "absolute"):
-        return (f"engine 'packed' runs absolute position embeddings, not position_embedding_type "
-                f"'{position}'; use engine = 'transformers'")
+        return (
+            f"engine 'packed' runs absolute position embeddings, not position_embedding_type "
+            f"'{position}'; use engine = 'transformers'"
+        )
     return None
+
 
 # Which runtimes (the `engine` tag) can run which family. "auto" is checked once the family is
 # detected from the checkpoint (at start, and by `rerank-gateway check-config`).
@@ -174,7 +186,6 @@ FAMILY_RUNTIMES: dict[str, frozenset[str]] = {
     # Listwise remote code (model.rerank); provided by the jina-v3 family.
     "jina-v3": frozenset({"transformers"}),
 }
-
 
 
 def runtime_refusal(family: str, engine: str) -> str:

@@ -11,7 +11,7 @@ from .base import DEFAULT_MODEL_PATH, FamilyName, ModelConfig, Positive
 from .families import FAMILY_RUNTIMES, runtime_refusal
 
 
-class LocalModelConfig(ModelConfig):
+class LocalModelConfig(ModelConfig, frozen=True):
     """A checkpoint scored in-process: the gateway tokenizes (and templates) itself.
 
     ``engine`` names the runtime, ``family`` how a (query, document) pair becomes tokens and
@@ -94,7 +94,7 @@ def _precision_as_dtype(config: Any, precision: str | None, *, reset_to: str | N
     msgspec.structs.force_setattr(config, "precision", reset_to)
 
 
-class GatedPrecisionConfig(LocalModelConfig):
+class GatedPrecisionConfig(LocalModelConfig, frozen=True):
     """A local model whose engine offers a reduced precision, admitted by the parity gate
     (adapters/runtimes/parity.py): the keys of the gate's rule, the same on every such engine."""
 
@@ -109,7 +109,7 @@ class GatedPrecisionConfig(LocalModelConfig):
     parity_set: str | None = None
 
 
-class TransformersEngineConfig(GatedPrecisionConfig, tag="transformers"):
+class TransformersEngineConfig(GatedPrecisionConfig, tag="transformers", frozen=True):
     """In-process Hugging Face transformers, CPU or CUDA: length-sorted batches in worker threads."""
 
     device: str = "auto"  # "auto" (CUDA if available), "cpu", "cuda", "cuda:1", ...
@@ -160,7 +160,7 @@ class TransformersEngineConfig(GatedPrecisionConfig, tag="transformers"):
             )
 
 
-class PackedEngineConfig(GatedPrecisionConfig, tag="packed"):
+class PackedEngineConfig(GatedPrecisionConfig, tag="packed", frozen=True):
     """Qwen3-Reranker or a cross-encoder (BERT, ELECTRA, RoBERTa, XLM-R) packed without padding
     into varlen steps filled from every waiting request."""
 
@@ -252,7 +252,7 @@ class PackedEngineConfig(GatedPrecisionConfig, tag="packed"):
             )
 
 
-class OpenVinoEngineConfig(GatedPrecisionConfig, tag="openvino"):
+class OpenVinoEngineConfig(GatedPrecisionConfig, tag="openvino", frozen=True):
     """Encoder families (cross-encoder, bi-encoder) on OpenVINO's CPU plugin.
 
     The checkpoint is exported to OpenVINO IR on first load and cached on disk (keyed by the
@@ -318,7 +318,7 @@ class OpenVinoEngineConfig(GatedPrecisionConfig, tag="openvino"):
             )
 
 
-class VllmEngineConfig(LocalModelConfig):
+class VllmEngineConfig(LocalModelConfig, frozen=True):
     """A local model on vLLM's async engine; ``max_length`` is also vLLM's ``max_model_len``."""
 
     # "auto": float32 on CPU, bfloat16 on CUDA.
@@ -340,27 +340,27 @@ class VllmEngineConfig(LocalModelConfig):
     # Causal families only: a cross-encoder's attention is bidirectional, so it is always off there.
     enable_prefix_caching: bool = True
     # Any other AsyncEngineArgs field, passed through as is (wins over the keys above).
-    engine_args: dict[str, Any] = {}
+    engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _precision_as_dtype(self, self.precision, reset_to=None)
 
 
-class VllmScoreEngineConfig(VllmEngineConfig, tag="vllm-score"):
+class VllmScoreEngineConfig(VllmEngineConfig, tag="vllm-score", frozen=True):
     """Pooling runner: Qwen3 converted online to a yes-minus-no classifier, or a cross-encoder's own head."""
 
 
-class VllmGenerateEngineConfig(VllmEngineConfig, tag="vllm-generate"):
+class VllmGenerateEngineConfig(VllmEngineConfig, tag="vllm-generate", frozen=True):
     """Causal LM, one generated token; the score is P(yes) from the yes and no log-probabilities."""
 
 
-class StaticEngineConfig(ModelConfig, tag="static"):
+class StaticEngineConfig(ModelConfig, tag="static", frozen=True):
     """Zero-cost test engine: a fixed score per document, no model. For tests and benchmarks."""
 
     score: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5  # every document's score unless `scores` lists it
     # Scores by exact document text; documents not listed get `score`.
-    scores: dict[str, Annotated[float, msgspec.Meta(ge=0, le=1)]] = {}
+    scores: dict[str, Annotated[float, msgspec.Meta(ge=0, le=1)]] = msgspec.field(default_factory=dict)
     # Simulated inference time per request (tests of timeouts and overload; latency models).
     delay_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     # Answer raw-score requests (TEI `raw_scores`, vLLM `use_activation: false`) with the
@@ -369,7 +369,7 @@ class StaticEngineConfig(ModelConfig, tag="static"):
     supports_raw_scores: bool = True
 
 
-class GgufEngineConfig(ModelConfig, tag="gguf", kw_only=True):
+class GgufEngineConfig(ModelConfig, tag="gguf", kw_only=True, frozen=True):
     """A GGUF reranker on llama.cpp (llama-cpp-python), CPU or GPU, with rank pooling.
 
     The GGUF must carry a rerank head (``cls``/``cls.output`` tensors, as llama.cpp's converter
