@@ -76,7 +76,7 @@ examples:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    p: argparse.ArgumentParser = sub.add_parser(
         "bench",
         help="benchmark a Cohere/Jina-compatible rerank endpoint (ours, LiteLLM, vllm serve, ...)",
         description=_DESCRIPTION,
@@ -87,12 +87,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", help="model name sent in every request")
     load = p.add_argument_group("load")
     load.add_argument("--requests", type=int, default=100, help="measured requests per load level (default 100)")
-    load.add_argument("--concurrency", default=[1], type=lambda t: _numbers(t, int),
-                      help="closed loop: concurrent clients, a list sweeps (e.g. 1,4,16; default 1)")
-    load.add_argument("--rate", type=lambda t: _numbers(t, float),
-                      help="open loop instead: requests per second, a list sweeps")
+    load.add_argument(
+        "--concurrency",
+        default=[1],
+        type=lambda t: _numbers(t, int),
+        help="closed loop: concurrent clients, a list sweeps (e.g. 1,4,16; default 1)",
+    )
+    load.add_argument(
+        "--rate", type=lambda t: _numbers(t, float), help="open loop instead: requests per second, a list sweeps"
+    )
     load.add_argument("--poisson", action="store_true", help="open loop: Poisson arrivals instead of fixed spacing")
-    load.add_argument("--max-in-flight", type=_positive_int, default=1024, help="open loop: cap on outstanding requests")
+    load.add_argument(
+        "--max-in-flight", type=_positive_int, default=1024, help="open loop: cap on outstanding requests"
+    )
     load.add_argument("--warmup", type=int, default=2, help="unmeasured requests before each level (default 2)")
     load.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
     wl = p.add_argument_group("workload")
@@ -105,18 +112,31 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     wl.add_argument("--top-n", type=int, help="top_n sent in every request")
     wl.add_argument("--instruction", help="instruction sent in every request (default: the server's)")
     wl.add_argument("--tokenizer", help="model dir or tokenizer.json: exact token lengths (else 1 word = 1 token)")
-    wl.add_argument("--seed", type=int, default=0,
-                    help="random seed of the texts (and of --poisson arrivals): the same seed, the same run (default 0)")
+    wl.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="random seed of the texts (and of --poisson arrivals): the same seed, the same run (default 0)",
+    )
     auth = p.add_argument_group("endpoints")
     auth.add_argument("--api-key", help="sent as Authorization: Bearer KEY (never written to the reports)")
-    auth.add_argument("--api-key-file", metavar="PATH",
-                      help="read the key from this file instead (argv is visible to other users in ps)")
+    auth.add_argument(
+        "--api-key-file",
+        metavar="PATH",
+        help="read the key from this file instead (argv is visible to other users in ps)",
+    )
     auth.add_argument("--header", action="append", default=[], help="extra header 'Name: value' (repeatable)")
     auth.add_argument("--label", help="name of the endpoint in reports (default: host:port)")
-    auth.add_argument("--compare", metavar="URL", help="alternate with this endpoint, round by round, and report ratios")
+    auth.add_argument(
+        "--compare", metavar="URL", help="alternate with this endpoint, round by round, and report ratios"
+    )
     auth.add_argument("--compare-model", help="model name for the --compare endpoint (default: --model)")
-    auth.add_argument("--compare-api-key", help="API key for the --compare endpoint (default: none; never written to the reports)")
-    auth.add_argument("--compare-api-key-file", metavar="PATH", help="read the --compare endpoint's key from this file instead")
+    auth.add_argument(
+        "--compare-api-key", help="API key for the --compare endpoint (default: none; never written to the reports)"
+    )
+    auth.add_argument(
+        "--compare-api-key-file", metavar="PATH", help="read the --compare endpoint's key from this file instead"
+    )
     auth.add_argument("--compare-label", help="name of the --compare endpoint in reports (default: host:port)")
     auth.add_argument("--round-size", type=int, help="--compare: requests per round (default: the concurrency)")
     out = p.add_argument_group("output")
@@ -157,8 +177,9 @@ def _level(ep: Any, levels: list[list[Any]], i: int) -> Any:
     return msgspec.structs.replace(ep, requests=levels[i])
 
 
-async def _drive(args: argparse.Namespace, endpoints: list[Any], progress: Any,
-                 levels: list[list[list[Any]]]) -> tuple[list[Any], list[dict[str, Any]]]:
+async def _drive(
+    args: argparse.Namespace, endpoints: list[Any], progress: Any, levels: list[list[list[Any]]]
+) -> tuple[list[Any], list[dict[str, Any]]]:
     """``levels[e][i]``: endpoint ``e``'s requests at load level ``i`` (fresh texts per level)."""
     from gateway.bench.driver import run_closed, run_compare, run_open
     from gateway.bench.report import ratios, summarize
@@ -168,22 +189,47 @@ async def _drive(args: argparse.Namespace, endpoints: list[Any], progress: Any,
         for i, c in enumerate(args.concurrency):
             a, b = (_level(ep, levels[e], i) for e, ep in enumerate(endpoints))
             size = args.round_size or c
-            ra, rb = await run_compare(a, b, concurrency=c, total=args.requests, round_size=size,
-                                       timeout=args.timeout, progress=progress)
+            ra, rb = await run_compare(
+                a, b, concurrency=c, total=args.requests, round_size=size, timeout=args.timeout, progress=progress
+            )
             runs += [ra, rb]
             sa, sb = summarize(ra), summarize(rb)
-            comparisons.append({"a": a.label, "b": b.label, "concurrency": c, "round_size": size,
-                                "ratios": ratios(sa, sb), "failed": [sa["failed"], sb["failed"]]})
+            comparisons.append(
+                {
+                    "a": a.label,
+                    "b": b.label,
+                    "concurrency": c,
+                    "round_size": size,
+                    "ratios": ratios(sa, sb),
+                    "failed": [sa["failed"], sb["failed"]],
+                }
+            )
         return runs, comparisons
     if args.rate:
         for i, r in enumerate(args.rate):
-            runs.append(await run_open(_level(endpoints[0], levels[0], i), rate=r, total=args.requests,
-                                       timeout=args.timeout, max_in_flight=args.max_in_flight, poisson=args.poisson,
-                                       seed=args.seed, progress=progress))
+            runs.append(
+                await run_open(
+                    _level(endpoints[0], levels[0], i),
+                    rate=r,
+                    total=args.requests,
+                    timeout=args.timeout,
+                    max_in_flight=args.max_in_flight,
+                    poisson=args.poisson,
+                    seed=args.seed,
+                    progress=progress,
+                )
+            )
     else:
         for i, c in enumerate(args.concurrency):
-            runs.append(await run_closed(_level(endpoints[0], levels[0], i), concurrency=c, total=args.requests,
-                                         timeout=args.timeout, progress=progress))
+            runs.append(
+                await run_closed(
+                    _level(endpoints[0], levels[0], i),
+                    concurrency=c,
+                    total=args.requests,
+                    timeout=args.timeout,
+                    progress=progress,
+                )
+            )
     return runs, comparisons
 
 
@@ -202,8 +248,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         print(f"rerank-gateway bench: cannot read the key file: {exc.strerror}: {exc.filename}", file=sys.stderr)
         return 2
     # Every output below goes through the redactor: reports get shared, keys must not be in them.
-    redactor = Redactor(keys=(args.api_key, args.compare_api_key), headers=args.header,
-                        urls=(args.url, args.compare))
+    redactor = Redactor(keys=(args.api_key, args.compare_api_key), headers=args.header, urls=(args.url, args.compare))
     try:
         url = _endpoint_url(args.url)
         compare_url = _endpoint_url(args.compare) if args.compare else None
@@ -212,9 +257,16 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         counter = load_token_counter(args.tokenizer)
         spec = WorkloadSpec(
             requests=min(args.requests, 512),  # distinct bodies; longer runs cycle through them
-            documents=args.documents, query_tokens=args.query_tokens, doc_tokens=args.doc_tokens,
-            duplicate_share=args.duplicates, top_n=args.top_n, instruction=args.instruction,
-            model=args.model, seed=args.seed, docs_file=args.docs_file, queries_file=args.queries_file,
+            documents=args.documents,
+            query_tokens=args.query_tokens,
+            doc_tokens=args.doc_tokens,
+            duplicate_share=args.duplicates,
+            top_n=args.top_n,
+            instruction=args.instruction,
+            model=args.model,
+            seed=args.seed,
+            docs_file=args.docs_file,
+            queries_file=args.queries_file,
         )
         requests = build_workload(spec, counter)
         seeds = [spec.seed + LEVEL_SEED_STEP * i for i in range(len(args.rate or args.concurrency))]
@@ -222,18 +274,32 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         measured = [r for level in workloads[0] for r in level]
         warm_spec = msgspec.structs.replace(spec, requests=max(1, args.warmup), seed=spec.seed + 1_000_003)
         warmup = build_workload(warm_spec, counter) if args.warmup > 0 else []
-        endpoints = [Endpoint(label=redactor.scrub(_label(url, args.label)), url=url, headers=_headers(args.header, args.api_key),
-                              requests=requests, warmup=warmup)]
+        endpoints = [
+            Endpoint(
+                label=redactor.scrub(_label(url, args.label)),
+                url=url,
+                headers=_headers(args.header, args.api_key),
+                requests=requests,
+                warmup=warmup,
+            )
+        ]
         if compare_url:
             other = msgspec.structs.replace(spec, model=args.compare_model or args.model)
-            endpoints.append(Endpoint(
-                label=redactor.scrub(_label(compare_url, args.compare_label)), url=compare_url,
-                headers=_headers(args.header, args.compare_api_key or args.api_key),
-                requests=build_workload(other, counter),
-                warmup=build_workload(msgspec.structs.replace(warm_spec, model=other.model), counter) if warmup else [],
-            ))
-            workloads.append([endpoints[1].requests] + [build_workload(msgspec.structs.replace(other, seed=s), counter)
-                                                     for s in seeds[1:]])
+            endpoints.append(
+                Endpoint(
+                    label=redactor.scrub(_label(compare_url, args.compare_label)),
+                    url=compare_url,
+                    headers=_headers(args.header, args.compare_api_key or args.api_key),
+                    requests=build_workload(other, counter),
+                    warmup=build_workload(msgspec.structs.replace(warm_spec, model=other.model), counter)
+                    if warmup
+                    else [],
+                )
+            )
+            workloads.append(
+                [endpoints[1].requests]
+                + [build_workload(msgspec.structs.replace(other, seed=s), counter) for s in seeds[1:]]
+            )
             if endpoints[0].label == endpoints[1].label:
                 endpoints[1].label += " (compare)"
         # Before the run, not after it: a folder that cannot be made must not cost the results.
@@ -287,9 +353,16 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         ),
         "summaries": summaries,
         "comparisons": comparisons,
-        "latencies_ms": [{"endpoint": r.endpoint, "concurrency": r.concurrency, "rate": r.rate,
-                          "ok": [round(s.latency_s * 1e3, 3) for s in r.samples if s.ok],
-                          "failed": [round(s.latency_s * 1e3, 3) for s in r.samples if not s.ok]} for r in runs],
+        "latencies_ms": [
+            {
+                "endpoint": r.endpoint,
+                "concurrency": r.concurrency,
+                "rate": r.rate,
+                "ok": [round(s.latency_s * 1e3, 3) for s in r.samples if s.ok],
+                "failed": [round(s.latency_s * 1e3, 3) for s in r.samples if not s.ok],
+            }
+            for r in runs
+        ],
     }
     # Results first: a failing or missing plotting library must never lose a finished run.
     doc["plots"] = []
@@ -301,9 +374,11 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         try:
             doc["plots"] = write_plots(out_dir, runs, summaries)
         except ImportError as exc:
-            print(f"plots skipped: {exc.name or 'matplotlib'} is not installed "
-                  "(pip install 'rerank-gateway[bench]'); results are in bench.json and report.md",
-                  file=sys.stderr)
+            print(
+                f"plots skipped: {exc.name or 'matplotlib'} is not installed "
+                "(pip install 'rerank-gateway[bench]'); results are in bench.json and report.md",
+                file=sys.stderr,
+            )
         if doc["plots"]:
             write_json(out_dir / "bench.json", doc)
             write_markdown(out_dir / "report.md", doc, title=args.title)

@@ -69,7 +69,7 @@ def default_engine_kind(cuda: bool | None = None, path: str | None = None) -> st
     """
     cuda = cuda_present() if cuda is None else cuda
     # vLLM's engines register under these kinds when they are available (see adapters.registry).
-    choices = (("packed", "transformers"),) if cuda and _packed_runs(path) else ()
+    choices: tuple[tuple[str, str], ...] = (("packed", "transformers"),) if cuda and _packed_runs(path) else ()
     for kind, module in (*choices, ("vllm-score", "vllm"), ("transformers", "transformers")):
         if importlib.util.find_spec(module) is not None and _engine_registered(kind):
             return kind

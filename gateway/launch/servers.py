@@ -237,7 +237,7 @@ def _graceful_server(base: type) -> type:
 
     log = structlog.get_logger("gateway.servers")
 
-    class GracefulServer(base):  # type: ignore[misc, valid-type]
+    class GracefulServer(base):  # type: ignore[misc]
         def handle_exit(self, sig: int, frame: object) -> None:
             if not self.should_exit:
                 log.info(
