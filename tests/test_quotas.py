@@ -13,6 +13,7 @@ from litestar.testing import TestClient
 
 from gateway.app import create_app
 from gateway.config.settings import ConfigError, load_settings
+from gateway.errors import AuthError
 from gateway.security.auth import generate_key, hash_key
 from gateway.security.quotas import Calendar
 from schemas.config import ApiKeyConfig, AuthConfig, LimitsConfig, Settings, StaticEngineConfig
@@ -108,3 +109,44 @@ def test_keys_create_writes_quotas_and_the_admin_flag_as_valid_toml(capsys: pyte
     config = msgspec.convert(parsed, ApiKeyConfig, strict=True)
     assert (config.tokens_per_month, config.search_units_per_day, config.admin) == (9, 3, True)
     assert config.hash == hash_key(key.strip()) and config.tokens_per_day is None
+
+
+def _unreachable(failure: str) -> Settings:
+    from tests.conftest import free_port
+
+    key = ApiKeyConfig(id="team", hash=hash_key(KEY), models=("*",), tokens_per_day=20)
+    return Settings(
+        limits=LimitsConfig(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_failure=failure),
+        auth=AuthConfig(keys=(key,)),
+        models=(StaticEngineConfig(name="m"),),
+    )
+
+
+def test_redis_down_follows_redis_failure_for_quotas_as_for_rate_limits() -> None:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "m", "query": "q", "documents": ["one two three four", "five"]}  # 7 tokens
+    with TestClient(create_app(_unreachable("closed"), configure_logs=False)) as client:
+        refused = client.post("/v1/rerank", json=body, headers=headers)
+        assert refused.status_code == 503 and "limit store unreachable" in refused.json()["message"]
+        assert refused.headers["retry-after"] == "5"
+    with TestClient(create_app(_unreachable("open"), configure_logs=False)) as client:
+        # This process's own counters: 7 + 7 fit in 20, the third does not.
+        assert [client.post("/v1/rerank", json=body, headers=headers).status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_a_file_key_wins_over_an_admin_key_with_its_id_or_hash() -> None:
+    from gateway.http.access import AccessControl
+
+    other = generate_key()
+    file_key = ApiKeyConfig(id="team", hash=hash_key(KEY), models=("*",))
+    control = AccessControl(Settings(auth=AuthConfig(keys=(file_key,)), models=(StaticEngineConfig(name="m"),)))
+    control._admin_keys = (  # what the shared store holds (gateway.security.admin)
+        ApiKeyConfig(id="team", hash=hash_key(other), models=("*",), admin=True),  # the file's id
+        ApiKeyConfig(id="copy", hash=hash_key(KEY), models=("*",), admin=True),  # the file's hash
+        ApiKeyConfig(id="ads", hash=hash_key(ADMIN), models=("m",)),
+    )
+    control.keys = control._merged(control._settings.auth.keys)
+    assert [(k.id, k.admin) for k in control.keys.keys] == [("team", False), ("ads", False)]
+    assert [(i.id, i.source) for i in control.key_infos()] == [("team", "file"), ("ads", "admin")]
+    with pytest.raises(AuthError):  # the shadowed admin key's secret is not a key at all
+        control.keys.authenticate([(b"x-api-key", other.encode())])

@@ -166,7 +166,8 @@ def test_an_error_trace_marks_the_failed_call_the_engine_and_the_request(traced)
 def test_a_chain_has_one_span_per_attempt_with_its_target_and_outcome(traced) -> None:
     server, receiver = traced
     traceparent, trace_id, _ = _traceparent()
-    assert _post(server, "chain", traceparent).status_code == 200
+    answer = _post(server, "chain", traceparent)
+    assert answer.status_code == 200, server.output()[-6000:]
     root = receiver.trace(trace_id, "POST /v2/rerank")
     attempts = [s for s in root.children if s.name == "route.attempt"]
     assert [(a.attributes["rerank.target"], a.attributes["rerank.chain"]) for a in attempts] == [
@@ -198,6 +199,10 @@ def test_no_span_holds_a_key_or_a_document(traced) -> None:
     assert exported  # the earlier tests' spans are all in there
     for secret in (KEY, hash_key(KEY)[7:], SECRET_DOC, "alpha beta"):
         assert secret.encode() not in exported
+    logged = server.output()
+    assert "tracing_on" in logged
+    for secret in (KEY, hash_key(KEY)[7:], SECRET_DOC):
+        assert secret not in logged
 
 
 def test_without_otel_variables_nothing_of_opentelemetry_is_imported() -> None:
