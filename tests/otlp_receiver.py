@@ -1,9 +1,10 @@
 """A real OTLP/HTTP trace receiver on loopback: POST /v1/traces decoded with the OpenTelemetry
 protobuf messages (``opentelemetry-proto``), the spans kept for the test to look at.
 
-No Collector or Jaeger binary ships through the registries reachable here (PyPI has no
-``otelcol`` wheel), so the tests receive what the SDK's real OTLP exporter sends, the way a
-Collector would: protobuf ``ExportTraceServiceRequest`` bodies, gzip when so encoded.
+No Collector or Jaeger server ships through the registries reachable here (PyPI's ``jaeger*``
+packages are clients; the Collector and Jaeger are Go programs), so the tests receive what the
+SDK's real OTLP exporter sends, the way a Collector would: protobuf ``ExportTraceServiceRequest``
+bodies, gzip when so encoded.
 """
 
 from __future__ import annotations
