@@ -163,3 +163,37 @@ async def test_the_packed_schedulers_expected_wait_is_its_queued_steps_times_its
     finally:
         runner.go.set()
         scheduler.stop()
+
+
+def test_a_local_model_chained_to_a_hosted_cohere_model_serves_through_the_restart(local_dir):
+    from schemas.config import CohereEngineConfig
+    from tests.fake_providers import Fault, FakeProviders, fake_score
+
+    key = "cohere-secret-key-0123456789abcdef"
+    with FakeProviders({"cohere": key}) as fake:
+        settings = Settings(models=(
+            ChainEngineConfig(name="rerank", targets=("local", "cohere"), accepts="other-models"),
+            TransformersEngineConfig(name="local", path=str(local_dir), device="cpu", dtype="float32"),
+            CohereEngineConfig(name="cohere", model="rerank-v3.5", base_url=fake.base_url("cohere"), api_key=key,
+                               api_key_env=None, retries=0),
+        ))
+        app = create_app(settings, configure_logs=False)
+        with TestClient(app) as client:
+            wait_loaded(client)
+            local = app.state.registry.get("local")
+            client.blocking_portal.call(local.engine_died, local.engine, EngineDeadError("the test killed it"))
+            hosted = client.post("/v2/rerank", json=BODY)
+            assert hosted.status_code == 200 and hosted.headers["x-rerank-target"] == "cohere"
+            # The hosted model's own scores (the fake's), not the local model's 0.5.
+            assert {r["index"]: r["relevance_score"] for r in hosted.json()["results"]} == pytest.approx(
+                {i: fake_score(BODY["query"], d) for i, d in enumerate(BODY["documents"])})
+            # Rate limited too while the local engine is down: no target can take it, 503 with Retry-After.
+            fake.fail_next("cohere", Fault(status=429, message="rate limited", headers={"Retry-After": "3"}))
+            limited = client.post("/v2/rerank", json=BODY)
+            assert limited.status_code == 503 and "Retry-After" in limited.headers
+            assert "cohere: failed" in limited.json()["message"]
+            for _ in range(1000):  # bounded: the tiny checkpoint reloads in about a second
+                if not local.restarting:
+                    break
+                time.sleep(0.02)
+            assert _served(client.post("/v2/rerank", json=BODY)) == "local"
