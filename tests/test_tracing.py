@@ -24,6 +24,7 @@ import pytest
 
 from gateway.security.auth import generate_key, hash_key
 from tests.conftest import ROOT, ServerProcess
+from tests.fake_dashscope import FakeDashScope
 from tests.loopback import LoopbackServer
 from tests.otlp_receiver import OtlpReceiver, Span
 
@@ -65,6 +66,7 @@ class Upstream(BaseHTTPRequestHandler):
 def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, OtlpReceiver]]:
     receiver = OtlpReceiver()
     upstream = LoopbackServer(Upstream)
+    dashscope = FakeDashScope(api_key="sk-ds-test").__enter__()
     config = (
         f'[[auth.keys]]\nid = "team"\nhash = "{hash_key(KEY)}"\nmodels = ["*"]\n'
         '[[models]]\nname = "m"\nengine = "static"\n'
@@ -74,15 +76,19 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         'model = "broken"\n'
         # A chain whose first target fails (its replica answers 500) and whose second serves.
         '[[models]]\nname = "chain"\nengine = "chain"\ntargets = ["broken", "m"]\naccepts = "other-models"\n'
+        f'[[models]]\nname = "ds"\nengine = "dashscope"\nmodel = "gte-rerank-v2"\nbase_url = "{dashscope.url}"\n'
+        'api_key_env = "DS_TEST_KEY"\n'
     )
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "gw-test"}
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "gw-test",
+           "DS_TEST_KEY": "sk-ds-test"}
     server = ServerProcess(config, tmp_path_factory.mktemp("traced"), env=env)
     try:
         server.wait_ready()
-        yield server, receiver
+        yield server, receiver, dashscope
     finally:
         server.stop()
         upstream.close()
+        dashscope.__exit__(None, None, None)
         receiver.close()
 
 
@@ -117,7 +123,7 @@ def _contained(span: Span) -> None:
 
 
 def test_a_request_trace_has_its_spans_in_order_with_attributes(traced) -> None:
-    server, receiver = traced
+    server, receiver, _ = traced
     traceparent, trace_id, parent = _traceparent()
     assert _post(server, "m", traceparent).status_code == 200
     root = receiver.trace(trace_id, "POST /v2/rerank")
@@ -135,7 +141,7 @@ def test_a_request_trace_has_its_spans_in_order_with_attributes(traced) -> None:
 
 
 def test_an_upstream_receives_the_trace_context_of_the_gateways_call(traced) -> None:
-    server, receiver = traced
+    server, receiver, _ = traced
     traceparent, trace_id, _ = _traceparent()
     Upstream.seen.clear()
     assert _post(server, "pool", traceparent).status_code == 200
@@ -149,8 +155,20 @@ def test_an_upstream_receives_the_trace_context_of_the_gateways_call(traced) -> 
     _contained(root)
 
 
+def test_dashscope_receives_the_trace_context_too(traced) -> None:
+    server, receiver, dashscope = traced
+    traceparent, trace_id, _ = _traceparent()
+    assert _post(server, "ds", traceparent).status_code == 200
+    root = receiver.trace(trace_id, "POST /v2/rerank")
+    call = next(s for s in _all(root) if s.name == "upstream.call")
+    assert call.kind == 3 and call.attributes["rerank.outcome"] == "ok"
+    assert dashscope.requests[-1].headers["traceparent"] == f"00-{trace_id}-{call.span_id}-01"
+    assert "sk-ds-test" not in str(call.attributes)
+    _contained(root)
+
+
 def test_an_error_trace_marks_the_failed_call_the_engine_and_the_request(traced) -> None:
-    server, receiver = traced
+    server, receiver, _ = traced
     traceparent, trace_id, _ = _traceparent()
     assert _post(server, "broken", traceparent).status_code == 502
     root = receiver.trace(trace_id, "POST /v2/rerank")
@@ -164,7 +182,7 @@ def test_an_error_trace_marks_the_failed_call_the_engine_and_the_request(traced)
 
 
 def test_a_chain_has_one_span_per_attempt_with_its_target_and_outcome(traced) -> None:
-    server, receiver = traced
+    server, receiver, _ = traced
     traceparent, trace_id, _ = _traceparent()
     answer = _post(server, "chain", traceparent)
     assert answer.status_code == 200, server.output()[-6000:]
@@ -180,7 +198,7 @@ def test_a_chain_has_one_span_per_attempt_with_its_target_and_outcome(traced) ->
 
 
 def test_a_cancelled_request_ends_its_spans_as_cancelled(traced) -> None:
-    server, receiver = traced
+    server, receiver, _ = traced
     traceparent, trace_id, _ = _traceparent()
     with pytest.raises(httpx.ReadTimeout):  # the client leaves while the engine works (30 s)
         _post(server, "slow", traceparent, timeout=httpx.Timeout(10, read=0.5))
@@ -193,7 +211,7 @@ def test_a_cancelled_request_ends_its_spans_as_cancelled(traced) -> None:
 
 
 def test_no_span_holds_a_key_or_a_document(traced) -> None:
-    server, receiver = traced
+    server, receiver, _ = traced
     _post(server, "m", _traceparent()[0])
     exported = b"".join(receiver.bodies)
     assert exported  # the earlier tests' spans are all in there
