@@ -70,6 +70,8 @@ def test_daily_token_quota_refuses_with_its_name_and_reset_then_resets_at_local_
         assert "tokens_per_day = 20" in message and "needs 7 tokens" in message and "6 left" in message
         assert "resets at 2026-07-01T00:00:00-04:00" in message
         assert refused.headers["retry-after"] == "3600" and refused.headers["x-quota-name"] == "tokens_per_day"
+        # The refused request's tokens are in no count: not the quota's, not /metrics'.
+        assert 'rerank_tokens_total{key="team",model="m"} 14.0' in client.get("/metrics").text
         # A smaller request still fits: the refused one was not charged.
         small = {"model": "m", "query": "q", "documents": ["a"]}  # 1 + 1 = 2 tokens
         assert client.post("/v1/rerank", json=small, headers=headers).status_code == 200

@@ -272,7 +272,7 @@ class AccessMiddleware:
                     tracing.annotate(**{"rerank.model": access.model, **({
                         "rerank.documents": usage.documents, "rerank.tokens": usage.tokens,
                         "rerank.search_units": usage.search_units} if usage is not None else {})})
-                if usage is not None and access.model is not None:
+                if usage is not None and access.model is not None and not refused:  # refused: not counted
                     control.metrics.record_usage(
                         access.label,
                         access.model,
