@@ -167,7 +167,7 @@ async def test_the_packed_schedulers_expected_wait_is_its_queued_steps_times_its
 
 def test_a_local_model_chained_to_a_hosted_cohere_model_serves_through_the_restart(local_dir):
     from schemas.config import CohereEngineConfig
-    from tests.fake_providers import Fault, FakeProviders, fake_score
+    from tests.fake_providers import FakeProviders, Fault, fake_score
 
     key = "cohere-secret-key-0123456789abcdef"
     with FakeProviders({"cohere": key}) as fake:
