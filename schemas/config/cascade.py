@@ -18,7 +18,7 @@ from .references import ComposedModelConfig
 __all__ = ("CascadeEngineConfig", "CascadeStage")
 
 
-class CascadeStage(_Strict):
+class CascadeStage(_Strict, frozen=True):
     # A configured model's name (or alias); a chain routes by its own rules.
     model: ModelName
     # The documents this stage passes to the next: its best this-many. Every stage but the last
