@@ -281,15 +281,30 @@ def test_tei_protocol_batches_of_32_and_scores_in_order(replicas):
     assert r.json()["usage"]["total_tokens"] == 7 * 70
 
 
+class _SteppedClock:
+    """Seconds that pass only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_infinity_protocol_and_passive_health(replicas):
     a, b = replicas("infinity"), replicas("infinity")
     config = PoolEngineConfig(
         name="inf", protocol="infinity", urls=(a.url, b.url), model="bge", affinity=False,
-        eject_after_failures=2, cooldown_s=0.5,
+        eject_after_failures=2, cooldown_s=10,
     )  # fmt: skip
     with _app_client(config) as client:
         wait_loaded(client, 120)
         engine = client.app.state.registry.get("inf").engine
+        # Cooldowns on a clock the test steps (as tests/test_pool_backoff.py does through the
+        # constructor): however long the requests below take on a loaded machine, no cooldown
+        # ends early or late.
+        clock = _SteppedClock()
+        engine._clock = engine._outliers.clock = clock
 
         def ask() -> httpx.Response:
             return client.post("/v1/rerank", json={"model": "inf", "query": Q, "documents": DOCS})
@@ -305,18 +320,17 @@ def test_infinity_protocol_and_passive_health(replicas):
                               "raw_scores": False, "model": "bge"}  # fmt: skip
         calls_to_a = len(a.calls)
 
-        time.sleep(0.6)  # cooldown over: the next request probes a, which still fails
+        clock.now += 10  # cooldown over: the next request probes a, which still fails
         ask()
         assert a.probes >= 1 and not {s["url"]: s for s in engine.replica_stats()}[a.url]["admitted"]
         assert len(a.calls) == calls_to_a  # no traffic to an ejected replica
 
         a.healthy = True
-        time.sleep(0.6)
-        deadline = time.monotonic() + 5
-        while not {s["url"]: s for s in engine.replica_stats()}[a.url]["admitted"]:
-            assert time.monotonic() < deadline, "a was not readmitted after a passing probe"
-            ask()
-            time.sleep(0.05)
+        ask()  # out again, for twice as long (20 s): not probed yet
+        assert not {s["url"]: s for s in engine.replica_stats()}[a.url]["admitted"]
+        clock.now += 20  # that cooldown is over: the next request probes a, which passes
+        ask()
+        assert {s["url"]: s for s in engine.replica_stats()}[a.url]["admitted"], "a was not readmitted after a passing probe"
         for _ in range(4):
             ask()
         assert len(a.calls) > calls_to_a  # least-outstanding spreads load to it again
