@@ -298,3 +298,38 @@ def test_the_tei_and_vllm_dialects_name_the_target_too(upstream):
         assert {r["score"] for r in tei.json()} == {FALLBACK_SCORE}
         score = client.post("/score", json={"model": "chained", "text_1": "rivers", "text_2": ["a river", "a road"]})
         assert score.status_code == 200 and score.headers["x-rerank-target"] == "fallback"
+
+
+def test_a_spilled_target_is_tried_last_when_every_other_target_fails(upstream):
+    fallback = CohereUpstream(FALLBACK_SCORE)
+    try:
+        upstream.set("hold")
+        fallback.set("500")
+        settings = Settings(models=(
+            ChainEngineConfig(name="chained", targets=("primary", "fallback"), accepts="other-models",
+                              mode="spillover", spill_queue_depth=1),
+            PoolEngineConfig(name="primary", protocol="cohere", urls=(upstream.url,), timeout_s=20.0),
+            PoolEngineConfig(name="fallback", protocol="cohere", urls=(fallback.url,)),
+        ))
+        app = create_app(settings, configure_logs=False)
+        with TestClient(app) as client:
+            answers: list[Any] = []
+            threads = [threading.Thread(target=lambda: answers.append(client.post("/v2/rerank", json=BODY)))
+                       for _ in range(2)]
+            threads[0].start()
+            assert upstream.state.arrived.wait(10)  # the primary holds one: saturated at the bound
+            threads[1].start()  # spilled, the fallback fails: back to the primary, tried last
+            for _ in range(1000):  # bounded wait for the second request to reach the primary
+                if upstream.calls == 2:
+                    break
+                time.sleep(0.01)
+            assert upstream.calls == 2 and fallback.calls == 1
+            upstream.state.release.set()
+            for thread in threads:
+                thread.join(30)
+            assert [_served(a) for a in answers] == ["primary", "primary"]
+            attempts = _attempts(client)
+            assert attempts[("primary", "spilled")] == 1 and attempts[("fallback", "failed")] == 1
+            assert attempts[("primary", "served")] == 2
+    finally:
+        fallback.close()
