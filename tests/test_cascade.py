@@ -137,3 +137,14 @@ def test_config_refusals(tmp_path: Any, stages: list[dict[str, Any]], error: str
     with pytest.raises(ConfigError) as info:
         load_settings(str(path))
     assert error in str(info.value)
+
+
+def test_raw_scores_are_refused_on_a_cascade() -> None:
+    with TestClient(create_app(_settings(), configure_logs=False)) as client:
+        wait_loaded(client)
+        # vLLM's spelling of raw scores (the static stages could answer raw: the cascade may not).
+        body = {"model": "two", "text_1": "q", "text_2": DOCS, "use_activation": False}
+        refused = client.post("/score", json=body)
+        assert refused.status_code in (400, 422), refused.text
+        assert "raw scores are not available for model 'two': a cascade's answer joins" in refused.text
+        assert client.post("/score", json={**body, "use_activation": True}).status_code == 200
