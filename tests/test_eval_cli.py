@@ -130,3 +130,40 @@ def test_refusals_of_the_gateway_are_one_line(gateway: ServerProcess, tmp_path: 
     assert code == 1
     [line] = err.strip().splitlines()
     assert line.startswith("rerank-gateway eval: cannot reach http://127.0.0.1:") and "ConnectError" in line
+
+
+def test_models_are_interleaved_query_by_query_in_rotating_order() -> None:
+    """The driver's order (gateway/eval/driver.py): warm-up queries first, then each query to every
+    model, the first model rotating, so a machine that slows down mid-run costs every model alike."""
+    import asyncio
+    from http.server import BaseHTTPRequestHandler
+
+    from gateway.eval.driver import Query, run_models
+    from tests.loopback import LoopbackServer
+
+    seen: list[tuple[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            seen.append((body["model"], body["query"]))
+            reply = json.dumps({"results": [{"index": i, "relevance_score": 0.5} for i in range(len(body["documents"]))]})
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = LoopbackServer(Handler)
+    try:
+        queries = [Query(qid=f"q{i}", text=f"t{i}", doc_ids=["a", "b"], texts=["x", "y"]) for i in range(3)]
+        answers = asyncio.run(run_models(server.url + "/v2/rerank", {}, ["a", "b", "c"], queries, timeout=10, warmup=1))
+    finally:
+        server.close()
+    assert seen == [("a", "t0"), ("b", "t0"), ("c", "t0"),  # warm-up, unmeasured
+                    ("a", "t0"), ("b", "t0"), ("c", "t0"), ("b", "t1"), ("c", "t1"), ("a", "t1"),
+                    ("c", "t2"), ("a", "t2"), ("b", "t2")]
+    assert {m: [a.qid for a in answers[m]] for m in answers} == {m: ["q0", "q1", "q2"] for m in "abc"}
