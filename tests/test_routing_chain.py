@@ -333,3 +333,22 @@ def test_a_spilled_target_is_tried_last_when_every_other_target_fails(upstream):
             assert attempts[("primary", "served")] == 2
     finally:
         fallback.close()
+
+
+def test_the_cache_key_follows_every_targets_config_and_ready_follows_the_targets(upstream):
+    def fingerprint(fallback_score: float) -> str:
+        base = _settings(upstream.url)
+        settings = Settings(models=(*base.models[:2], StaticEngineConfig(name="fallback", score=fallback_score)))
+        app = create_app(settings, configure_logs=False)
+        return str(app.state.registry.get("chained").chain.fingerprint)
+
+    # A restart with a target's scoring changed must not be answered from the old entries (Redis outlives it).
+    assert fingerprint(FALLBACK_SCORE) == fingerprint(FALLBACK_SCORE)
+    assert fingerprint(FALLBACK_SCORE) != fingerprint(0.5)
+    settings = Settings(models=(ChainEngineConfig(name="chained", targets=("primary",), accepts="replicas"),
+                                _settings(upstream.url).models[1]))
+    with TestClient(create_app(settings, configure_logs=False)) as client:
+        assert client.get("/ready").json()["models"][0]["state"] == "ready"
+        upstream.set("down")  # its only target's replica fails its health check: the chain cannot serve
+        (entry, _) = client.get("/ready").json()["models"]
+        assert entry["state"] == "unhealthy" and entry["error"] == "no target of the chain can serve"
