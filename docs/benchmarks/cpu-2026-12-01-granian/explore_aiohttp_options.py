@@ -17,7 +17,7 @@ from benchmarks.passthrough_wrk import _body
 
 
 def variants():
-    base = dict(connect_timeout_s=5, read_timeout_s=60, max_connections=64, headers={"Content-Type": "application/json"})
+    base = {"connect_timeout_s": 5, "read_timeout_s": 60, "max_connections": 64, "headers": {"Content-Type": "application/json"}}
     def product(): return make_session(**base)
     def no_sock_read():
         return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, limit_per_host=0, keepalive_timeout=30),

@@ -33,7 +33,7 @@ try:
         port = _free_port(); cfg = logs / f"{runner}.toml"
         cfg.write_text((f'[server]\nrunner = "{runner}"\n\n') + '[logging]\nlevel = "WARNING"\n\n[[models]]\nname = "rerank"\nengine = "pool"\nprotocol = "cohere"\n'
                        f'urls = ["http://127.0.0.1:{sp}"]\nmodel = "stub"\nmax_connections = 64\n')
-        cfg.write_text(cfg.read_text().replace('[server]\nrunner = "%s"\n\n' % runner, ''))
+        cfg.write_text(cfg.read_text().replace(f'[server]\nrunner = "{runner}"\n\n', ''))
         if kw is None:
             argv = [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port)]
         else:
