@@ -352,3 +352,16 @@ def test_the_cache_key_follows_every_targets_config_and_ready_follows_the_target
         upstream.set("down")  # its only target's replica fails its health check: the chain cannot serve
         (entry, _) = client.get("/ready").json()["models"]
         assert entry["state"] == "unhealthy" and entry["error"] == "no target of the chain can serve"
+
+
+def test_ready_stays_200_while_the_chain_serves_through_another_target(upstream):
+    app = create_app(_settings(upstream.url), configure_logs=False)
+    with TestClient(app) as client:
+        upstream.set("down")  # the primary fails its health check
+        ready = client.get("/ready")
+        assert ready.status_code == 200, ready.json()  # the fallback serves the chain: keep the pod in rotation
+        states = {m["name"]: m["state"] for m in ready.json()["models"]}
+        assert states == {"chained": "ready", "primary": "unhealthy", "fallback": "ready"}
+    alone = Settings(models=(_settings(upstream.url).models[1],))  # the same pool without a chain in front
+    with TestClient(create_app(alone, configure_logs=False)) as client:
+        assert client.get("/ready").status_code == 503

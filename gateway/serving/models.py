@@ -300,7 +300,12 @@ class ModelRegistry:
 
     @property
     def ready(self) -> bool:
-        return all(rt.state is ModelState.READY for rt in self._runtimes)
+        """Every model can serve; a chain's target that cannot is covered while the chain serves
+        through another one (a replica taken out of its load balancer for a local engine that is
+        loading would defeat the chain in front of it; the target's own name answers 503 meanwhile)."""
+        covered = {t.runtime.name for rt in self._runtimes if rt.chain is not None and rt.state is ModelState.READY
+                   for t in rt.chain.targets}
+        return all(rt.state is ModelState.READY or rt.name in covered for rt in self._runtimes)
 
     def statuses(self) -> list[dict[str, Any]]:
         return [rt.status() for rt in self._runtimes]
