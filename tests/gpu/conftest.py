@@ -22,7 +22,7 @@ def cuda_only(what: str) -> pytest.MarkDecorator:
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     if torch.cuda.is_available():
-        return torch.device("cuda")
+        return torch.device("cuda", 0)
     if ON_CPU:
         return torch.device("cpu")
     pytest.skip("the GPU suite needs CUDA (RR_GPU_SUITE_ON_CPU=1 runs its plumbing on the CPU)")
