@@ -167,3 +167,28 @@ def test_models_are_interleaved_query_by_query_in_rotating_order() -> None:
                     ("a", "t0"), ("b", "t0"), ("c", "t0"), ("b", "t1"), ("c", "t1"), ("a", "t1"),
                     ("c", "t2"), ("a", "t2"), ("b", "t2")]
     assert {m: [a.qid for a in answers[m]] for m in answers} == {m: ["q0", "q1", "q2"] for m in "abc"}
+
+
+def test_trec_files_and_a_run_file_give_the_candidates(gateway: ServerProcess, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    beir = _beir(tmp_path / "beir")
+    qrels = tmp_path / "qrels.trec"
+    qrels.write_text("".join(f"{q} 0 {d} {g}\n" for q, docs in QRELS.items() for d, g in docs.items()))
+    run = tmp_path / "bm25.run"
+    run.write_text("q1 Q0 c 1 3.0 t\nq1 Q0 a 2 2.0 t\nq1 Q0 b 3 1.0 t\nq2 Q0 y 1 2.0 t\nq2 Q0 x 2 1.0 t\n")
+    out = tmp_path / "out"
+    code, _, err = _eval(capsys, gateway.url, "--corpus", str(beir / "corpus.jsonl"), "--queries",
+                         str(beir / "queries.jsonl"), "--qrels", str(qrels), "--run", str(run), "--model", "oracle",
+                         "--api-key", KEY, "--no-plot", "--out", str(out))
+    assert code == 0, err
+    doc = json.loads((out / "eval.json").read_text())
+    assert doc["data"]["first_stage"] == "run file bm25.run"
+    first = doc["quality"]["mean"]["first stage"]["ndcg@10"]
+    # The run's order: q1 c a b, q2 y x. The oracle reorders only those candidates: a b c, x y.
+    q1 = (2 / log2(3) + 1 / log2(4)) / (2 + 1 / log2(3))
+    assert first == pytest.approx((q1 + 1 / log2(3)) / 2, abs=1e-12)
+    assert doc["quality"]["mean"]["oracle"]["ndcg@10"] == pytest.approx(1.0, abs=1e-12)
+    assert doc["speed"]["oracle"]["documents"] == 5  # three and two candidates, not the corpus
+    run.write_text("q1 Q0 nope 1 3.0 t\n")
+    code, _, err = _eval(capsys, gateway.url, str(beir), "--run", str(run), "--model", "oracle", "--api-key", KEY)
+    assert code == 2 and err.strip() == f"rerank-gateway eval: {run}:1: document 'nope' is not in the corpus"
