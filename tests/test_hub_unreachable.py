@@ -11,6 +11,7 @@ an HTTP answer (here a proxy's 403 from a real local server).
 from __future__ import annotations
 
 import http.server
+import re
 import threading
 from collections.abc import Iterator
 
@@ -132,3 +133,36 @@ def test_a_cached_file_is_read_without_asking_an_unreachable_hub(
     with pytest.raises(hub.HubUnreachableError):  # config.json is cached, modules.json is unknown
         read_model_files(REPO)
     assert seen[:2] == ["config.json", "modules.json"]
+
+
+def test_ready_says_what_a_load_attempt_is_doing() -> None:
+    """/ready's "doing": hub or local path, the attempt and how long it has run (not just "loading")."""
+    import asyncio
+
+    from gateway.serving.models import ModelRuntime
+    from schemas.config import ServerConfig
+
+    async def scenario() -> tuple[dict, dict]:
+        runtime = ModelRuntime(TransformersEngineConfig(name="m", path=REPO), 0, ServerConfig())
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def start() -> None:
+            started.set()
+            await release.wait()
+
+        runtime._start_engine = start  # type: ignore[method-assign]
+        task = asyncio.create_task(runtime.load())
+        await asyncio.wait_for(started.wait(), 10)
+        during = runtime.status()
+        release.set()
+        await asyncio.wait_for(task, 10)
+        return during, runtime.status()
+
+    during, after = asyncio.run(scenario())
+    assert during["state"] == "loading"
+    assert during["doing"].startswith(f"fetching '{REPO}' from the Hugging Face hub")
+    assert re.search(r"\(attempt 1, \d+ s so far\)$", during["doing"]), during["doing"]
+    assert after["state"] == "ready" and "doing" not in after
+    local = ModelRuntime(TransformersEngineConfig(name="m", path="/models/x"), 0, ServerConfig())
+    local.load_attempts = 1
+    assert local.loading_activity() == "reading '/models/x' and starting the engine (attempt 1)"

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import EngineObserver, RerankEngine
+from adapters.families.checkpoint import is_hub_id
 from gateway.errors import ModelUnavailableError
 from gateway.serving.fingerprint import model_fingerprint
 from schemas.config import EngineConfig, ServerConfig, VllmEngineConfig
@@ -49,6 +50,7 @@ class ModelRuntimeState:
         self.hint: str | None = None
         self.load_attempts = 0
         self.next_load_at: float | None = None  # monotonic time of the next load attempt
+        self.loading_since: float | None = None  # monotonic start of the attempt that runs now
         # Since when the model has been unable to serve (failed or unhealthy); liveness reads it.
         self.down_since: float | None = None
         self.loaded_at: float | None = None
@@ -131,6 +133,19 @@ class ModelRuntimeState:
             return None
         return max(0, math.ceil(self.next_load_at - time.monotonic()))
 
+    def loading_activity(self) -> str:
+        """What the running load attempt does, in words, for /ready: "loading" alone said nothing
+        about whether the gateway was waiting on the network, the disk or the engine."""
+        path = getattr(self.config, "path", None)
+        if isinstance(path, str) and is_hub_id(path):
+            what = f"fetching '{path}' from the Hugging Face hub (or its local cache), then starting the engine"
+        elif isinstance(path, str):
+            what = f"reading '{path}' and starting the engine"
+        else:
+            what = "starting the engine"
+        since = "" if self.loading_since is None else f", {int(time.monotonic() - self.loading_since)} s so far"
+        return f"{what} (attempt {self.load_attempts}{since})"
+
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "engine": self.kind, "state": self.state.value}
         out.update(self.describe())
@@ -143,6 +158,8 @@ class ModelRuntimeState:
             out["next_retry_s"] = self.next_retry_s()  # failed: waiting for the next attempt
         elif self.state is ModelState.LOADING and self.load_attempts > 1:
             out["load_attempts"] = self.load_attempts  # a retry runs; error and fix are the last attempt's
+        if self.state is ModelState.LOADING and self.load_attempts:
+            out["doing"] = self.loading_activity()
         if self.config.aliases:
             out["aliases"] = list(self.config.aliases)
         out["in_flight"] = self.in_flight

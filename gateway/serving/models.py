@@ -149,7 +149,7 @@ class ModelRuntime(ModelRuntimeState):
         while True:
             self.load_attempts += 1
             # /ready says "loading" while an attempt runs; error and fix stay the last attempt's.
-            self.state, self.next_load_at = ModelState.LOADING, None
+            self.state, self.next_load_at, self.loading_since = ModelState.LOADING, None, time.monotonic()
             log.info("model_loading", model=self.name, engine=self.kind, attempt=self.load_attempts,
                      path=getattr(self.config, "path", None))
             started = time.perf_counter()
