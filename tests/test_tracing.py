@@ -67,6 +67,9 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     receiver = OtlpReceiver()
     upstream = LoopbackServer(Upstream)
     dashscope = FakeDashScope(api_key="sk-ds-test").__enter__()
+    from tests.tiny_encoders import build_tiny_cross_encoder
+
+    checkpoint = build_tiny_cross_encoder(tmp_path_factory.mktemp("ce") / "ce", seed=0)
     config = (
         f'[[auth.keys]]\nid = "team"\nhash = "{hash_key(KEY)}"\nmodels = ["*"]\n'
         '[[models]]\nname = "m"\nengine = "static"\n'
@@ -78,6 +81,9 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         '[[models]]\nname = "chain"\nengine = "chain"\ntargets = ["broken", "m"]\naccepts = "other-models"\n'
         f'[[models]]\nname = "ds"\nengine = "dashscope"\nmodel = "gte-rerank-v2"\nbase_url = "{dashscope.url}"\n'
         'api_key_env = "DS_TEST_KEY"\n'
+        # A real tokenizer and forward pass: the tokenize span and the engine's own steps.
+        f'[[models]]\nname = "ce"\nengine = "transformers"\npath = "{checkpoint}"\ndevice = "cpu"\n'
+        'dtype = "float32"\n'
     )
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "gw-test",
            "DS_TEST_KEY": "sk-ds-test"}
@@ -137,6 +143,20 @@ def test_a_request_trace_has_its_spans_in_order_with_attributes(traced) -> None:
     assert engine.attributes["rerank.items"] == 2 and engine.attributes["rerank.tokens"] == 5
     assert engine.attributes["rerank.engine"] == "static" and engine.attributes["rerank.outcome"] == "ok"
     assert _names(engine) == ["engine.step"] and engine.children[0].attributes["rerank.step.rows"] == 2
+    _contained(root)
+
+
+def test_a_tokenizing_engine_adds_the_tokenize_span_and_its_steps(traced) -> None:
+    server, receiver, _ = traced
+    traceparent, trace_id, _ = _traceparent()
+    assert _post(server, "ce", traceparent).status_code == 200
+    root = receiver.trace(trace_id, "POST /v2/rerank")
+    assert _names(root) == ["auth", "tokenize", "engine"]
+    engine = root.children[2]
+    assert engine.attributes["rerank.engine"] == "transformers" and engine.attributes["rerank.items"] == 2
+    assert engine.attributes["rerank.tokens"] == root.attributes["rerank.tokens"] > 0
+    steps = [c for c in engine.children if c.name == "engine.step"]
+    assert sum(s.attributes["rerank.step.rows"] for s in steps) == 2
     _contained(root)
 
 
