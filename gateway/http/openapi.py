@@ -129,6 +129,9 @@ def finalize_openapi(app: Litestar, settings: Settings) -> None:
                 | {
                     "x-tokenize-time-ms": _header("Time spent tokenizing."),
                     "x-inference-time-ms": _header("Time spent in the engine."),
+                    "x-rerank-target": _header(
+                        "Only when the model is a chain (docs/routing.md): the configured model that computed the scores."
+                    ),
                 }
             )
             for status in RERANK_ERRORS:
