@@ -257,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The subcommand's own arguments, for the reports that record their command line (eval).
+    args.argv = list(argv if argv is not None else sys.argv[1:])[1:]
     try:
         return int(args.func(args))
     except ConfigError as exc:

@@ -101,6 +101,7 @@ def test_eval_reports_hand_computed_metrics_per_model(gateway: ServerProcess, tm
     assert "| oracle | 0.7500 | 0.6667 |" in (out / "report.md").read_text()
     assert (out / "quality_speed.png").stat().st_size > 0
     assert KEY not in (out / "eval.json").read_text() + stdout + err  # redacted in the command line
+    assert doc["command"].startswith(f"rerank-gateway eval {gateway.url} {data} --model oracle,reverse --api-key '<redacted>'")
 
 
 def test_bad_judgements_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import datetime as dt
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -211,7 +212,7 @@ def _report(args: argparse.Namespace, argv: list[str] | None, redactor: Any, jud
     for model in models:
         for a in answers[model]:
             per_query[a.qid][model]["latency_ms"] = round(a.latency_s * 1e3, 3)
-    command = "rerank-gateway eval " + " ".join(redactor.argv(argv if argv is not None else sys.argv[2:]))
+    command = "rerank-gateway eval " + shlex.join(redactor.argv(argv if argv is not None else getattr(args, "argv", sys.argv[2:])))
     doc: dict[str, Any] = {
         "tool": "rerank-gateway eval",
         "command": command,
