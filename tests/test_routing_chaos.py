@@ -40,6 +40,7 @@ targets = ["primary", "fallback"]
 accepts = "other-models"
 timeout_s = 20
 cooldown_s = 2
+max_cooldown_s = 8  # failing again right after each readmission doubles its cooldown: bounded for the recovery check
 
 [[models]]
 name = "primary"
