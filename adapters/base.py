@@ -79,6 +79,13 @@ class ScoreResult(msgspec.Struct, kw_only=True, frozen=True):
     queue_s: float = 0.0
 
 
+# Optional capabilities an engine may have beside the protocol below (read with getattr, so
+# engines without them need nothing): ``queue_depth() -> int``, the jobs waiting for their first
+# step (the ``rerank_queued_requests`` gauge); ``expected_wait_s() -> float``, how long a job
+# submitted now would wait, from its own queue and recent step times (a fallback chain's
+# spill-over, gateway.serving.routing.saturation); ``stats()`` and ``describe()`` for /ready.
+
+
 class EngineObserver(Protocol):
     """What an engine tells the gateway's metrics about its work; engines that can report it
     have a writable ``observer`` attribute, which the gateway sets before ``start``.
