@@ -25,7 +25,6 @@ from schemas.config import (
     LocalModelConfig,
     PoolEngineConfig,
     Settings,
-    TransformersEngineConfig,
     VllmGenerateEngineConfig,
 )
 
@@ -127,7 +126,7 @@ def _model(i: int, model: object, report: Preflight) -> None:
         except ValueError as exc:  # the line the engine would refuse the model with at load
             report.findings.append(Finding(
                 f"models[{i}].parity_set (env RERANK_MODELS__{i}__PARITY_SET): {exc}", refuses=False))
-    if isinstance(model, TransformersEngineConfig) and model.qrels_set is not None:  # with a reduced dtype only
+    if isinstance(model, GatedPrecisionConfig) and model.qrels_set is not None:  # set only with a reduced precision
         from adapters.runtimes.judgements import load_beir
 
         try:

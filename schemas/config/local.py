@@ -107,6 +107,26 @@ class GatedPrecisionConfig(LocalModelConfig, frozen=True):
     # ... on a JSON Lines file of {"query": ..., "documents": [...]} from your own traffic (the
     # verdict that means most), instead of the engine's generated set; read before any weights load.
     parity_set: str | None = None
+    # Or your own judgements (transformers and openvino): a BEIR directory (corpus.jsonl,
+    # queries.jsonl, qrels/<qrels_split>.tsv). The reduced precision is then admitted on nDCG@10
+    # instead of the top-10 order: only if it is within qrels_tolerance (relative) of fp32's
+    # ("Evaluate and choose" in the docs).
+    qrels_set: str | None = None
+    qrels_split: str = "test"  # see qrels_set
+    qrels_tolerance: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.005  # see qrels_set
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.qrels_set is not None and self.parity_set is not None:
+            raise ValueError(
+                "parity_set and qrels_set are two rules of the same gate (the top-10 order of your "
+                "queries, or nDCG@10 on your judgements): keep one"
+            )
+        if self.qrels_set is not None and str(type(self).__struct_config__.tag) == "packed":
+            raise ValueError(
+                "qrels_set is read by the transformers and openvino gates; packed FP8 is admitted on the "
+                "top-10 order: use parity_set"
+            )
 
 
 class TransformersEngineConfig(GatedPrecisionConfig, tag="transformers", frozen=True):
@@ -133,21 +153,10 @@ class TransformersEngineConfig(GatedPrecisionConfig, tag="transformers", frozen=
     parity_queries: Positive = 32
     # ... and documents per query, graded one by one (the j-th holds 10 - j of its query's words).
     parity_documents: Annotated[int, msgspec.Meta(ge=10)] = 30
-    # Or your own judgements: a BEIR directory (corpus.jsonl, queries.jsonl, qrels/<qrels_split>.tsv).
-    # dtype is then admitted on nDCG@10 instead of the top-10 order: only if it is within
-    # qrels_tolerance (relative) of fp32's ("Evaluate and choose" in the docs).
-    qrels_set: str | None = None
-    qrels_split: str = "test"  # see qrels_set
-    qrels_tolerance: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.005  # see qrels_set
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _precision_as_dtype(self, self.precision, reset_to=None)
-        if self.qrels_set is not None and self.parity_set is not None:
-            raise ValueError(
-                "parity_set and qrels_set are two rules of the same gate (the top-10 order of your "
-                "queries, or nDCG@10 on your judgements): keep one"
-            )
         if self.parity_set is not None and self.dtype == "float32":
             raise ValueError(
                 "parity_set is the golden set of the parity gate of dtype = 'bfloat16' / 'float16' on a "
@@ -303,6 +312,11 @@ class OpenVinoEngineConfig(GatedPrecisionConfig, tag="openvino", frozen=True):
             raise ValueError(
                 "parity_set is the golden set of the bf16 / int8 parity gate, read only with precision = "
                 "'bf16' or 'int8'; set precision or drop parity_set"
+            )
+        if self.qrels_set is not None and self.precision == "fp32":
+            raise ValueError(
+                "qrels_set judges precision = 'bf16' / 'int8' against fp32, read only then; set precision "
+                "or drop qrels_set"
             )
         if self.refine_top and self.precision == "fp32":
             raise ValueError(

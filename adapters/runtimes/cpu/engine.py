@@ -92,6 +92,8 @@ class OpenVinoEngine(OpenVinoStart):
         if self.parity is not None:  # the gate's measurement, for /ready and the benchmarks
             out["parity_kept"] = f"{self.parity['kept']}/{self.parity['queries']}"
             out["speed_vs_fp32"] = f"{self.parity['speed_vs_fp32']:.2f}"  # measured at start (start.py)
+            if "ndcg@10" in self.parity:  # the qrels gate's verdict (qrels_set)
+                out["qrels_ndcg@10"] = f"{self.parity['ndcg@10']:.4f} (fp32 {self.parity['ndcg@10_reference']:.4f})"
         if self._exact is not None:
             out["refine_top"] = str(self._config.refine_top)
             out["refined_share"] = f"{self._refined[0] / max(self._refined[1], 1):.3f}"

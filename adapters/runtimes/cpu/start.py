@@ -38,6 +38,7 @@ from adapters.runtimes.cpu.export import (
 )
 from adapters.runtimes.cpu.refine import refine_space
 from adapters.runtimes.parity import GoldenQuery, compare_rankings, generate_golden_set, golden_set_or_refuse
+from adapters.runtimes.qrels_gate import judge, read_qrels_set
 
 __all__ = ("OpenVinoStart",)
 
@@ -65,9 +66,13 @@ class OpenVinoStart:
             raise EngineConfigError(f"model {cfg.name!r}: the openvino runtime runs encoder families only")
         family.load_tokenizer()
         self._family = family
+        qrels = None
         if cfg.precision != "fp32":  # the gate's set, read before an export: a bad file refuses at once
-            golden = golden_set_or_refuse(cfg.name, cfg.parity_set, lambda: generate_golden_set(
-                family.tokenizer.vocab, queries=cfg.parity_queries, documents=cfg.parity_documents))
+            # The operator's judgements, when given, decide on nDCG@10 (adapters/runtimes/qrels_gate.py).
+            qrels = read_qrels_set(cfg.name, cfg.qrels_set, cfg.qrels_split) if cfg.qrels_set else None
+            golden = qrels.queries if qrels is not None else golden_set_or_refuse(
+                cfg.name, cfg.parity_set, lambda: generate_golden_set(
+                    family.tokenizer.vocab, queries=cfg.parity_queries, documents=cfg.parity_documents))
         self._inputs = ["input_ids", "attention_mask", *(["token_type_ids"] if family.typed else [])]
         core = ov.Core()
         cache = ModelCache(Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir())
@@ -132,8 +137,15 @@ class OpenVinoStart:
         # AVX512-BF16 and AVX512-FP16 but no AMX, OpenVINO's bf16 and f16 ran at ~0.7x fp32
         # (docs/cpu-runtimes.md), while an AMD EPYC's bf16 ran at ~1.7x.
         self.parity["speed_vs_fp32"] = round(fp32_per_doc / max(reduced_s / _documents(golden), 1e-12), 2)
+        verdict = judge(qrels, reference, reduced, tolerance=cfg.qrels_tolerance) if qrels is not None else None
+        if verdict is not None:
+            self.parity.update(verdict.figures())
         log.info("parity_gate", model=cfg.name, precision=cfg.precision, **self.parity)
-        if report.agreement < cfg.parity_min_agreement:
+        if verdict is not None and not verdict.admitted:
+            self._compiled = self._exact_model = self._exact = None
+            raise EngineConfigError(f"model {cfg.name!r}: {verdict.line(mode)}; refused, use precision = \"fp32\" "
+                                    "or a larger qrels_tolerance")
+        if verdict is None and report.agreement < cfg.parity_min_agreement:
             self._compiled = self._exact_model = self._exact = None
             raise EngineConfigError(
                 f"model {cfg.name!r}: {report.line(mode)}, below parity_min_agreement "
