@@ -10,7 +10,7 @@ request body is a 502, and the connection is dropped after reading at most that 
 from __future__ import annotations
 
 import json
-import time
+import threading
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -29,6 +29,8 @@ class PaddedUpstream(LoopbackServer):
 
     def __init__(self) -> None:
         self.sent = 0
+        self.hung_up = False  # the gateway closed the connection before the body was sent
+        self.ended = threading.Event()  # the handler is done sending, either way
         up = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,8 +53,11 @@ class PaddedUpstream(LoopbackServer):
                         self.wfile.write(chunk)
                         up.sent += len(chunk)
                     self.wfile.write(tail)
+                    self.wfile.flush()
                 except OSError:  # the gateway hung up: what we wanted
-                    pass
+                    up.hung_up = True
+                finally:
+                    up.ended.set()
 
             def _head(self, status: int, length: int) -> None:
                 self.send_response(status)
@@ -80,10 +85,11 @@ def test_an_answer_far_larger_than_the_request_is_a_502(upstream, model):
         DashScopeEngineConfig(name="dashscope", model="gte-rerank-v2", base_url=upstream.url, api_key="k", retries=0),
     )
     with TestClient(create_app(Settings(models=models), configure_logs=False)) as c:
-        started = time.monotonic()
         r = c.post("/v2/rerank", json={"model": model, "query": "q", "documents": ["alpha", "beta"]})
         assert r.status_code == 502, r.text[:300]
         assert set(r.json()) == {"message", "id", "detail"}
-        assert time.monotonic() - started < 10
-        time.sleep(0.2)
+        # Events, not a wall-clock bound: the upstream's handler ended because the gateway hung
+        # up on it (not by sending the whole body), having sent far less than the padding.
+        assert upstream.ended.wait(60), "the upstream was still sending a minute after the 502"
+        assert upstream.hung_up, f"the gateway read the whole {upstream.sent / 2**20:.0f} MiB"
         assert upstream.sent < 64 * 1024 * 1024  # stopped reading early, not after the whole body
