@@ -51,9 +51,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def value(text: str, name: str, **labels: str) -> float:
     """Sum of the samples of ``name`` whose labels include ``labels``."""
-    return sum(
-        v for (n, ls), v in samples(text).items() if n == name and set(labels.items()) <= set(ls)
-    )
+    return sum(v for (n, ls), v in samples(text).items() if n == name and set(labels.items()) <= set(ls))
 
 
 def dashboard_expressions() -> list[str]:
@@ -70,12 +68,58 @@ def metric_names(expr: str) -> set[str]:
     return set(re.findall(r"\b(rerank_[a-z0-9_]+)\b", expr))
 
 
+class SteppedClock:
+    """A fake ``time.perf_counter``: 1 us per read, plus exactly what :meth:`step` adds.
+
+    The phase metrics then measure what happened, not how fast a loaded machine ran it: the
+    static engine's job steps the clock by its ``delay_s``, nothing else does.
+    """
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self.now += 1e-6
+            return self.now
+
+    def step(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+
+ENGINE_STEP_S = 0.05  # the static engine's delay_s: one step of the clock per job
+
+
 @pytest.fixture(scope="module")
 def traffic_metrics() -> Iterator[str]:
     """A gateway with a key (rpm 8), the response cache, a model that loads and one that cannot."""
+    from adapters.runtimes.static import StaticEngine
+    from gateway.serving import telemetry
+
+    clock = SteppedClock()
+    score = StaticEngine.score
+
+    async def stepped_score(self: StaticEngine, job: Any) -> Any:
+        result = await score(self, job)
+        clock.step(ENGINE_STEP_S)
+        return result
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(time, "perf_counter", clock)
+        # RequestTiming's default_factory holds the real perf_counter: start requests on the fake one.
+        timing_cls = telemetry.RequestTiming
+        mp.setattr(telemetry, "RequestTiming", lambda: timing_cls(started=clock()))
+        mp.setattr(StaticEngine, "score", stepped_score)
+        text = _traffic()
+    yield text  # the real clock again for the module's other tests
+
+
+def _traffic() -> str:
     settings = Settings(
         models=(
-            StaticEngineConfig(name="m", aliases=("m-alias",), delay_s=0.05),
+            StaticEngineConfig(name="m", aliases=("m-alias",), delay_s=ENGINE_STEP_S),
             # Fails to load at once (no key in an unset variable), without importing torch.
             DashScopeEngineConfig(name="broken", model="gte-rerank-v2", api_key_env="RERANK_TEST_UNSET_KEY"),
         ),
@@ -88,14 +132,22 @@ def traffic_metrics() -> Iterator[str]:
         for path, model in (("/v2/rerank", "m"), ("/v1/rerank", "m-alias"), ("/v2/rerank", "m")):
             resp = client.post(path, json={"model": model, "query": "q", "documents": DOCS}, headers=headers)
             assert resp.status_code == 200, resp.text
-        assert client.post("/v2/rerank", json={"model": "broken", "query": "q", "documents": DOCS}, headers=headers).status_code == 503
-        assert client.post("/v2/rerank", json={"model": "m", "query": " ", "documents": DOCS}, headers=headers).status_code == 422
+        assert (
+            client.post(
+                "/v2/rerank", json={"model": "broken", "query": "q", "documents": DOCS}, headers=headers
+            ).status_code
+            == 503
+        )
+        assert (
+            client.post("/v2/rerank", json={"model": "m", "query": " ", "documents": DOCS}, headers=headers).status_code
+            == 422
+        )
         codes = [
             client.post("/v2/rerank", json={"model": "m", "query": "q", "documents": DOCS}, headers=headers).status_code
             for _ in range(4)
         ]
         assert 429 in codes, codes
-        yield client.get("/metrics").text
+        return client.get("/metrics").text
 
 
 def test_every_dashboard_expression_names_metrics_that_exist(traffic_metrics: str) -> None:
@@ -112,9 +164,11 @@ def test_docs_document_every_metric_family(traffic_metrics: str) -> None:
     readme = (ROOT / "docs" / "operating.md").read_text()  # Operating > Metrics
     families = {f.name for f in text_string_to_metric_families(traffic_metrics)}
     undocumented = sorted(
-        f for f in families if f.startswith("rerank_") and not f.endswith("_created") and not any(
-            f"`{f}{suffix}`" in readme for suffix in ("", "_total", "_seconds")
-        )
+        f
+        for f in families
+        if f.startswith("rerank_")
+        and not f.endswith("_created")
+        and not any(f"`{f}{suffix}`" in readme for suffix in ("", "_total", "_seconds"))
     )
     assert not undocumented, undocumented
 
@@ -124,12 +178,17 @@ def test_phases_split_the_request(traffic_metrics: str) -> None:
     # Scored once per route (v1 through the alias); the repeat on /v2/rerank was a cache hit.
     assert value(traffic_metrics, "rerank_request_engine_seconds_count", **route) == 1
     assert value(traffic_metrics, "rerank_request_engine_seconds_count", model="m", route="/v1/rerank") == 1
-    # The static engine sleeps 50 ms per job: that is engine time, not queue or tokenize time.
+    # The static engine's job steps the (fake) clock by 50 ms: that is engine time, not queue or
+    # tokenize time. Every other read of the clock adds 1 us, so the bounds below count reads,
+    # not how fast this machine ran.
     engine_s = value(traffic_metrics, "rerank_request_engine_seconds_sum", **route)
-    assert 0.05 <= engine_s
-    assert value(traffic_metrics, "rerank_request_queue_seconds_sum", **route) < 0.05
+    assert ENGINE_STEP_S <= engine_s < ENGINE_STEP_S + 1e-3
+    queue_s = value(traffic_metrics, "rerank_request_queue_seconds_sum", **route)
+    assert queue_s < 1e-3
+    assert value(traffic_metrics, "rerank_request_tokenize_seconds_sum", **route) < 1e-3
     total_s = value(traffic_metrics, "rerank_request_duration_seconds_sum", **route)
-    assert total_s >= engine_s + value(traffic_metrics, "rerank_request_queue_seconds_sum", **route)
+    # Both /v2/rerank requests: the scored one and the cache hit, each a few clock reads.
+    assert engine_s + queue_s <= total_s < ENGINE_STEP_S + 1e-3
     # Every rerank request is in the total: hits, the 503, the 422 and the 429 included.
     assert value(traffic_metrics, "rerank_request_duration_seconds_count", model="broken") == 1
     assert value(traffic_metrics, "rerank_request_duration_seconds_count") == 9
@@ -170,7 +229,13 @@ def test_transformers_engine_reports_queue_steps_and_depth(tiny_qwen3_dir: Path)
     from adapters.runtimes.transformers import TransformersQwen3Engine, plan_batches
 
     config = TransformersEngineConfig(
-        name="tiny", path=str(tiny_qwen3_dir), dtype="float32", max_length=256, max_query_tokens=32, batch_tokens=256, max_batch_size=4
+        name="tiny",
+        path=str(tiny_qwen3_dir),
+        dtype="float32",
+        max_length=256,
+        max_query_tokens=32,
+        batch_tokens=256,
+        max_batch_size=4,
     )
     steps: list[tuple[int, int]] = []
 
