@@ -71,6 +71,15 @@ PY
   fi
 fi
 
+# The test extra compiles llama.cpp (PyPI has only llama-cpp-python's source). Unless the caller
+# sets CMAKE_ARGS: CPU backend only, no multimodal library, no OpenMP, no llamafile GEMMs, -O1
+# (build type None, so Release's -O3 does not win): the tests score tiny GGUF files, where -O1
+# ran as fast, and the compile took 313 CPU-s instead of 410 (docs/engines-gguf.md).
+if [[ "$extra" == test && -z "${CMAKE_ARGS:-}" ]]; then
+  export CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DGGML_OPENMP=OFF -DGGML_LLAMAFILE=OFF -DCMAKE_C_FLAGS=-O1 -DCMAKE_CXX_FLAGS=-O1"
+  export SKBUILD_CMAKE_BUILD_TYPE="${SKBUILD_CMAKE_BUILD_TYPE:-None}"
+fi
+
 # 3. Everything else from PyPI; the CPU torch installed above satisfies the extra's pin.
 if ! "${pip[@]}" install -e ".[$extra]" >>"$log" 2>&1; then
   fail "pip install -e '.[$extra]' failed: $(grep -m1 -E '^ERROR|error:' "$log" || tail -n1 "$log") (pip's output: $log)"
