@@ -26,7 +26,7 @@ class CascadeStage(_Strict, frozen=True):
     keep: Positive | None = None
 
 
-class CascadeEngineConfig(ComposedModelConfig, tag="cascade", kw_only=True):
+class CascadeEngineConfig(ComposedModelConfig, tag="cascade", kw_only=True, frozen=True):
     """Stages of configured models; ``timeout_s`` bounds the whole cascade (each stage also keeps
     its own model's ``timeout_s`` and admission bound); ``max_concurrent_requests`` the cascade's
     own requests."""

@@ -30,7 +30,7 @@ __all__ = (
 NVIDIA_CATALOG_URL = "https://ai.api.nvidia.com"
 
 
-class HostedRerankConfig(UpstreamHttpConfig, kw_only=True):
+class HostedRerankConfig(UpstreamHttpConfig, kw_only=True, frozen=True):
     """Fields every hosted provider shares. The key is read from ``api_key``, else ``api_key_file``,
     else the environment variable ``api_key_env``; it is sent as ``Authorization: Bearer`` only."""
 
@@ -62,7 +62,7 @@ class HostedRerankConfig(UpstreamHttpConfig, kw_only=True):
             raise ValueError("path must start with '/' (it is appended to base_url)")
 
 
-class CohereEngineConfig(HostedRerankConfig, tag="cohere", kw_only=True):
+class CohereEngineConfig(HostedRerankConfig, tag="cohere", kw_only=True, frozen=True):
     """Cohere's v2 rerank (``POST /v2/rerank``)."""
 
     base_url: str = "https://api.cohere.com"  # the provider's public API
@@ -74,7 +74,7 @@ class CohereEngineConfig(HostedRerankConfig, tag="cohere", kw_only=True):
     priority: Annotated[int, msgspec.Meta(ge=0, le=999)] | None = None
 
 
-class JinaEngineConfig(HostedRerankConfig, tag="jina", kw_only=True):
+class JinaEngineConfig(HostedRerankConfig, tag="jina", kw_only=True, frozen=True):
     """Jina AI's rerank (``POST /v1/rerank``)."""
 
     base_url: str = "https://api.jina.ai"  # the provider's public API
@@ -82,7 +82,7 @@ class JinaEngineConfig(HostedRerankConfig, tag="jina", kw_only=True):
     api_key_env: str | None = "JINA_API_KEY"  # the environment variable holding the key
 
 
-class VoyageEngineConfig(HostedRerankConfig, tag="voyage", kw_only=True):
+class VoyageEngineConfig(HostedRerankConfig, tag="voyage", kw_only=True, frozen=True):
     """Voyage AI's rerank (``POST /v1/rerank``)."""
 
     base_url: str = "https://api.voyageai.com"  # the provider's public API
@@ -96,7 +96,7 @@ class VoyageEngineConfig(HostedRerankConfig, tag="voyage", kw_only=True):
     truncation: bool = True
 
 
-class MixedbreadEngineConfig(HostedRerankConfig, tag="mixedbread", kw_only=True):
+class MixedbreadEngineConfig(HostedRerankConfig, tag="mixedbread", kw_only=True, frozen=True):
     """Mixedbread's reranking (``POST /v1/reranking``)."""
 
     base_url: str = "https://api.mixedbread.com"  # the provider's public API
@@ -104,7 +104,7 @@ class MixedbreadEngineConfig(HostedRerankConfig, tag="mixedbread", kw_only=True)
     api_key_env: str | None = "MXBAI_API_KEY"  # the environment variable holding the key (Mixedbread's SDKs read it)
 
 
-class NvidiaEngineConfig(HostedRerankConfig, tag="nvidia", kw_only=True):
+class NvidiaEngineConfig(HostedRerankConfig, tag="nvidia", kw_only=True, frozen=True):
     """NVIDIA's reranking: the API catalog, or a self-hosted NIM's ``POST /v1/ranking``."""
 
     # The API catalog; a self-hosted NIM is e.g. base_url = "http://nim:8000", path = "/v1/ranking".
@@ -119,7 +119,7 @@ class NvidiaEngineConfig(HostedRerankConfig, tag="nvidia", kw_only=True):
     truncate: Literal["NONE", "END"] = "END"
 
 
-class TogetherEngineConfig(HostedRerankConfig, tag="together", kw_only=True):
+class TogetherEngineConfig(HostedRerankConfig, tag="together", kw_only=True, frozen=True):
     """Together AI's rerank (``POST /v1/rerank``, Cohere's shape)."""
 
     base_url: str = "https://api.together.xyz"  # the provider's public API
@@ -127,7 +127,7 @@ class TogetherEngineConfig(HostedRerankConfig, tag="together", kw_only=True):
     api_key_env: str | None = "TOGETHER_API_KEY"  # the environment variable holding the key
 
 
-class BedrockEngineConfig(ModelConfig, tag="bedrock", kw_only=True):
+class BedrockEngineConfig(ModelConfig, tag="bedrock", kw_only=True, frozen=True):
     """AWS Bedrock's rerank (``bedrock-agent-runtime`` ``Rerank``), signed with SigV4 by the AWS SDK (boto3).
 
     Credentials come from the AWS default chain (environment, shared files, a role), never from this file.

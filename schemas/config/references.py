@@ -18,7 +18,7 @@ from .base import ModelConfig
 __all__ = ("ComposedModelConfig", "ModelReferenceError", "check_references")
 
 
-class ComposedModelConfig(ModelConfig):
+class ComposedModelConfig(ModelConfig, frozen=True):
     """Base of ``[[models]]`` entries made of other configured models; no engine is loaded for them."""
 
     def references(self) -> tuple[tuple[str, str], ...]:

@@ -17,7 +17,7 @@ from .upstream import DEFAULT_MAX_COOLDOWN_S
 __all__ = ("ChainEngineConfig",)
 
 
-class ChainEngineConfig(ComposedModelConfig, tag="chain", kw_only=True):
+class ChainEngineConfig(ComposedModelConfig, tag="chain", kw_only=True, frozen=True):
     """A public name served by the first of ``targets`` that can take the request.
 
     ``timeout_s`` is the deadline of the whole chain: every attempt runs within what is left of

@@ -11,7 +11,7 @@ import msgspec
 from .base import ModelName, Positive, PositiveFloat, _Strict
 
 
-class ServerConfig(_Strict):
+class ServerConfig(_Strict, frozen=True):
     # Address to bind; anything but loopback needs API keys ([auth]) or auth.open = true.
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000  # TCP port to listen on
@@ -36,13 +36,13 @@ class ServerConfig(_Strict):
     workers: Positive = 1
 
 
-class LoggingConfig(_Strict):
+class LoggingConfig(_Strict, frozen=True):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"  # the gateway's and libraries' log level
     # "json": one JSON object per line on stdout (third-party lines too); "console": for people.
     format: Literal["json", "console"] = "json"
 
 
-class LimitsConfig(_Strict):
+class LimitsConfig(_Strict, frozen=True):
     max_body_bytes: Positive = 20 * 1024 * 1024  # larger request bodies get 413
     max_documents: Positive = 10_000  # documents per request; more get 413
     # Cohere caps documents x chunks at 10,000; we cap the chunks actually produced.
@@ -77,7 +77,7 @@ KeyHash = Annotated[
 ]
 
 
-class ApiKeyConfig(_Strict):
+class ApiKeyConfig(_Strict, frozen=True):
     """One API key, stored as the SHA-256 of the key (``rerank-gateway keys create``), never the key."""
 
     id: KeyId  # shown in logs, metrics and errors instead of the key
@@ -98,7 +98,7 @@ class ApiKeyConfig(_Strict):
     admin: bool = False
 
 
-class AuthConfig(_Strict):
+class AuthConfig(_Strict, frozen=True):
     # Without keys the gateway only serves on loopback unless this is set.
     open: bool = False
     # API keys ([[auth.keys]] entries, from `rerank-gateway keys create`); none: the gateway is open.
@@ -108,7 +108,7 @@ class AuthConfig(_Strict):
     sync_interval_s: PositiveFloat = 0.25
 
 
-class CacheConfig(_Strict):
+class CacheConfig(_Strict, frozen=True):
     """Response cache: exact repeats of a request answered without the engine (off by default)."""
 
     enabled: bool = False  # off by default: answers only exact repeats, x-cache says which
@@ -124,7 +124,7 @@ class CacheConfig(_Strict):
     shared_across_keys: bool = False
 
 
-class DialectsConfig(_Strict):
+class DialectsConfig(_Strict, frozen=True):
     """The non-Cohere request dialects (TEI's /rerank body and /info, vLLM's /score)."""
 
     # The model that serves TEI-shaped requests and GET /info (TEI bodies name no model);

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .base import _Strict
+from .cascade import CascadeEngineConfig
 from .hosted import (
     BedrockEngineConfig,
     CohereEngineConfig,
@@ -21,9 +22,8 @@ from .local import (
     VllmGenerateEngineConfig,
     VllmScoreEngineConfig,
 )
-from .server import AuthConfig, CacheConfig, DialectsConfig, LimitsConfig, LoggingConfig, ServerConfig
-from .cascade import CascadeEngineConfig
 from .routing import ChainEngineConfig
+from .server import AuthConfig, CacheConfig, DialectsConfig, LimitsConfig, LoggingConfig, ServerConfig
 from .upstream import DashScopeEngineConfig, PoolEngineConfig
 
 EngineConfig = (
@@ -48,7 +48,7 @@ EngineConfig = (
 )
 
 
-class Settings(_Strict):
+class Settings(_Strict, frozen=True):
     server: ServerConfig = ServerConfig()
     logging: LoggingConfig = LoggingConfig()
     limits: LimitsConfig = LimitsConfig()

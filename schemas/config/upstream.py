@@ -14,7 +14,7 @@ from .base import ModelConfig, ModelName, Positive, PositiveFloat
 DEFAULT_MAX_COOLDOWN_S = 300.0
 
 
-class UpstreamHttpConfig(ModelConfig):
+class UpstreamHttpConfig(ModelConfig, frozen=True):
     """Fields of engines that score over HTTP. ``timeout_s`` is the total per request, retries included."""
 
     connect_timeout_s: PositiveFloat = 5.0  # longest wait for a TCP + TLS connection to the upstream
@@ -29,7 +29,7 @@ class UpstreamHttpConfig(ModelConfig):
     instruction: str = ""
 
 
-class DashScopeEngineConfig(UpstreamHttpConfig, tag="dashscope", kw_only=True):
+class DashScopeEngineConfig(UpstreamHttpConfig, tag="dashscope", kw_only=True, frozen=True):
     """Alibaba DashScope text rerank. Requests over the model's limits are split and merged."""
 
     # The upstream model name (gte-rerank-v2, qwen3-rerank, ...).
@@ -52,7 +52,7 @@ class DashScopeEngineConfig(UpstreamHttpConfig, tag="dashscope", kw_only=True):
     backoff_max_s: PositiveFloat = 10.0  # ... up to this
 
 
-class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True):
+class PoolEngineConfig(UpstreamHttpConfig, tag="pool", kw_only=True, frozen=True):
     """A model served by replicas of vLLM, TEI, Infinity or a Cohere-compatible server."""
 
     # The replicas' API: vllm (/rerank), vllm-score (/score), tei, infinity, cohere (/v2/rerank).
