@@ -59,7 +59,10 @@ def test_sigterm_answers_the_stuck_request_503_and_stops_the_engines(gateway_ser
     assert isinstance(stuck, httpx.Response), stuck
     assert stuck.status_code == 503 and stuck.headers["retry-after"], stuck.text
     assert "shutting down" in stuck.json()["message"] and stuck.json()["id"] == "stuck-1"
-    assert 1.8 < took < 10, took  # waited shutdown_timeout_s for the stuck one, not its 60 s
+    # Waited shutdown_timeout_s (2 s) for the stuck one (a lower bound: load only lengthens it);
+    # not its 60 s: the events above say the shutdown cancelled it (503, cancelled "shutdown"),
+    # and the process exited within wait()'s 30 s, half the stuck request's sleep.
+    assert took > 1.8, took
     output = server.output()
     lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     (access,) = [x for x in lines if x.get("request_id") == "stuck-1" and x["event"] == "request"]
