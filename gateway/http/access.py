@@ -75,7 +75,9 @@ class AccessControl:
 
     async def start(self) -> None:
         await self.limiter.start()
-        if self.limiter.client is not None:
+        # The admin API is on where the config has an admin key (the same file on every replica):
+        # only then is there a shared key store to read, and a Redis to poll.
+        if self.limiter.client is not None and any(k.admin for k in self._settings.auth.keys):
             self.shared_keys = SharedKeys(self.limiter.client)
             await self._sync_quietly()  # Redis down at start: the file's keys, and the poll retries
             self._sync_task = asyncio.create_task(self._poll(), name="admin-keys-sync")
@@ -126,7 +128,7 @@ class AccessControl:
             log.info("admin_keys_synced", version=version, keys=len(new), added=sorted(new - old),
                      removed=sorted(old - new))
 
-    async def _sync_quietly(self) -> None:
+    async def _sync_quietly(self) -> bool:
         try:
             await self.sync_keys()
         except Exception as exc:  # noqa: BLE001 -- Redis down or slow: keep the keys we have
@@ -134,12 +136,16 @@ class AccessControl:
             if now - self._last_sync_warning >= 30.0:
                 self._last_sync_warning = now
                 log.warning("admin_keys_sync_failed", error=type(exc).__name__)
+            return False
+        return True
 
     async def _poll(self) -> None:
         interval = self._settings.auth.sync_interval_s
+        failures = 0
         while True:
-            await asyncio.sleep(interval)
-            await self._sync_quietly()
+            # While Redis fails, poll less (up to every 30 s): a hung store is not asked 4 times a second.
+            await asyncio.sleep(min(30.0, interval * 2**failures) if failures else interval)
+            failures = 0 if await self._sync_quietly() else min(failures + 1, 16)
 
     def reload_keys(self, load: Callable[[], Settings]) -> bool:
         """Swap in ``auth.keys`` from a fresh read of the config (SIGHUP); nothing else changes.
