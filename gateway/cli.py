@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 
 from gateway.config.settings import ConfigError, load_settings
-from schemas.config import Settings
+from schemas.config import GgufEngineConfig, LocalModelConfig, Settings
 
 __all__ = ("main",)
 
@@ -114,15 +114,15 @@ def _kill_children(wait_s: float = 2.0) -> None:
     except ImportError:
         import multiprocessing
 
-        procs: list = multiprocessing.active_children()
-        for proc in procs:
+        children = multiprocessing.active_children()
+        for child in children:
             with contextlib.suppress(Exception):
-                proc.terminate()
-        for proc in procs:
-            proc.join(wait_s)
-            if proc.is_alive():
+                child.terminate()
+        for child in children:
+            child.join(wait_s)
+            if child.is_alive():
                 with contextlib.suppress(Exception):
-                    proc.kill()
+                    child.kill()
         return
     procs = psutil.Process().children(recursive=True)
     for proc in procs:
@@ -172,7 +172,7 @@ def _check_config(args: argparse.Namespace) -> int:
         line = f"model {model.name}: engine={kind}"
         if i in report.families:
             line += f" family={report.families[i]}"
-        elif getattr(model, "family", None) is not None:
+        elif isinstance(model, (LocalModelConfig, GgufEngineConfig)):  # the engines that have a family
             from adapters.families.checkpoint import is_hub_id
 
             if is_hub_id(model.path):
