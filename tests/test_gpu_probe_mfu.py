@@ -1,4 +1,4 @@
-"""benchmarks/gpu_encoders.py: the forward probe's MFU must count the FLOPs of the step it timed."""
+"""benchmarks/gpu_suite/encoders.py: the forward probe's MFU must count the FLOPs of the step it timed."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks import gpu_encoders as ge
-from benchmarks.encoder_shapes import flops_per_request
+from benchmarks.gpu_suite import encoders as ge
+from benchmarks.gpu_suite.encoder_shapes import flops_per_request
 
 
 def test_forward_probe_mfu_uses_the_timed_steps_flops(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ engines so both see the same machine load; writes ``cpu_compare.json`` and ``cpu
 
 # The workloads, the measurement, the ways of scoring and the CPU comparison live in the modules
 # below. The names are handed on here ("X as X": a re-export outside ``__all__``) because
-# benchmarks.gpu_suite and benchmarks.gpu_qwen3 use them as ``engine_bench.X``.
+# benchmarks.gpu_suite and benchmarks.gpu_suite.qwen3 use them as ``engine_bench.X``.
 from benchmarks.engine_bench.cli import main as main
 from benchmarks.engine_bench.cli import run as run
 from benchmarks.engine_bench.cpu_compare import CPU_SIZES as CPU_SIZES

@@ -1,7 +1,7 @@
-"""The checkpoint and the d100 workload ``benchmarks/gpu_encoders.py`` measures, and its fp32 reference.
+"""The checkpoint and the d100 workload ``benchmarks/gpu_suite/encoders.py`` measures, and its fp32 reference.
 
 XLM-RoBERTa large's real config (bge-reranker-v2-m3's) and the tiny one of ``--tiny``; the other
-shapes are in ``benchmarks/encoder_shapes.py``. :func:`build` writes the tokenizer and the
+shapes are in ``benchmarks/gpu_suite/encoder_shapes.py``. :func:`build` writes the tokenizer and the
 random-weight checkpoint (and, on CUDA, measures the bf16 matmul rates) in a child process, so
 the benchmark's own process never touches CUDA; :func:`reference_scores` scores the probe
 request with plain transformers in fp32, in another. :func:`pair_lengths` and
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.encoder_shapes import pair_specials
+from benchmarks.gpu_suite.encoder_shapes import pair_specials
 
 __all__ = (
     "DOCS",

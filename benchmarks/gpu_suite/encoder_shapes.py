@@ -1,4 +1,4 @@
-"""The cross-encoder shapes ``benchmarks/gpu_encoders.py`` builds (``--model``), besides its XLM-R default.
+"""The cross-encoder shapes ``benchmarks/gpu_suite/encoders.py`` builds (``--model``), besides its XLM-R default.
 
 ModernBERT-base's real config (answerdotai/ModernBERT-base, as gte-reranker-modernbert-base
 uses it): hidden 768, 22 layers, 12 heads, GeGLU MLP 1,152, vocabulary 50,368, global attention

@@ -1,10 +1,10 @@
 """Issue 20's GPU run: bge-reranker-v2-m3's shape on every cross-encoder runtime, over HTTP, one H200.
 
-    RR_SKIP_CHECK=1 RR_BUDGET=520 RR_CMD="python3 -m benchmarks.gpu_encoders" bash .gpu/device_run.sh
+    RR_SKIP_CHECK=1 RR_BUDGET=520 RR_CMD="python3 -m benchmarks.gpu_suite.encoders" bash .gpu/device_run.sh
 
 Each gateway is its own ``python -m gateway serve --config ...`` process (this process never
 touches CUDA: the checkpoint and the matmul rate come from a child process) and
-``python -m gateway bench`` is the load client, a third process, as in ``benchmarks/gpu_qwen3.py``.
+``python -m gateway bench`` is the load client, a third process, as in ``benchmarks/gpu_suite/qwen3.py``.
 
 Checkpoint: XLM-RoBERTa large's real config (hidden 1,024, 24 layers, 16 heads, MLP 4,096,
 vocabulary 250,002, 8,194 positions, one token type: bge-reranker-v2-m3) with random bf16
@@ -23,8 +23,8 @@ Last, if time is left: the packed replica alone in a child process (no gateway, 
 d100 step and one of four requests, to tell the forward's time from the serving overhead.
 
 ``packed-32k`` (half the step budget), ``packed-gil1ms`` (a 1 ms GIL switch interval) and the
-other A/B variants of ``packed`` are in ``benchmarks/gpu_encoders_runtimes.py``; the Markdown
-summary is written by ``benchmarks/gpu_encoders_report.py``.
+other A/B variants of ``packed`` are in ``benchmarks/gpu_suite/encoders_runtimes.py``; the Markdown
+summary is written by ``benchmarks/gpu_suite/encoders_report.py``.
 The summary gives each row's server timing per phase (mean, p50 / p99 / max) and the packed
 scheduler's step split (host prep vs device wait).
 
@@ -39,14 +39,14 @@ A runtime whose start would pass the deadline (``RR_DEADLINE`` from device_run.s
 ``--tiny`` runs the same script on CPU with a tiny XLM-R (hidden 128, 2 layers, vocabulary 2,000)
 and the packed and transformers engines: a check of this script's logic, not a measurement.
 
-``--model modernbert-base``: ModernBERT-base's shape instead (``benchmarks/encoder_shapes.py``:
+``--model modernbert-base``: ModernBERT-base's shape instead (``benchmarks/gpu_suite/encoder_shapes.py``:
 22 layers, hidden 768, local attention over 128 tokens, vocabulary 50,368; same tokenizer
 construction with ``[CLS] q [SEP] d [SEP]``). ``--forward-only`` skips the gateways: build, then
 the packed replica alone, timed and compared with transformers' padded model on the same device
 (bf16 and fp32: max |logit difference|, top-10 of the first request's 100 pairs). The lead's
 one-line GPU check of the ModernBERT path::
 
-    python3 -m benchmarks.gpu_encoders --model modernbert-base --forward-only
+    python3 -m benchmarks.gpu_suite.encoders --model modernbert-base --forward-only
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from typing import Any
 
 import msgspec
 
-from benchmarks.encoder_checkpoint import (
+from benchmarks.gpu_suite.encoder_checkpoint import (
     DOC_TOKENS,
     DOCS,
     QUERY_TOKENS,
@@ -75,10 +75,10 @@ from benchmarks.encoder_checkpoint import (
     probe_request,
     reference_scores,
 )
-from benchmarks.encoder_shapes import flops_per_request
-from benchmarks.gpu_encoders_report import summary
-from benchmarks.gpu_encoders_runtimes import COMMON, MODELS, NEEDS, RUNTIME_SITE, RUNTIMES
-from benchmarks.gpu_qwen3 import Gateway, gpu_mem_mib
+from benchmarks.gpu_suite.encoder_shapes import flops_per_request
+from benchmarks.gpu_suite.encoders_report import summary
+from benchmarks.gpu_suite.encoders_runtimes import COMMON, MODELS, NEEDS, RUNTIME_SITE, RUNTIMES
+from benchmarks.gpu_suite.qwen3 import Gateway, gpu_mem_mib
 from schemas.config import Settings
 
 __all__ = ("COMMON", "DOCS", "DOC_TOKENS", "QUERY_TOKENS", "RUNTIMES", "TINY_CONFIG", "build", "main", "summary")
@@ -90,7 +90,7 @@ def log(*a: Any) -> None:
 
 def forward_probe(model_dir: Path, device: str, lens: list[list[int]], timeout: float) -> dict[str, Any]:
     """The packed replica alone, no gateway and no HTTP: one d100 step and one of four (child process)."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_forward_probe", str(model_dir), device, json.dumps(lens[:4])],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_suite.forward_probe", str(model_dir), device, json.dumps(lens[:4])],
                           check=True, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parent.parent)
     return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("FORWARD "))[8:])
 

@@ -1,12 +1,12 @@
-"""The Markdown summary of a ``benchmarks/gpu_encoders.py`` run (``encoders_summary.md``), from its results JSON."""
+"""The Markdown summary of a ``benchmarks/gpu_suite/encoders.py`` run (``encoders_summary.md``), from its results JSON."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from benchmarks.encoder_checkpoint import DOC_TOKENS, DOCS, QUERY_TOKENS
-from benchmarks.gpu_encoders_runtimes import MODELS
+from benchmarks.gpu_suite.encoder_checkpoint import DOC_TOKENS, DOCS, QUERY_TOKENS
+from benchmarks.gpu_suite.encoders_runtimes import MODELS
 
 __all__ = ("summary",)
 

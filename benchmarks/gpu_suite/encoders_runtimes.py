@@ -1,4 +1,4 @@
-"""The runtimes ``benchmarks/gpu_encoders.py`` can measure: the three the issue compares and the A/B variants.
+"""The runtimes ``benchmarks/gpu_suite/encoders.py`` can measure: the three the issue compares and the A/B variants.
 
 ``RUNTIMES``: label -> the model's config keys (beside name and path). ``RUNTIME_SITE``: label ->
 code run at that gateway's interpreter start (a ``sitecustomize.py``), for experiments that are
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.encoder_checkpoint import REAL_CONFIG, TINY_CONFIG
-from benchmarks.encoder_shapes import MODERNBERT_CONFIG, MODERNBERT_TINY
+from benchmarks.gpu_suite.encoder_checkpoint import REAL_CONFIG, TINY_CONFIG
+from benchmarks.gpu_suite.encoder_shapes import MODERNBERT_CONFIG, MODERNBERT_TINY
 
 __all__ = ("COMMON", "MODELS", "NEEDS", "RUNTIMES", "RUNTIME_SITE")
 

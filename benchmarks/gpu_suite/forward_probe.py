@@ -1,6 +1,6 @@
-"""The packed cross-encoder replica alone, no gateway and no HTTP (``benchmarks.gpu_encoders``' forward probe).
+"""The packed cross-encoder replica alone, no gateway and no HTTP (``benchmarks.gpu_suite.encoders``' forward probe).
 
-Run in a child process by ``gpu_encoders.forward_probe`` (``python -m benchmarks.gpu_forward_probe
+Run in a child process by ``encoders.forward_probe`` (``python -m benchmarks.gpu_suite.forward_probe
 MODEL_DIR DEVICE LENS_JSON``), so a crash or a CUDA error here costs the probe, not the run; prints
 one ``FORWARD {json}`` line. What it times, on the first request's pairs (random ids, the
 workload's lengths), the first four requests as one step, and against transformers' padded model:

@@ -92,7 +92,7 @@ async def main_async(args: argparse.Namespace) -> None:
             two: dict[str, Any] = {"size": "tiny (CPU devices)" if args.small else args.twogpu_size}
             two_dir, reqs2 = model_dir, None
             if args.twogpu_size != "0.6b" and not args.small:
-                from benchmarks.gpu_qwen3 import SIZES
+                from benchmarks.gpu_suite.qwen3 import SIZES
 
                 two_dir = await asyncio.to_thread(build_checkpoint, work / f"qwen3-{args.twogpu_size}", False,
                                                   SIZES[args.twogpu_size])
@@ -172,7 +172,7 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="tiny model on CPU: a smoke test of this script")
     ap.add_argument("--phases", default="parity,gateway,twogpu,raw,transformers,generate", help="which phases to run")
     ap.add_argument("--twogpu-size", default="0.6b", choices=("0.6b", "4b", "8b"),
-                    help="the model shape of phase twogpu (4b/8b: benchmarks.gpu_qwen3's real configs, random weights)")
+                    help="the model shape of phase twogpu (4b/8b: benchmarks.gpu_suite.qwen3's real configs, random weights)")
     ap.add_argument("--http-engines", default="packed,vllm-score,vllm-generate",
                     help="engine kinds the HTTP gateway serves, one gateway each (comma list)")
     ap.add_argument("--service-rows", default="packed", help="kinds also measured in-process (no HTTP) after HTTP")
