@@ -93,8 +93,8 @@ async def cpu_compare(work: Path, out: Path, models: list[str], clients: int = 4
 def _write_cpu_compare(rows: list[dict[str, Any]], clients: int, out: Path) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "cpu_compare.json").write_text(json.dumps({"rows": rows, "clients": clients}, indent=1))
-    lines = ["| model | documents x tokens | variant | p50 ms (sequential) | mean ms | docs/s | "
-             f"{clients} clients docs/s | packed / padded time | max score diff |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| model | documents x tokens | variant | p50 ms (sequential) | mean ms | docs/s | "
+             f"{clients} clients docs/s | packed / padded time | max score diff |"), "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         pair = [x for x in rows if x["model"] == r["model"] and x["documents"] == r["documents"] and x["doc_tokens"] == r["doc_tokens"]]
         padded = next(x for x in pair if x["variant"].startswith("transformers"))

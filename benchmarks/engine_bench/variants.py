@@ -56,8 +56,8 @@ def service_score(service: Any, model: str, request_type: Any) -> ScoreFn:
 def raw_llm(model_dir: str, small: bool, gpu_util: float) -> Any:
     from vllm import LLM
 
-    kw: dict[str, Any] = dict(model=model_dir, max_model_len=2048, seed=0, enable_prefix_caching=True,
-                              gpu_memory_utilization=gpu_util, runner="pooling", hf_overrides=HF_OVERRIDES)
+    kw: dict[str, Any] = {"model": model_dir, "max_model_len": 2048, "seed": 0, "enable_prefix_caching": True,
+                              "gpu_memory_utilization": gpu_util, "runner": "pooling", "hf_overrides": HF_OVERRIDES}
     if small:
         kw.update(enforce_eager=True, dtype="float32")
     else:

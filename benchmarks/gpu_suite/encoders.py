@@ -106,7 +106,7 @@ def rerank(url: str, model: str, query: str, docs: list[str]) -> list[float]:
 
 def agreement(got: list[float], want: list[float]) -> dict[str, Any]:
     """max |score difference| and how many of the reference's top 10 are in the runtime's top 10 (and in order)."""
-    top = lambda xs: sorted(range(len(xs)), key=lambda i: -xs[i])[:10]  # noqa: E731
+    top = lambda xs: sorted(range(len(xs)), key=lambda i: -xs[i])[:10]
     return {"max_abs_diff": max(abs(a - b) for a, b in zip(got, want, strict=True)),
             "top10_shared": len(set(top(got)) & set(top(want))), "top10_same_order": top(got) == top(want),
             "spread": max(want) - min(want)}
@@ -132,7 +132,7 @@ def watch(gw: Gateway, model: str, probe: dict[str, Any], idle: list[float], sto
     while not stop.is_set() and len(diffs) + errors < WATCH_MAX:
         try:
             got = rerank(gw.url, model, probe["query"], probe["documents"])
-        except Exception:  # noqa: BLE001  # counted: an error here is a finding, not a crash of the bench
+        except Exception:  # counted: an error here is a finding, not a crash of the bench  # noqa: BLE001
             errors += 1
             continue
         diffs.append(max(abs(a - b) for a, b in zip(got, idle, strict=True)))
@@ -194,7 +194,7 @@ def _graph_stats(gw: Gateway) -> dict[str, Any] | None:
     return graphs if isinstance(graphs, dict) else None
 
 
-def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Path, levels: dict[int, int],  # noqa: PLR0913
+def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Path, levels: dict[int, int],
                 deadline: float, results: dict[str, Any], gpu: bool) -> None:
     need = NEEDS.get(label, 90)
     if deadline - time.time() < need:
@@ -234,7 +234,7 @@ def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Pa
             entry["rows"].append(bench(gw, label, model_dir, clients, n, work / f"{label}-{clients}", gpu,
                                        (probe, first) if probe else None))
         entry["engine_stats_after"] = (gw.status() or {}).get("models", [{}])[0].get("engine_stats")
-    except Exception as exc:  # noqa: BLE001  # one runtime failing must not lose the others' figures
+    except Exception as exc:  # one runtime failing must not lose the others' figures  # noqa: BLE001
         entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         log(f"ERROR {label}: {entry['error']}")
     finally:

@@ -21,7 +21,6 @@ import time
 import torch
 
 from adapters.runtimes.packed.encoder_forward import load_cross_encoder
-
 from adapters.runtimes.packed.encoder_replicas import make_replica
 
 
@@ -126,7 +125,7 @@ def main() -> None:  # one probe, read top to bottom
 
     try:
         out["tokenize_d100"] = tokenize_probe()
-    except Exception as exc:  # a diagnostic: never lose the rest
+    except Exception as exc:  # a diagnostic: never lose the rest  # noqa: BLE001
         out["tokenize_d100"] = {"error": f"{type(exc).__name__}: {exc}"}
 
     def gelu_epilogue_probe(prompts):
@@ -164,7 +163,7 @@ def main() -> None:  # one probe, read top to bottom
             xs = {k: torch.randn(m, kk, device=dev, dtype=torch.bfloat16) for k, (n, kk) in shapes.items()}
             # synchronized inside: ``dist`` waits for the device before the clock starts only (the
             # steps it usually times bring their scores home, which waits); the 2026-12-02 run timed launches
-            res[str(m)] = dist(lambda: ([torch.nn.functional.linear(xs[k], *ws[k]) for k in shapes], torch.cuda.synchronize()), 30)["p50"]
+            res[str(m)] = dist(lambda: ([torch.nn.functional.linear(xs[k], *ws[k]) for k in shapes], torch.cuda.synchronize()), 30)["p50"]  # noqa: B023
         return res
 
 
@@ -219,7 +218,7 @@ def main() -> None:  # one probe, read top to bottom
         for name, key in (("own_bucket", small), ("pairs2048_len8192", (small[0], 2048, 8192))):
             host, _ = rep._pack(one, [None] * len(one), pad=key[:2])
             d = host.to(dev)
-            out[f"padded_{name}_ms"] = {"key": key, **dist(lambda: run_padded(rep._forward, d, key)[:1].tolist())}
+            out[f"padded_{name}_ms"] = {"key": key, **dist(lambda: run_padded(rep._forward, d, key)[:1].tolist())}  # noqa: B023
         # the x4 step's padding, one dimension at a time (eager, same pairs): which of tokens, pairs
         # and max length makes a bucket's step slower than the unpadded one
         lens4 = [len(p) for p in four]
@@ -230,22 +229,22 @@ def main() -> None:  # one probe, read top to bottom
                           ("max_len", (t4 + 1, n4 + 1, b4[2])), ("all", b4)):
             host, _ = rep._pack(four, [None] * n4, pad=key[:2])
             d = host.to(dev)
-            pads[name] = {"key": key, **dist(lambda: run_padded(rep._forward, d, key)[:1].tolist(), 20)}
+            pads[name] = {"key": key, **dist(lambda: run_padded(rep._forward, d, key)[:1].tolist(), 20)}  # noqa: B023
         out["padded_x4_by_dimension_ms"] = pads
         if hasattr(rep, "_layers"):  # XLM-R / BERT: the up-projection's GELU in cuBLASLt's epilogue
             try:
                 out["gelu_epilogue_ab"] = gelu_epilogue_probe(four)
-            except Exception as exc:  # a diagnostic: never lose the rest
+            except Exception as exc:  # a diagnostic: never lose the rest  # noqa: BLE001
                 out["gelu_epilogue_ab"] = {"error": f"{type(exc).__name__}: {exc}"}
         try:
             b1 = bucket_key(sum(map(len, reqs[0])), len(reqs[0]), max(map(len, reqs[0])))[0]
             out["gemm_by_m_ms"] = gemm_by_m(sorted({sum(map(len, reqs[0])), b1, b1 - 128, b1 + 128, t4, t4 + 1,
                                                    t4 + 128 - t4 % 128, b4[0], b4[0] - 64, b4[0] + 512}))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             out["gemm_by_m_ms"] = {"error": f"{type(exc).__name__}: {exc}"}
         try:  # finer: the token counts of an idle two-part request's parts and of a whole d100 step
             out["gemm_sweep_ms"] = gemm_sweep([*range(3200, 4401, 16), *range(10000, 12001, 32), *range(14000, 15401, 16)])
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             out["gemm_sweep_ms"] = {"error": f"{type(exc).__name__}: {exc}"}
         t = time.perf_counter()
         rep.use_graphs(token_bucket(65536 + 1), (reqs[0][:3], [None] * 3))

@@ -107,7 +107,7 @@ async def phase_parity(model_dir: Path, work: Path, small: bool) -> dict[str, An
                     scores[label] = s
                 finally:
                     await eng.stop()
-            except Exception as exc:  # noqa: BLE001  # one engine failing must not lose the others' parity
+            except Exception as exc:  # one engine failing must not lose the others' parity  # noqa: BLE001
                 errors[label] = f"{type(exc).__name__}: {exc}"[:500]
             finally:
                 if math_only:
@@ -119,7 +119,7 @@ async def phase_parity(model_dir: Path, work: Path, small: bool) -> dict[str, An
             PARITY_06B["reqs"], PARITY_06B["reference"] = reqs, base
 
         def order(v: list[float]) -> list[int]:
-            return sorted(range(len(v)), key=lambda i: -v[i])
+            return sorted(range(len(v)), key=lambda i: -v[i])  # noqa: B023
 
         out[name] = {label: {"max_abs_diff_vs_reference": max(abs(a - b) for a, b in zip(v, base, strict=True)),
                              "same_order": order(v) == order(base),

@@ -206,7 +206,7 @@ def agreement(gw: Gateway, labels: list[str]) -> dict[str, Any]:
     import random
 
     rng = random.Random(5)
-    words = "capital city state river market school engine paper garden music ocean winter".split()
+    words = ["capital", "city", "state", "river", "market", "school", "engine", "paper", "garden", "music", "ocean", "winter"]
     docs = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 120))) for _ in range(100)]
     scores = {}
     for label in labels:
@@ -264,7 +264,7 @@ def serve_and_bench(name: str, models: dict[str, dict[str, Any]], measure: list[
                                                    ("steps", "step_ms_mean", "prompt_tokens", "computed_tokens",
                                                     "share_prefix", "prefix_sharing", "steps_by_requests")}
                                        for m in body.get("models", [])}
-    except Exception as exc:  # noqa: BLE001  # one runtime failing must not lose the others' figures
+    except Exception as exc:  # one runtime failing must not lose the others' figures  # noqa: BLE001
         entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         log(f"ERROR {name}: {entry['error']}")
     finally:

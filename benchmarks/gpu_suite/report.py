@@ -123,8 +123,8 @@ def _per_doc_tflop(results: dict[str, Any], wl: str) -> float | None:
 
 def _split_table(results: dict[str, Any]) -> list[str]:
     """Mean time per request: tokenize / queue / compute / rest of the gateway / outside the server."""
-    lines = ["| engine | workload | clients | latency mean ms | tokenize | queue (engine) | compute (engine) | "
-             "rest of gateway | outside server | docs/s | MFU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| engine | workload | clients | latency mean ms | tokenize | queue (engine) | compute (engine) | "
+             "rest of gateway | outside server | docs/s | MFU |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for kind, by_wl in results.get("gateway", {}).get("http", {}).items():
         for wl, d in by_wl.items():
             per_doc = _per_doc_tflop(results, wl)
@@ -161,10 +161,10 @@ def report(results: dict[str, Any]) -> str:
                "\"within noise\"."), "", *_targets(results), ""]
     if gw:
         lines += ["## Where the time goes (means per request)", "",
-                  "Queue = from the engine call to the first step holding one of the request's items (packed engine's "
+                  ("Queue = from the engine call to the first step holding one of the request's items (packed engine's "
                   "own counters, warm-up requests included); compute = from there to the last score. For vLLM engines compute "
                   "is the whole engine call. MFU = docs/s x model FLOPs per document "
-                  "/ the matmul rate measured in this run.", "", *_split_table(results), ""]
+                  "/ the matmul rate measured in this run."), "", *_split_table(results), ""]
     if results.get("parity"):
         lines += ["## Parity on this device (against the independent reference, fp32 on the CPU, same prompts)", "", "```",
                   json.dumps(results["parity"], indent=1), "```", ""]

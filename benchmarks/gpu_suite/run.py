@@ -67,7 +67,7 @@ async def main_async(args: argparse.Namespace) -> None:
         t0 = time.time()
         try:
             return await coro_fn()
-        except Exception as exc:  # noqa: BLE001  # one failed variant must not lose the others' results
+        except Exception as exc:  # one failed variant must not lose the others' results  # noqa: BLE001
             results["errors"][name] = f"{type(exc).__name__}: {exc}"[:2000]
             log(f"ERROR in {name}: {results['errors'][name]}")
             return None
