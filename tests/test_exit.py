@@ -57,14 +57,19 @@ def test_exit_leaves_a_stuck_thread_behind_and_kills_every_descendant(tmp_path):
     script = tmp_path / "stuck.py"
     script.write_text(_SCRIPT)
     out = str(tmp_path / "pid")
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, str(script), out], capture_output=True, text=True, timeout=20,
-                          cwd=Path(__file__).resolve().parent.parent)
-    took = time.monotonic() - started
+    # The stuck thread and both descendants sleep 120 s: an exit that waited for any of them
+    # runs past run()'s 20 s timeout (an event, not a wall-clock margin on how fast it exited).
+    done = subprocess.run(
+        [sys.executable, str(script), out],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     child, grandchild = int(Path(out + ".child").read_text()), int(Path(out + ".grandchild").read_text())
     try:
         assert done.returncode == 0, done.stderr
-        assert took < 15, f"the exit waited for the stuck thread ({took:.1f} s)"
         assert "exit_abandoning_threads" in done.stdout + done.stderr
         assert "model-load" in done.stdout + done.stderr
         deadline = time.monotonic() + 5
