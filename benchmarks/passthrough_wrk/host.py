@@ -10,7 +10,7 @@ import re
 import time
 from pathlib import Path
 
-from benchmarks.cpu_overhead import Proc
+from benchmarks.passthrough_wrk.overhead import Proc
 
 
 def _loadavg() -> list[float]:
@@ -46,7 +46,7 @@ def _switches(proc: Proc) -> int:
                 status = (task / "status").read_text()
             except OSError:
                 continue
-            m = re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M)
+            m = re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.MULTILINE)
             total += int(m.group(1)) if m else 0
     return total
 

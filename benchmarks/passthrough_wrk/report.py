@@ -104,15 +104,15 @@ def render(results: dict[str, Any]) -> str:
     lines = [
         f"# Passthrough with wrk: gateway (pool engine) vs LiteLLM ({results['date'][:10]})",
         "",
-        f"- Machine: {results['machine']['cpus']} CPUs, Python {results['machine']['python']}; shared with other work: "
+        (f"- Machine: {results['machine']['cpus']} CPUs, Python {results['machine']['python']}; shared with other work: "
         f"1-min load average during the runs {s['loadavg_1min']['min']:.2f}-{s['loadavg_1min']['max']:.2f} "
-        f"(median {s['loadavg_1min']['median']:.2f}), so absolute figures are noisy; ratios are medians of per-round pairs.",
-        f"- Workload: one {w['body_bytes']}-byte body, {w['documents']} documents, top_n {w['top_n']}; wrk -t1, "
+        f"(median {s['loadavg_1min']['median']:.2f}), so absolute figures are noisy; ratios are medians of per-round pairs."),
+        (f"- Workload: one {w['body_bytes']}-byte body, {w['documents']} documents, top_n {w['top_n']}; wrk -t1, "
         f"{w['seconds_per_run']:g} s per run, {w['rounds']} rounds, target order rotated each round; "
-        f"N-worker gateway: {w['workers']} workers. LiteLLM {results.get('litellm_version', '(not run)')}, one worker.",
+        f"N-worker gateway: {w['workers']} workers. LiteLLM {results.get('litellm_version', '(not run)')}, one worker."),
         f"- Command: `{results['command']}`",
-        *([f"- During each run the other proxies were stopped (SIGSTOP; the stub always runs). Idle CPU, share "
-           f"of a core, before the rounds: " + ", ".join(f"{k} {v:.3f}" for k, v in results["idle_cpu_share"].items())]
+        *(["- During each run the other proxies were stopped (SIGSTOP; the stub always runs). Idle CPU, share "
+           "of a core, before the rounds: " + ", ".join(f"{k} {v:.3f}" for k, v in results["idle_cpu_share"].items())]
           if results.get("other_targets_paused") else []),
         *([f"- {results['spinners']} busy loops at nice 19 ran during the rounds (idle vCPUs kept awake)."]
           if results.get("spinners") else []),

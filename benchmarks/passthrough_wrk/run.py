@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cpu_overhead import ROOT, Proc, _free_port
 from benchmarks.passthrough_wrk.host import _idle_cpu, _loadavg, _signal_tree, _switches
+from benchmarks.passthrough_wrk.overhead import ROOT, Proc, _free_port
 from benchmarks.passthrough_wrk.pyspy_profile import _profile
 from benchmarks.passthrough_wrk.report import TARGETS, render, summarize
 from benchmarks.passthrough_wrk.wrk import _body, _lua, _wrk

@@ -27,7 +27,7 @@ def parse_wrk(out: str) -> dict[str, Any]:
     res["requests"] = int(m.group(1))
     res["req_s"] = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     for pct in ("50", "90", "99"):
-        lm = re.search(rf"^\s+{pct}(?:\.000)?%\s+(\S+)", out, re.M)
+        lm = re.search(rf"^\s+{pct}(?:\.000)?%\s+(\S+)", out, re.MULTILINE)
         if lm:
             res[f"p{pct}_ms"] = _ms(lm.group(1))
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)

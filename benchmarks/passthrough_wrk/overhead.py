@@ -1,6 +1,7 @@
-"""CPU benchmark: what the gateway adds per request, and its passthrough against LiteLLM's.
+"""Gateway overhead: what the gateway adds per request, and its passthrough against LiteLLM's.
 
-    .venv/bin/python -m benchmarks.cpu_overhead --out docs/benchmarks/cpu-overhead-2026-11-30
+    .venv/bin/python -m benchmarks.passthrough_wrk overhead --out docs/benchmarks/cpu-$(date +%F)
+    .venv/bin/python -m benchmarks.passthrough_wrk overhead --tracing CHECKOUT --out DIR   # tracing off / on / without
 
 Everything runs on this machine over loopback, bounded in requests:
 
@@ -20,7 +21,8 @@ LiteLLM is installed by this script into its own venv (``bench-out/litellm-venv`
 it is not a dependency of the product.
 
 The wrk-driven comparison at 1 and 32 clients, with 1 and N gateway workers, is
-``benchmarks.passthrough_wrk`` (it reuses :class:`Proc` from here).
+``python -m benchmarks.passthrough_wrk`` (it reuses :class:`Proc` from here). Until 2026-12-04 this
+module was ``benchmarks/cpu_overhead.py`` (``python -m benchmarks.cpu_overhead``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / "bench-out" / "litellm-venv"
 LITELLM_SPEC = os.environ.get("LITELLM_SPEC", "litellm[proxy]")
 
@@ -350,7 +352,7 @@ def tracing_cpu(before: Path, rounds: int, n: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.passthrough_wrk overhead", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench-out/cpu-overhead")
     ap.add_argument("--requests", type=int, default=400, help="measured requests per endpoint and level")
     ap.add_argument("--skip-litellm", action="store_true")
@@ -363,7 +365,7 @@ def main() -> int:
     if args.tracing is not None:
         out.mkdir(parents=True, exist_ok=True)
         result = tracing_cpu(args.tracing.resolve(), args.rounds, args.requests)
-        result["command"] = " ".join(["python -m benchmarks.cpu_overhead", *sys.argv[1:]])
+        result["command"] = " ".join(["python -m benchmarks.passthrough_wrk overhead", *sys.argv[1:]])
         (out / "tracing_cpu.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result["median_cpu_ms_per_request"], indent=1))
         return 0
