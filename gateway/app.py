@@ -12,13 +12,14 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import structlog
 from litestar import Litestar
-from litestar.types import Receive, Scope, Send
+from litestar.enums import ScopeType
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
+from litestar.types import HTTPScope, LifeSpanReceive, LifeSpanScope, LifeSpanSend, Receive, Scope, Send
 
 from gateway import __version__
 from gateway.config.settings import load_settings
@@ -73,6 +74,10 @@ def _operation_id(handler: Any, method: Any, path_components: list[Any]) -> str:
     return f"{handler.handler_name}__{path}"
 
 
+def _is_http(scope: Scope | LifeSpanScope) -> TypeGuard[HTTPScope]:
+    return scope["type"] == ScopeType.HTTP  # a str enum: equal to the server's "http"
+
+
 class GatewayApp(Litestar):
     """Litestar with the request context around everything, routing errors included.
 
@@ -85,15 +90,20 @@ class GatewayApp(Litestar):
     # (gateway.launch.servers.SigtermDrain); None under uvicorn, which has its own.
     drain: Any = None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+    async def __call__(
+        self, scope: Scope | LifeSpanScope, receive: Receive | LifeSpanReceive, send: Send | LifeSpanSend
+    ) -> None:
+        if _is_http(scope):
+            # ASGI: an HTTP scope comes with the HTTP receive and send (the lifespan ones never do).
+            receive, send = cast(Receive, receive), cast(Send, send)
             timeout = self.state.settings.server.body_read_timeout_s
             next_app = self.direct.match(scope) or super().__call__
             if tracing.TRACER is None:
                 handled = request_context(scope, receive, send, next_app, body_timeout_s=timeout)
             else:  # the request's server span around everything, its id and log line included
                 handled = tracing.serve_request(
-                    scope, send, lambda traced: request_context(scope, receive, traced, next_app, body_timeout_s=timeout)
+                    cast("dict[str, Any]", scope),  # the scope itself: its state is read after the request
+                    send, lambda traced: request_context(scope, receive, traced, next_app, body_timeout_s=timeout)
                 )
             await (handled if self.drain is None else self.drain.run(handled))
         else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import Any
 
 import anyio.to_thread
@@ -204,7 +204,7 @@ class ModelRegistry:
                 rt.cascade = Cascade(rt.config, [self._by_name[name] for name in references[rt.name]])
         self._tasks: list[asyncio.Task[None]] = []
 
-    def __iter__(self) -> Iterable[ModelRuntime]:
+    def __iter__(self) -> Iterator[ModelRuntime]:
         return iter(self._runtimes)
 
     @property
