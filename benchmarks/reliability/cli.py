@@ -1,5 +1,6 @@
 """The command line of ``python -m benchmarks.reliability``: the sections picked by ``--only``, a
-report written after each, and the ``stub`` sub-command that the upstream section starts.
+report written after each, the ``stub`` sub-command that the upstream section starts, and
+``audit`` (pip-audit of an installed environment, ``audit.py``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["stub"]:
         stub_main(argv[1:])
         return 0
+    if argv[:1] == ["audit"]:  # pip-audit where PyPI serves only the latest-release JSON (audit.py)
+        from benchmarks.reliability.audit import main as audit_main
+
+        return audit_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m benchmarks.reliability", description=_SUITE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--soak-s", type=float, default=120.0)
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{datetime.now(UTC):%H:%M:%S}] {name} ...", flush=True)
             try:
                 report[name] = steps[name]()
-            except Exception as exc:  # a section that cannot run is reported, not fatal
+            except Exception as exc:  # a section that cannot run is reported, not fatal  # noqa: BLE001
                 report[name] = {"skipped": f"{type(exc).__name__}: {exc}"}
             report.setdefault("section_dates", {})[name] = f"{datetime.now(UTC):%H:%M} UTC"
             print(json.dumps(report[name], default=str)[:600], flush=True)

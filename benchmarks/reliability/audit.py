@@ -1,6 +1,6 @@
 """pip-audit over an installed environment, where PyPI serves only each project's latest-release JSON.
 
-    python -m benchmarks.audit_latest --path .venv/lib/python3.11/site-packages --out docs/reliability/DATE
+    python -m benchmarks.reliability audit --path .venv/lib/python3.11/site-packages --out docs/reliability/DATE
 
 pip-audit's PyPI service reads ``/pypi/<name>/<version>/json``, whose ``vulnerabilities`` list
 PyPI fills from its advisory database (the PyPA advisory DB and OSV). Some build machines reach
@@ -68,7 +68,7 @@ class LatestReleaseService(PyPIService):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.audit_latest", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.reliability audit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--path", required=True, help="site-packages folder of the environment to audit")
     parser.add_argument("--out", required=True, help="folder for pip-audit-latest.json")
@@ -89,6 +89,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {dep['name']} {dep['version']}: {vuln['id']} {vuln.get('aliases', [])} fixed in {vuln['fix_versions']}")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
