@@ -108,7 +108,10 @@ class _RedisBackend:
 
     async def get(self, key: str) -> bytes | None:
         value = await self._client.get(_REDIS_PREFIX + key)
-        return bytes(value) if value is not None else None
+        if value is None:
+            return None
+        assert not isinstance(value, str)  # the client is made without decode_responses: it answers bytes
+        return bytes(value)
 
     async def set(self, key: str, value: bytes) -> None:
         await self._client.set(_REDIS_PREFIX + key, value, px=self._ttl_ms)
@@ -129,7 +132,7 @@ class ResponseCache:
     async def get(self, key: str) -> CachedAnswer | None:
         try:
             raw = await self._backend.get(key)
-        except Exception as exc:  # a broken cache must never fail a request
+        except Exception as exc:  # noqa: BLE001  # a broken cache must never fail a request
             self._warn(exc)
             return None
         if raw is None:
@@ -145,13 +148,13 @@ class ResponseCache:
             return
         try:
             await self._backend.set(key, raw)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  # a broken cache must never fail a request
             self._warn(exc)
 
     async def close(self) -> None:
         try:
             await self._backend.close()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  # nor the shutdown
             self._warn(exc)
 
     def _warn(self, exc: Exception) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import repeat
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import anyio.to_thread
 import msgspec
@@ -160,13 +160,17 @@ def top_n_hint(top_n: int | None, documents: int, unique: int) -> int | None:
     return top_n
 
 
+def _all_strings(documents: Sequence[str | dict[str, Any]]) -> TypeGuard[Sequence[str]]:
+    return all(map(isinstance, documents, repeat(str)))
+
+
 def rank_texts(documents: Sequence[str | dict[str, Any]], rank_fields: list[str] | None) -> list[str]:
     """The text each document is ranked on."""
     if rank_fields is not None and not rank_fields:
         raise InvalidRequestError(
             "invalid request: rank_fields cannot be empty, it must either contain at least one field or be omitted"
         )
-    if rank_fields is None and all(map(isinstance, documents, repeat(str))):
+    if rank_fields is None and _all_strings(documents):
         return list(documents)  # plain strings (the usual case): checked at C speed
     texts: list[str] = []
     for i, doc in enumerate(documents):

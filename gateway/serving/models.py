@@ -102,7 +102,7 @@ class ModelRuntime(ModelRuntimeState):
                 await self._start_engine()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # keep trying: the cause (memory, a GPU fault) may pass
+            except Exception as exc:  # noqa: BLE001  # keep trying: the cause (memory, a GPU fault) may pass
                 self.error = f"engine restart failed ({describe_exception(exc)}); retrying in {delay:.0f}s"
                 log.error("engine_restart_failed", model=self.name, error=self.error)
                 await asyncio.sleep(delay)
@@ -157,7 +157,7 @@ class ModelRuntime(ModelRuntimeState):
                 await self._start_engine()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # any failure to load is reported, never fatal to the gateway
+            except Exception as exc:  # noqa: BLE001  # any failure to load is reported, never fatal to the gateway
                 self.state, self.error, self.hint = ModelState.FAILED, describe_exception(exc), self._hint(exc)
                 self.down_since = self.down_since or time.monotonic()
                 self.next_load_at = time.monotonic() + delay
@@ -259,7 +259,7 @@ class ModelRegistry:
                 await asyncio.wait_for(engine.check_health(), timeout=5)
             except EngineDeadError as exc:  # died while idle: restart it now, not at the next request
                 rt.engine_died(engine, exc)
-            except Exception as exc:  # any failed probe means "not ready", with the reason
+            except Exception as exc:  # noqa: BLE001  # any failed probe means "not ready", with the reason
                 if rt.engine is engine and not rt.restarting:  # not a replaced engine's verdict
                     rt.state, rt.error = ModelState.UNHEALTHY, describe_exception(exc)
                     rt.down_since = rt.down_since or time.monotonic()
@@ -320,5 +320,5 @@ def _build_engine(config: EngineConfig) -> RerankEngine:
 async def _quietly(awaitable: Any) -> None:
     try:
         await awaitable
-    except Exception as exc:  # shutdown must go on for the other models
+    except Exception as exc:  # noqa: BLE001  # shutdown must go on for the other models
         log.warning("engine_stop_failed", error=f"{type(exc).__name__}: {exc}")

@@ -316,7 +316,8 @@ class RerankService:
             owners: Sequence[int]
             result = None
             if tokenizer is not None:
-                max_chunks = max_chunks_per_doc or getattr(runtime.config, "max_chunks_per_doc", 1)
+                configured_chunks: int = getattr(runtime.config, "max_chunks_per_doc", 1)
+                max_chunks = max_chunks_per_doc or configured_chunks
                 args = (tokenizer, query, instruction, unique, max_tokens, max_chunks, long_texts, raw_scores)
                 if (getattr(engine, "overlaps_tokenizing", False) and len(unique) >= _OVERLAP_MIN_DOCUMENTS
                         and runtime.in_flight == 1):
