@@ -178,7 +178,7 @@ def _drive(args: argparse.Namespace, url: str, headers: dict[str, str], models: 
 
     bar = None
     if not args.no_progress:
-        from tqdm import tqdm  # type: ignore[import-untyped]
+        from tqdm import tqdm
 
         bar = tqdm(total=len(queries) * len(models), unit="req", desc="eval", file=sys.stderr)
     try:

@@ -108,7 +108,7 @@ async def _one(client: httpx.AsyncClient, url: str, headers: dict[str, str], mod
 
 async def run_models(url: str, headers: dict[str, str], models: Sequence[str], queries: Sequence[Query], *,
                      timeout: float, warmup: int = 1,
-                     progress: Callable[[Answer], None] | None = None) -> dict[str, list[Answer]]:
+                     progress: Callable[[Answer], object] | None = None) -> dict[str, list[Answer]]:
     """Every query to every model, interleaved (see the module doc); ``warmup`` queries are sent
     to each model first, unmeasured (they also find a refusal -- a key not allowed the model, a
     model not served -- before the measured run starts)."""
