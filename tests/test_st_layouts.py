@@ -71,8 +71,13 @@ async def _engine(path: Path, **kw: Any) -> TransformersEngine:
 async def _raw_scores(engine: TransformersEngine, query: str, docs: list[str]) -> list[float]:
     tok = engine.tokenizer
     assert tok is not None
-    job = ScoreJob(query=query, instruction="", shared_ids=tok.encode_shared(query, ""),
-                   item_ids=tok.encode_documents(docs), raw_scores=True)
+    job = ScoreJob(
+        query=query,
+        instruction="",
+        shared_ids=tok.encode_shared(query, ""),
+        item_ids=tok.encode_documents(docs),
+        raw_scores=True,
+    )
     return list((await engine.score(job)).scores)
 
 
@@ -130,8 +135,9 @@ async def test_6x_cross_encoder_scores_equal_predict(tmp_path):
         try:
             tok = engine.tokenizer
             assert tok is not None
-            job = ScoreJob(query=Q, instruction="", shared_ids=tok.encode_shared(Q, ""),
-                           item_ids=tok.encode_documents(DOCS))
+            job = ScoreJob(
+                query=Q, instruction="", shared_ids=tok.encode_shared(Q, ""), item_ids=tok.encode_documents(DOCS)
+            )
             assert list((await engine.score(job)).scores) == pytest.approx(expected, abs=TOL)
         finally:
             await engine.stop()
@@ -152,8 +158,9 @@ async def test_6x_cross_encoder_declared_activation_is_honoured(tmp_path):
         assert engine._family.activation == "sigmoid"  # type: ignore[union-attr]
         tok = engine.tokenizer
         assert tok is not None
-        job = ScoreJob(query=Q, instruction="", shared_ids=tok.encode_shared(Q, ""),
-                       item_ids=tok.encode_documents(DOCS))
+        job = ScoreJob(
+            query=Q, instruction="", shared_ids=tok.encode_shared(Q, ""), item_ids=tok.encode_documents(DOCS)
+        )
         assert list((await engine.score(job)).scores) == pytest.approx(expected, abs=TOL)
     finally:
         await engine.stop()
@@ -289,13 +296,17 @@ async def test_prompts_are_put_as_encode_query_and_encode_document_put_them(save
 async def test_every_chunk_of_a_long_document_carries_the_document_prompt(saved, tmp_path):
     path = _with_prompts(saved["mean"][0], tmp_path / "chunked", prompts={"query": "query: ", "document": "passage: "})
     reference = st.SentenceTransformer(str(path), device="cpu")
-    engine = await _engine(path, max_length=16)
+    # Short enough to chunk the document, long enough for the whole prompted query (the reference
+    # does not truncate it: a cut query would differ on every chunk, whatever the document prompt).
+    max_length = 20
+    assert len(reference.tokenizer("query: " + Q)["input_ids"]) <= max_length
+    engine = await _engine(path, max_length=max_length)
     try:
         tok = engine.tokenizer
         assert tok is not None
         prompt_ids = reference.tokenizer("passage: ", add_special_tokens=False)["input_ids"]
         room = tok.item_room(tok.encode_shared(Q, ""))
-        assert room == 16 - 2 - len(prompt_ids)
+        assert room == max_length - 2 - len(prompt_ids)
         doc_ids = tok.encode_documents([DOCS[5]])[0]
         chunks = [doc_ids[i : i + room] for i in range(0, len(doc_ids), room)]
         assert len(chunks) > 2

@@ -1,7 +1,8 @@
 """Tiny random encoder checkpoints with real trained tokenizers, built offline in seconds.
 
 - BERT: WordPiece tokenizer with BERT's post-processor (``[CLS] a [SEP] b [SEP]``, token types
-  0/1), ``BertForSequenceClassification`` (a cross-encoder like ms-marco-MiniLM) or ``BertModel``
+  0/1) and a fixed vocabulary, the same in every process (the corpus's words whole, its characters
+  alone and as continuations), ``BertForSequenceClassification`` (a cross-encoder like ms-marco-MiniLM) or ``BertModel``
   plus sentence-transformers files (a bi-encoder like all-MiniLM).
 - XLM-R: Unigram tokenizer with RoBERTa's post-processor (``<s> a </s></s> b </s>``, no token
   types), ``XLMRobertaForSequenceClassification`` (a cross-encoder like bge-reranker).
@@ -31,8 +32,13 @@ _CORPUS = [
     "Quantum computing uses qubits. Text rerank models are widely used in search engines.",
     "The quick brown fox jumps over the lazy dog 0123456789 !?.,;:-_()[]{}'\"/\\@#$%^&*+=<>|~`",
 ]
-_ENCODER = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 256,
-            "initializer_range": 0.2}
+_ENCODER = {
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 256,
+    "initializer_range": 0.2,
+}
 CLASSIFIER_SCALE = 0.3
 
 
@@ -50,7 +56,7 @@ def _fixed_wordpiece_vocab(specials: list[str]) -> dict[str, int]:
     return {t: i for i, t in enumerate(dict.fromkeys(tokens))}
 
 
-def _bert_tokenizer(out: Path, *, fixed_vocab: bool = False) -> Any:
+def _bert_tokenizer(out: Path, *, fixed_vocab: bool = True) -> Any:
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -61,7 +67,9 @@ def _bert_tokenizer(out: Path, *, fixed_vocab: bool = False) -> Any:
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     if not fixed_vocab:
-        tok.train_from_iterator(_CORPUS * 20, trainer=trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
+        tok.train_from_iterator(
+            _CORPUS * 20, trainer=trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials)
+        )
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
@@ -94,7 +102,9 @@ def _xlmr_tokenizer(out: Path) -> Any:
     tok.train_from_iterator(
         _CORPUS * 20, trainer=trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
     )
-    tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")))
+    tok.post_processor = processors.RobertaProcessing(
+        ("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>"))
+    )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>",
@@ -119,20 +129,39 @@ def _modernbert_tokenizer(out: Path) -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     # A small vocabulary: words split into several pieces, so the test pairs outgrow the local window.
-    tok.train_from_iterator(_CORPUS * 20, trainer=trainers.BpeTrainer(
-        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        _CORPUS * 20,
+        trainer=trainers.BpeTrainer(
+            vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=512,
-                                   model_input_names=["input_ids", "attention_mask"])  # ModernBERT takes no token types
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=512,
+        model_input_names=["input_ids", "attention_mask"],
+    )  # ModernBERT takes no token types
     fast.save_pretrained(out)
     return fast
 
 
-def build_tiny_modernbert(out_dir: str | Path, *, pooling: str = "cls", id2label: dict[int, str] | None = None,
-                          seed: int = 0, local_attention: int = 16, layers: int = 4) -> Path:
+def build_tiny_modernbert(
+    out_dir: str | Path,
+    *,
+    pooling: str = "cls",
+    id2label: dict[int, str] | None = None,
+    seed: int = 0,
+    local_attention: int = 16,
+    layers: int = 4,
+) -> Path:
     """A ``ModernBertForSequenceClassification`` cross-encoder in ``out_dir``: global attention in
     layers 0 and 3, local (±``local_attention // 2``) in the others; distinct RoPE thetas. One
     label unless ``id2label`` (named: transformers 5 leaves a default two-label map out of config.json)."""
@@ -144,12 +173,26 @@ def build_tiny_modernbert(out_dir: str | Path, *, pooling: str = "cls", id2label
     fast = _modernbert_tokenizer(out)
     torch.manual_seed(seed)
     cfg = ModernBertConfig(
-        vocab_size=len(fast), hidden_size=128, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=192,
-        max_position_embeddings=512, local_attention=local_attention, global_attn_every_n_layers=3,
-        global_rope_theta=160000.0, local_rope_theta=10000.0, classifier_pooling=pooling,
+        vocab_size=len(fast),
+        hidden_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=192,
+        max_position_embeddings=512,
+        local_attention=local_attention,
+        global_attn_every_n_layers=3,
+        global_rope_theta=160000.0,
+        local_rope_theta=10000.0,
+        classifier_pooling=pooling,
         **({"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}} if id2label else {"num_labels": 1}),
-        pad_token_id=fast.pad_token_id, bos_token_id=fast.cls_token_id, eos_token_id=fast.sep_token_id,
-        cls_token_id=fast.cls_token_id, sep_token_id=fast.sep_token_id, initializer_range=0.2, norm_bias=seed % 2 == 1)
+        pad_token_id=fast.pad_token_id,
+        bos_token_id=fast.cls_token_id,
+        eos_token_id=fast.sep_token_id,
+        cls_token_id=fast.cls_token_id,
+        sep_token_id=fast.sep_token_id,
+        initializer_range=0.2,
+        norm_bias=seed % 2 == 1,
+    )
     model = ModernBertForSequenceClassification(cfg)
     with torch.no_grad():  # see build_tiny_cross_encoder: logits within a few units
         for p in model.classifier.parameters():
@@ -166,14 +209,20 @@ def build_tiny_cross_encoder(
     id2label: dict[int, str] | None = None,
     seed: int = 0,
     config_extra: dict[str, Any] | None = None,
-    fixed_vocab: bool = False,
+    fixed_vocab: bool = True,
 ) -> Path:
     """A ``BertForSequenceClassification`` (kind "bert"), ELECTRA ("electra") or XLM-R one ("xlmr") in ``out_dir``.
 
-    ``fixed_vocab`` (bert): a vocabulary that is the same in every process (``_fixed_wordpiece_vocab``),
-    for tests whose verdict must not depend on the process that built the checkpoint."""
+    ``fixed_vocab`` (bert, electra; the default): a vocabulary that is the same in every process
+    (``_fixed_wordpiece_vocab``), so every test sees the same checkpoint in every process; ``False``
+    trains WordPiece on the corpus instead, whose vocabulary differs per process (hash-order ties)."""
     import torch
-    from transformers import BertConfig, BertForSequenceClassification, XLMRobertaConfig, XLMRobertaForSequenceClassification
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        XLMRobertaConfig,
+        XLMRobertaForSequenceClassification,
+    )
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -183,21 +232,41 @@ def build_tiny_cross_encoder(
     torch.manual_seed(seed)
     if kind == "bert":
         fast = _bert_tokenizer(out, fixed_vocab=fixed_vocab)
-        cfg = BertConfig(vocab_size=len(fast), max_position_embeddings=512, type_vocab_size=2,
-                         pad_token_id=fast.pad_token_id, **_ENCODER, **labels)
+        cfg = BertConfig(
+            vocab_size=len(fast),
+            max_position_embeddings=512,
+            type_vocab_size=2,
+            pad_token_id=fast.pad_token_id,
+            **_ENCODER,
+            **labels,
+        )
         model: Any = BertForSequenceClassification(cfg)
     elif kind == "electra":  # ms-marco-electra's layout: embeddings narrower than the layers (a projection)
         from transformers import ElectraConfig, ElectraForSequenceClassification
 
-        fast = _bert_tokenizer(out)
-        cfg = ElectraConfig(vocab_size=len(fast), embedding_size=64, max_position_embeddings=512, type_vocab_size=2,
-                            pad_token_id=fast.pad_token_id, **_ENCODER, **labels)
+        fast = _bert_tokenizer(out, fixed_vocab=fixed_vocab)
+        cfg = ElectraConfig(
+            vocab_size=len(fast),
+            embedding_size=64,
+            max_position_embeddings=512,
+            type_vocab_size=2,
+            pad_token_id=fast.pad_token_id,
+            **_ENCODER,
+            **labels,
+        )
         model = ElectraForSequenceClassification(cfg)
     elif kind == "xlmr":
         fast = _xlmr_tokenizer(out)
-        cfg = XLMRobertaConfig(vocab_size=len(fast), max_position_embeddings=514, type_vocab_size=1,
-                               pad_token_id=fast.pad_token_id, bos_token_id=fast.bos_token_id,
-                               eos_token_id=fast.eos_token_id, **_ENCODER, **labels)
+        cfg = XLMRobertaConfig(
+            vocab_size=len(fast),
+            max_position_embeddings=514,
+            type_vocab_size=1,
+            pad_token_id=fast.pad_token_id,
+            bos_token_id=fast.bos_token_id,
+            eos_token_id=fast.eos_token_id,
+            **_ENCODER,
+            **labels,
+        )
         model = XLMRobertaForSequenceClassification(cfg)
     else:
         raise ValueError(f"unknown kind {kind!r}")
@@ -220,7 +289,9 @@ def set_known_logit(model_dir: str | Path, logit: float) -> None:
 
     path = Path(model_dir) / "model.safetensors"
     tensors = load_file(path)
-    out_weight = [k for k in tensors if k.startswith("classifier.") and k.endswith(("out_proj.weight", "classifier.weight"))]
+    out_weight = [
+        k for k in tensors if k.startswith("classifier.") and k.endswith(("out_proj.weight", "classifier.weight"))
+    ]
     out_bias = [k for k in tensors if k.startswith("classifier.") and k.endswith(("out_proj.bias", "classifier.bias"))]
     assert len(out_weight) == 1 and len(out_bias) == 1, sorted(tensors)
     tensors[out_weight[0]] = torch.zeros_like(tensors[out_weight[0]])
@@ -237,8 +308,9 @@ def build_tiny_bi_encoder(out_dir: str | Path, *, pooling: str = "mean", seed: i
     out.mkdir(parents=True, exist_ok=True)
     fast = _bert_tokenizer(out)
     torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=len(fast), max_position_embeddings=512, type_vocab_size=2,
-                     pad_token_id=fast.pad_token_id, **_ENCODER)
+    cfg = BertConfig(
+        vocab_size=len(fast), max_position_embeddings=512, type_vocab_size=2, pad_token_id=fast.pad_token_id, **_ENCODER
+    )
     BertModel(cfg).save_pretrained(out)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -249,15 +321,19 @@ def build_tiny_bi_encoder(out_dir: str | Path, *, pooling: str = "mean", seed: i
     (out / "modules.json").write_text(json.dumps(modules, indent=2))
     (out / "1_Pooling").mkdir(exist_ok=True)
     # The older sentence-transformers layout: one boolean per mode.
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": 128,
-        "pooling_mode_cls_token": pooling == "cls",
-        "pooling_mode_mean_tokens": pooling == "mean",
-        "pooling_mode_max_tokens": pooling == "max",
-        "pooling_mode_mean_sqrt_len_tokens": pooling == "mean_sqrt_len_tokens",
-        "pooling_mode_weightedmean_tokens": pooling == "weightedmean",
-        "pooling_mode_lasttoken": pooling == "lasttoken",
-    }))
+    (out / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": 128,
+                "pooling_mode_cls_token": pooling == "cls",
+                "pooling_mode_mean_tokens": pooling == "mean",
+                "pooling_mode_max_tokens": pooling == "max",
+                "pooling_mode_mean_sqrt_len_tokens": pooling == "mean_sqrt_len_tokens",
+                "pooling_mode_weightedmean_tokens": pooling == "weightedmean",
+                "pooling_mode_lasttoken": pooling == "lasttoken",
+            }
+        )
+    )
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
     return out
 
