@@ -5,7 +5,7 @@ One real gateway process (uvicorn, a ``static`` model, an API key, small limits)
 - schemathesis over every operation of the app's own OpenAPI, all checks (server errors,
   status codes and headers as documented, response-schema conformance, schema-valid requests
   accepted and schema-violating ones rejected, auth enforced), a bounded number of examples;
-- every request of :func:`benchmarks.hostile.hostile_cases` over raw sockets.
+- every request of :func:`benchmarks.reliability.hostile.hostile_cases` over raw sockets.
 
 Then the server must still be healthy, have counted no 5xx, and have logged no traceback.
 The long run (soak, faults) is ``python -m benchmarks.reliability``.
@@ -22,8 +22,8 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from benchmarks.fuzz_memory import unequal_score_pairs
-from benchmarks.hostile import Case, hostile_cases, send_raw
+from benchmarks.reliability.fuzz_memory import unequal_score_pairs
+from benchmarks.reliability.hostile import Case, hostile_cases, send_raw
 from gateway.app import create_app
 from gateway.security.auth import hash_key
 from schemas.config import ApiKeyConfig, AuthConfig, LimitsConfig, ServerConfig, Settings, StaticEngineConfig

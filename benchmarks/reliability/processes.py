@@ -71,7 +71,7 @@ class Gateway(Proc):
         path = workdir / f"{name}.toml"
         path.write_text(config)
         # traced: the same gateway under tracemalloc, a snapshot into this folder per SIGUSR2.
-        entry = ["benchmarks.fuzz_memory", "traced-serve", str(traced)] if traced else ["gateway"]
+        entry = ["benchmarks.reliability.fuzz_memory", "traced-serve", str(traced)] if traced else ["gateway"]
         super().__init__(
             [sys.executable, "-m", *entry, "serve", "--config", str(path), "--port", str(self.port)],
             workdir / f"{name}.log",

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import psutil
 
-from benchmarks.hostile import hostile_cases, send_raw
+from benchmarks.reliability.hostile import hostile_cases, send_raw
 from benchmarks.reliability.load import Load, _load
 from benchmarks.reliability.processes import KEY, Gateway, Proc, _auth_toml, _free_port, _redis, _wait_http
 
@@ -161,13 +161,13 @@ def redis_faults(workdir: Path, clients: int) -> dict[str, Any]:
                 async def faults() -> None:
                     nonlocal redis
                     await asyncio.sleep(3)
-                    marks["kill"] = time.monotonic() - load.start
+                    marks["kill"] = time.monotonic() - load.start  # noqa: B023
                     redis.stop(signal.SIGKILL)
                     await asyncio.sleep(5)
-                    redis = await asyncio.to_thread(_redis, port, workdir)
-                    marks["restart"] = time.monotonic() - load.start
+                    redis = await asyncio.to_thread(_redis, port, workdir)  # noqa: B023
+                    marks["restart"] = time.monotonic() - load.start  # noqa: B023
 
-                await asyncio.gather(_load(gw.url, clients, 15, load, model="static"), faults())
+                await asyncio.gather(_load(gw.url, clients, 15, load, model="static"), faults())  # noqa: B023
 
             asyncio.run(run())
             down = load.summary(marks["kill"], marks["restart"])
@@ -321,7 +321,7 @@ def _events(log: Path, names: tuple[str, ...]) -> list[dict[str, Any]]:
 
 
 def fuzz(workdir: Path, per_operation: int) -> dict[str, Any]:
-    from benchmarks.fuzz_memory import fuzz_memory
+    from benchmarks.reliability.fuzz_memory import fuzz_memory
 
     redis = None
     if shutil.which("redis-server"):

@@ -6,7 +6,7 @@ gateway process (``static`` engine, an API key with per-key limits in Redis when
 list of requests twice: schemathesis' positive and negative cases for every operation of the
 app's own OpenAPI (derandomized, so the list is the same on every run), each checked with every
 schemathesis check (``positive_data_acceptance`` included), and every request of
-:mod:`benchmarks.hostile`.
+:mod:`benchmarks.reliability.hostile`.
 
 The gateway's RSS is read after the warm-up and after each pass. A second pass that adds memory
 is growth without bound (each pass would add as much); a first pass that adds memory and a
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import json
 import os
 import pickle
@@ -37,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.hostile import hostile_cases, send_raw
+from benchmarks.reliability.hostile import hostile_cases, send_raw
 
 __all__ = ("SECOND_PASS_BOUND", "build_cases", "fuzz_memory", "unequal_score_pairs")
 
@@ -126,7 +127,7 @@ def fuzz_pass(url: str, port: int, cases: list[Any]) -> dict[str, Any]:
         try:
             resp = case.call_and_validate(base_url=url, session=session, headers={"Authorization": f"Bearer {KEY}"})
             statuses[str(resp.status_code)] += 1
-        except (Exception, FailureGroup) as exc:  # a group of failed checks (a BaseExceptionGroup)
+        except (Exception, FailureGroup) as exc:  # a group of failed checks (a BaseExceptionGroup)  # noqa: BLE001
             for failure in getattr(exc, "exceptions", [exc]):
                 name = type(failure).__name__
                 failures[name] += 1
@@ -177,7 +178,7 @@ def _heap_report(paths: dict[str, Path], top: int = 12) -> dict[str, Any]:
         "traced_mb": {name: round(sum(t.size for t in s.traces) / 2**20, 2) for name, s in snaps.items()}
     }
     names = list(snaps)
-    for before, after in zip(names, names[1:], strict=False):
+    for before, after in itertools.pairwise(names):
         stats = snaps[after].compare_to(snaps[before], "lineno")
         out[f"{before}->{after}"] = [
             {"where": f"{s.traceback[0].filename.split('site-packages/')[-1]}:{s.traceback[0].lineno}",
