@@ -31,7 +31,7 @@ from schemas.config import LocalModelConfig
 if TYPE_CHECKING:
     import torch
 
-__all__ = ("Family", "Row", "WEIGHTS_LOCK")
+__all__ = ("WEIGHTS_LOCK", "Family", "Row")
 
 # Held while a model's weights load (``Family.load_torch``, the packed runtime's backbone):
 # transformers' from_pretrained is not thread-safe for checkpoints with tied embeddings

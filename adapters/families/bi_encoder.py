@@ -131,7 +131,8 @@ class BiEncoderFamily(EncoderFamily):
 def lowercase_first(rust: Any) -> None:
     """sentence_bert_config.json's ``do_lower_case``, as sentence-transformers applies it: a
     Lowercase normalizer put first in the Rust tokenizer (unless one is there already)."""
-    from tokenizers.normalizers import Lowercase, Sequence as NormalizerSequence
+    from tokenizers.normalizers import Lowercase
+    from tokenizers.normalizers import Sequence as NormalizerSequence
 
     current = rust.normalizer
     if isinstance(current, Lowercase) or (

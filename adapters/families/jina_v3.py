@@ -62,7 +62,7 @@ class JinaV3Family(Family):
             )
         model = AutoModel.from_pretrained(cfg.path, revision=cfg.revision, dtype=dtype, trust_remote_code=True)
         if not callable(getattr(model, "rerank", None)):
-            raise ValueError(
+            raise ValueError(  # noqa: TRY004  # a wrong checkpoint for the family: a config error, as above
                 f"'{cfg.path}' loaded as {type(model).__name__}, which has no rerank(query, documents) "
                 "method: not a Jina reranker v3 checkpoint (set family to match the model)"
             )
@@ -128,7 +128,7 @@ def _token_counter(model: Any, path: str, revision: str | None) -> Any:
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(path, revision=revision)
-        except Exception:  # no tokenizer files: fall back to words, documented in docs/engines.md
+        except Exception:  # noqa: BLE001  # no tokenizer files: fall back to words, documented in docs/engines.md
             return None
 
     def count(text: str) -> int:

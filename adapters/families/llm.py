@@ -138,7 +138,7 @@ class LlmPromptTokenizer:
             # to U+FFFD, which is no part of the query: drop such a partial character.
             while text.endswith("\ufffd") and not (before + query).startswith(text):
                 text = text[:-1]
-            query = text[len(before):] if text.startswith(before) else text
+            query = text.removeprefix(before)
         shared = self._head(instruction) + self._encode(before + query + self._query_after) + self._middle
         return shared + self._tail(instruction) if self._tail_in_shared else shared
 

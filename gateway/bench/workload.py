@@ -31,7 +31,7 @@ __all__ = (
     "load_token_counter",
 )
 
-_WORDS = (
+_WORDS = (  # noqa: SIM905  # a few hundred words read better as one string than as a list literal
     "the of and to in is was for on that with as by at from his an were are which this be or has had "
     "not but first one their its new after who they have her she two been other when there all during "
     "into school time may years more most only over city some world would where later up such used "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import math
 import threading
 import time
@@ -49,7 +50,7 @@ def bucket_batches(lengths: Sequence[int], *, batch_tokens: int, max_batch_size:
     count = min(n, math.ceil(count / parts) * parts)
     while True:
         bounds = [round(k * n / count) for k in range(count + 1)]
-        batches = [order[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+        batches = [order[a:b] for a, b in itertools.pairwise(bounds) if b > a]
         if count >= n or all(len(b) * lengths[b[-1]] <= batch_tokens for b in batches):
             return batches
         count += 1

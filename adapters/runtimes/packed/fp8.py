@@ -312,8 +312,8 @@ def pick_regions(cands: dict[str, dict[str, Any]], inputs: dict[str, torch.Tenso
                 continue
             if timer is not None:
                 h, delta, w = inputs["h"].clone(), inputs["delta"], inputs["w"]
-                call = ((lambda fn=fn: fn[1](h, delta, w, eps)) if region == "norm" else
-                        (lambda fn=fn: fn(inputs["gate_up"] if region == "silu_mul" else inputs["o"])))
+                call = ((lambda fn=fn, h=h, delta=delta, w=w: fn[1](h, delta, w, eps)) if region == "norm" else
+                        (lambda fn=fn, r=region: fn(inputs["gate_up"] if r == "silu_mul" else inputs["o"])))
                 rows[name]["ms"] = timer(call)
         ok = [n for n, r in rows.items() if "rel_err" in r and r["rel_err"] <= REGION_TOL]
         preferred = [n for n in ok if n.startswith(choice)] if choice != "auto" else []

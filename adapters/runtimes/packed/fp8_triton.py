@@ -25,8 +25,8 @@ __all__ = ("build",)
 _E4M3 = torch.float8_e4m3fn
 
 
-def _norm_q(X, R, W, H, Q, S, stride_x, stride_r, stride_h, stride_q, N, eps,  # noqa: N803  # Triton's pointer style
-            HAS_RES: tl.constexpr, BLOCK: tl.constexpr):  # noqa: N803
+def _norm_q(X, R, W, H, Q, S, stride_x, stride_r, stride_h, stride_q, N, eps,  # Triton's pointer style
+            HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     """[h = x + r (stored, model dtype);] y = w * rms(h) in the model dtype; q, s = per-row e4m3 of y."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -46,7 +46,7 @@ def _norm_q(X, R, W, H, Q, S, stride_x, stride_r, stride_h, stride_q, N, eps,  #
     tl.store(S + row, scale)
 
 
-def _silu_mul_q(X, Q, S, stride_x, stride_q, N, BLOCK: tl.constexpr):  # noqa: N803
+def _silu_mul_q(X, Q, S, stride_x, stride_q, N, BLOCK: tl.constexpr):
     """y = silu(gate) * up of a [gate | up] row, each op rounded to the model dtype; q, s = per-row e4m3 of y."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -62,7 +62,7 @@ def _silu_mul_q(X, Q, S, stride_x, stride_q, N, BLOCK: tl.constexpr):  # noqa: N
     tl.store(S + row, scale)
 
 
-def _quant(X, Q, S, stride_x, stride_q, N, BLOCK: tl.constexpr):  # noqa: N803
+def _quant(X, Q, S, stride_x, stride_q, N, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N

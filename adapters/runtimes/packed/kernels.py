@@ -29,12 +29,12 @@ import torch.nn.functional as F
 
 __all__ = (
     "PER_SEQUENCE",
-    "needs_lengths",
     "Attention",
     "add_rms",
     "band_error",
     "bottom_right_error",
     "median_ms",
+    "needs_lengths",
     "pick_attention",
     "qkv_rope",
     "rms",
