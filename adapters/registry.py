@@ -16,11 +16,11 @@ from typing import Final
 from adapters.base import RerankEngine
 from schemas.config import (
     BedrockEngineConfig,
-    ComposedModelConfig,
     CohereEngineConfig,
+    ComposedModelConfig,
     DashScopeEngineConfig,
-    GgufEngineConfig,
     EngineConfig,
+    GgufEngineConfig,
     JinaEngineConfig,
     MixedbreadEngineConfig,
     NvidiaEngineConfig,

@@ -54,6 +54,7 @@ from adapters.base import (
     ScoreJob,
     ScoreResult,
 )
+from adapters.outliers import OutlierPolicy, Outliers
 from adapters.upstreams.http import (
     RetryableUpstreamError,
     answer_limit,
@@ -65,7 +66,6 @@ from adapters.upstreams.http import (
 )
 from adapters.upstreams.protocols import UpstreamAnswer, UpstreamCall, make_protocol
 from adapters.upstreams.refusals import refusal_error
-from adapters.outliers import OutlierPolicy, Outliers
 from adapters.upstreams.replicas import Replica, cooldown_for, rendezvous_order
 from schemas.config import PoolEngineConfig
 
