@@ -58,3 +58,76 @@ def test_cpu_encoders_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
     for name in CPU_CONTESTANTS:
         assert name in text, name
     assert "gateway transformers (fp32)" in (out / "cpu_encoders.md").read_text()
+
+
+def _run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def _litellm_venv() -> Path | None:
+    """LiteLLM proxy's own venv, where one exists on this machine (it is not a dependency)."""
+    for venv in (ROOT / "bench-out" / "litellm-venv", Path("/tmp/litellm-venv")):
+        if (venv / "bin" / "litellm").exists():
+            return venv
+    return None
+
+
+def test_passthrough_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
+    """The routing report's mode (python client, a chain beside the plain gateway); LiteLLM when
+    its venv is here. wrk is not installed on the CI box, so --client python."""
+    venv = _litellm_venv()
+    targets = ["gateway-1w", "gateway-chain-1w", *(["litellm"] if venv else [])]
+    out = tmp_path / "pt"
+    _run(["benchmarks.passthrough_wrk", "--client", "python", "--chain", "--targets", ",".join(targets),
+          "--clients", "1", "--rounds", "1", "--seconds", "0.5", "--profile-seconds", "0",
+          "--litellm-venv", str(venv or tmp_path / "no-litellm"), "--out", str(out)])
+    report = json.loads((out / "passthrough_wrk.json").read_text())
+    assert report["client"] == "python"
+    ran = {run["target"] for run in report["runs"]} if isinstance(report["runs"], list) else set(report["runs"])
+    assert {"stub", *targets} <= ran, ran
+    assert report["chain_inprocess"]["chain_us_per_request"] > 0
+    md = (out / "passthrough_wrk.md").read_text()
+    for name in targets:
+        assert f"| {name} | 1 |" in md, name
+
+
+def test_gateway_overhead_runs_at_a_tiny_size(tmp_path: Path) -> None:
+    """In-process and over HTTP (LiteLLM's part skipped), then the tracing report's mode with this
+    checkout standing in for the build without tracing."""
+    out = tmp_path / "ov"
+    _run(["benchmarks.passthrough_wrk", "overhead", "--skip-litellm", "--requests", "10", "--out", str(out)])
+    report = json.loads((out / "cpu_overhead.json").read_text())
+    assert report["in_process"]["added_p50_ms"] is not None
+    assert (out / "overhead" / "report.md").exists()
+    _run(["benchmarks.passthrough_wrk", "overhead", "--tracing", str(ROOT), "--rounds", "1", "--requests", "10",
+          "--out", str(out)])
+    tracing = json.loads((out / "tracing_cpu.json").read_text())
+    assert set(tracing["median_cpu_ms_per_request"]) == {
+        "without (build before tracing)", "tracing off", "tracing on (OTLP to loopback)"}
+    assert tracing["command"].startswith("python -m benchmarks.passthrough_wrk overhead --tracing")
+
+
+def test_reliability_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
+    """The fuzz section end to end (its traced gateway child, both passes, the report)."""
+    _run(["benchmarks.reliability", "--only", "fuzz", "--fuzz-examples", "1", "--out", str(tmp_path)])
+    (day,) = tmp_path.iterdir()
+    report = json.loads((day / "reliability.json").read_text())
+    assert "skipped" not in report["fuzz"], report["fuzz"]
+    assert "fuzz" in (day / "reliability.md").read_text()
+
+
+def test_gpu_suite_runs_its_plan_and_report_on_cpu(tmp_path: Path) -> None:
+    """No GPU here: the tiny Qwen3 on CPU through the suite's checkpoint, matmul rate, parity
+    phase and report (the engine runs themselves need CUDA); the subcommands parse."""
+    out = tmp_path / "gpu"
+    _run(["benchmarks.gpu_suite", "--small", "--phases", "parity", "--out", str(out), "--work", str(tmp_path / "w")])
+    results = json.loads((out / "gpu_results.json").read_text())
+    assert results["parity"], results.get("errors")
+    assert not results["errors"], results["errors"]
+    assert "Parity" in (out / "gpu_report.md").read_text()
+    for sub in ("encoders", "qwen3", "engine"):
+        assert f"benchmarks.gpu_suite {sub}" in _run(["benchmarks.gpu_suite", sub, "--help"]).stdout
