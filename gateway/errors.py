@@ -8,6 +8,8 @@ the log line does.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 import structlog
@@ -55,7 +57,9 @@ log = structlog.get_logger("gateway.errors")
 class GatewayError(Exception):
     """Base of the gateway's own errors; the message is safe to show to the client."""
 
-    headers: dict[str, str] | None = None
+    # Read-only at class level (a subclass's shared headers must not be changed through one
+    # instance); an instance sets its own mapping.
+    headers: Mapping[str, str] | None = None
 
 
 class MalformedRequestError(GatewayError):
@@ -94,7 +98,7 @@ class ModelUnavailableError(GatewayError):
 class AuthError(GatewayError):
     """No API key, or an unknown or expired one (401). The message never quotes the key."""
 
-    headers = {"WWW-Authenticate": 'Bearer realm="rerank-gateway"'}
+    headers: Mapping[str, str] | None = MappingProxyType({"WWW-Authenticate": 'Bearer realm="rerank-gateway"'})
 
 
 class ForbiddenModelError(GatewayError):
@@ -129,20 +133,20 @@ class RateLimitedError(GatewayError):
 class RateLimitStoreError(GatewayError):
     """The shared rate-limit store (Redis) is unreachable and limits.redis_failure is "closed" (503)."""
 
-    headers = {"Retry-After": "5"}
+    headers: Mapping[str, str] | None = MappingProxyType({"Retry-After": "5"})
 
 
 class BodyTimeoutError(GatewayError):
     """The body did not arrive within server.body_read_timeout_s (408); the connection is closed."""
 
-    headers = {"Connection": "close"}
+    headers: Mapping[str, str] | None = MappingProxyType({"Connection": "close"})
 
 
 class ShuttingDownError(GatewayError):
     """The server's shutdown cancelled the request after server.shutdown_timeout_s (503); the
     client is still there and is told to retry (the SDKs retry 503), elsewhere or later."""
 
-    headers = {"Retry-After": "5", "Connection": "close"}
+    headers: Mapping[str, str] | None = MappingProxyType({"Retry-After": "5", "Connection": "close"})
 
 
 # Most specific class first is not required: lookup walks the exception's MRO.

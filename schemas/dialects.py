@@ -76,11 +76,14 @@ class TeiRank(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     text: str | None = None
 
 
+TeiErrorType = Literal["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
+
+
 class TeiError(msgspec.Struct, kw_only=True, frozen=True):
     """TEI's error body. ``error_type`` is one of TEI's ``ErrorType`` names."""
 
     error: str
-    error_type: Literal["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
+    error_type: TeiErrorType
 
 
 class TeiClassifierModel(msgspec.Struct, kw_only=True, frozen=True):

@@ -22,6 +22,7 @@ import msgspec
 import structlog
 from litestar import Litestar
 from litestar.datastructures import MutableScopeHeaders
+from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config.settings import ConfigError
@@ -193,7 +194,7 @@ class AccessMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _is_open(scope["path"]):
+        if scope["type"] != ScopeType.HTTP or _is_open(scope["path"]):  # a str enum: equal to "http"
             await self.app(scope, receive, send)
             return
         control: AccessControl = Litestar.from_scope(scope).state.access

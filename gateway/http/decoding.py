@@ -28,8 +28,8 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Generator
-from typing import Any, Final, TypeVar
+from collections.abc import Generator, Hashable
+from typing import Any, Final, TypeVar, cast
 
 import msgspec
 from litestar.dto import AbstractDTO, DTOFieldDefinition
@@ -150,8 +150,14 @@ def _convert(value: Any, type_: type[T]) -> T:
 
 
 @functools.cache
-def _type_info(type_: Any) -> msgspec.inspect.Type:
+def _cached_type_info(type_: Hashable) -> msgspec.inspect.Type:
+    # Cached per request type: the slow path and the DTO's builtins decode ask for the same few types.
     return msgspec.inspect.type_info(type_)
+
+
+def _type_info(type_: type[Any]) -> msgspec.inspect.Type:
+    # A class is hashable; mypy does not see ``type[T]`` as ``Hashable`` without the cast.
+    return _cached_type_info(cast("Hashable", type_))
 
 
 def _integral(value: Any, info: msgspec.inspect.Type) -> Any:

@@ -128,11 +128,14 @@ class _Route:
         )
         inner: ASGIApp = self._inner_guard
         for middleware in handler.resolve_middleware():  # as build_route_middleware_stack does
-            if hasattr(middleware, "__iter__"):
-                factory, kwargs = middleware  # type: ignore[misc]
+            # Litestar's middleware union (a factory, a (factory, kwargs) pair, a DefineMiddleware)
+            # is told apart by shape there too, which no static type expresses.
+            layer: Any = middleware
+            if hasattr(layer, "__iter__"):
+                factory, kwargs = layer
                 inner = factory(app=inner, **kwargs)
             else:
-                inner = middleware(app=inner)  # type: ignore[call-arg, operator]
+                inner = layer(app=inner)
         self.stack = inner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 import structlog
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, HTTPResponseStartEvent, Message, Receive, ReceiveMessage, Scope, Send
 
 from gateway.errors import BodyTimeoutError, ShuttingDownError, classify
 from schemas.rerank import ErrorBody
@@ -82,7 +82,7 @@ _SHUTTING_DOWN = classify(ShuttingDownError(_SHUTDOWN_MESSAGE))
 async def _answer_shutdown(send: Send, rid: str) -> None:
     message = _SHUTDOWN_MESSAGE
     body = msgspec.json.encode(ErrorBody(message=message, id=rid, detail=message))
-    headers = [(name.lower().encode(), value.encode()) for name, value in ShuttingDownError.headers.items()]
+    headers = [(name.lower().encode(), value.encode()) for name, value in (ShuttingDownError.headers or {}).items()]
     headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     # The connection may be gone already (uvicorn's ClientDisconnected is an OSError): nobody to tell.
     with contextlib.suppress(OSError, RuntimeError):
@@ -107,7 +107,7 @@ def _new_id() -> str:
     return raw.hex()
 
 
-def _with_headers(message: Message, added: list[tuple[bytes, bytes]]) -> None:
+def _with_headers(message: HTTPResponseStartEvent, added: list[tuple[bytes, bytes]]) -> None:
     """Set response headers (replacing any of the same name) on an ``http.response.start``.
 
     Names are lower-case bytes. The same result as Litestar's ``MutableScopeHeaders``
@@ -141,7 +141,7 @@ async def request_context(
     # reads are not worth one.
     watch = _DisconnectWatch(receive, state) if scope.get("method") == "POST" else None
 
-    async def receive_wrapper() -> Message:
+    async def receive_wrapper() -> ReceiveMessage:
         nonlocal body_done
         if body_done or body_deadline is None:
             message = await receive()

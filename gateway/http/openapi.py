@@ -95,7 +95,7 @@ def _request_schemas(settings: Settings, components: dict[str, Any]) -> None:
 def finalize_openapi(app: Litestar, settings: Settings) -> None:
     """Edit the app's generated OpenAPI document in place (served as built here)."""
     # Litestar's OpenAPI plugin builds the document once and serves that same dict.
-    document = app.plugins.get("OpenAPIPlugin").provide_openapi_schema()
+    document: dict[str, Any] = app.plugins.get("OpenAPIPlugin").provide_openapi_schema()
     _, wire = msgspec.json.schema_components(
         [RerankRequest, RerankResponse, ErrorBody, ModelList], ref_template=_REF
     )

@@ -9,7 +9,7 @@ catch the common ``base_url=".../v1"`` misconfiguration of the cohere SDK.
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from litestar import Request, Response, get, post
@@ -23,8 +23,8 @@ from gateway.http.dialects import DIALECT_ROUTES, DetectedRequest, RerankDialect
 from gateway.http.middleware import log_fields, request_id
 from gateway.serving.models import ModelRegistry
 from gateway.serving.service import RerankOutcome, RerankService
-from schemas.dialects import TeiRank
 from schemas.config import Settings
+from schemas.dialects import TeiRank
 from schemas.rerank import ModelCard, ModelList, RerankRequest, RerankResponse
 
 __all__ = ("ROUTES",)
@@ -70,15 +70,16 @@ async def _rerank(request: Request[Any, Any, Any], data: RerankRequest, version:
 async def rerank_v1(
     request: Request[Any, Any, Any], data: JSONBody[DetectedRequest]
 ) -> Response[RerankResponse | list[TeiRank]]:
+    # Response is invariant in its body type: each branch's answer is one of this route's two bodies.
     if data.dialect == "tei":
-        return await tei_rerank(request, data.body)
+        return cast("Response[RerankResponse | list[TeiRank]]", await tei_rerank(request, data.body))
     body: RerankRequest = data.body
     if body.return_documents is None:
         # Jina's default (true) for the model names its clients send, Cohere's (false) for the rest.
         settings: Settings = request.app.state.settings
         if any(fnmatchcase(body.model or "", pattern) for pattern in settings.dialects.jina_models):
             body = msgspec.structs.replace(body, return_documents=True)
-    return await _rerank(request, body, "1")
+    return cast("Response[RerankResponse | list[TeiRank]]", await _rerank(request, body, "1"))
 
 
 @post(

@@ -310,13 +310,14 @@ class KeyLimiter:
             url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=retry
         )
         self._client = redis.asyncio.Redis(connection_pool=pool, retry=retry)
+        # Passed on to redis-py; limits types its **options as scalars only, which these are not.
+        redis_options: dict[str, Any] = {"connection_pool": pool, "retry": retry}
         storage = RedisStorage(
             _limits_uri(url),
             implementation="redispy",
             wrap_exceptions=True,
             key_prefix=_REDIS_PREFIX,
-            connection_pool=pool,
-            retry=retry,
+            **redis_options,
         )
         self._shared = _Backend(storage, _RedisSlots(self._client, self._lease_ms))
         self._shared_quotas = RedisQuotaStore(self.calendar, self._client)

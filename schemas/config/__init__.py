@@ -22,6 +22,7 @@ from .base import (
     Positive,
     PositiveFloat,
 )
+from .cascade import CascadeEngineConfig, CascadeStage
 from .families import (
     FAMILY_RUNTIMES,
     LLM_RERANKERS,
@@ -58,6 +59,8 @@ from .local import (
     VllmGenerateEngineConfig,
     VllmScoreEngineConfig,
 )
+from .references import ComposedModelConfig, ModelReferenceError, check_references
+from .routing import ChainEngineConfig
 from .server import (
     ApiKeyConfig,
     AuthConfig,
@@ -69,13 +72,20 @@ from .server import (
     LoggingConfig,
     ServerConfig,
 )
-from .cascade import CascadeEngineConfig, CascadeStage
-from .references import ComposedModelConfig, ModelReferenceError, check_references
-from .routing import ChainEngineConfig
 from .settings import EngineConfig, Settings
 from .upstream import DashScopeEngineConfig, PoolEngineConfig, UpstreamHttpConfig
 
 __all__ = (
+    "DEFAULT_INSTRUCTION",
+    "DEFAULT_MODEL_NAME",
+    "DEFAULT_MODEL_PATH",
+    "FAMILY_RUNTIMES",
+    "LLM_RERANKERS",
+    "PACKED_ENCODER_TYPES",
+    "PARITY_MIN_AGREEMENT",
+    "PARITY_TIE",
+    "PARITY_TOP_K",
+    "RUNTIME_REFUSALS",
     "ApiKeyConfig",
     "AuthConfig",
     "BedrockEngineConfig",
@@ -83,15 +93,11 @@ __all__ = (
     "CascadeEngineConfig",
     "CascadeStage",
     "ChainEngineConfig",
-    "ComposedModelConfig",
     "CohereEngineConfig",
-    "DEFAULT_INSTRUCTION",
-    "DEFAULT_MODEL_NAME",
-    "DEFAULT_MODEL_PATH",
+    "ComposedModelConfig",
     "DashScopeEngineConfig",
     "DialectsConfig",
     "EngineConfig",
-    "FAMILY_RUNTIMES",
     "FamilyName",
     "GatedPrecisionConfig",
     "GgufEngineConfig",
@@ -99,7 +105,6 @@ __all__ = (
     "JinaEngineConfig",
     "KeyHash",
     "KeyId",
-    "LLM_RERANKERS",
     "LimitsConfig",
     "LlmRerankerSpec",
     "LocalModelConfig",
@@ -107,19 +112,14 @@ __all__ = (
     "MixedbreadEngineConfig",
     "ModelConfig",
     "ModelName",
+    "ModelReferenceError",
     "NvidiaEngineConfig",
     "OpenVinoEngineConfig",
-    "PACKED_ENCODER_TYPES",
     "PackedEngineConfig",
-    "PARITY_MIN_AGREEMENT",
-    "PARITY_TIE",
-    "PARITY_TOP_K",
     "PoolEngineConfig",
     "Positive",
     "PositiveFloat",
     "Qwen3LocalConfig",
-    "RUNTIME_REFUSALS",
-    "ModelReferenceError",
     "ServerConfig",
     "Settings",
     "StaticEngineConfig",

@@ -73,7 +73,8 @@ def detect_rerank_body(body: bytes) -> DetectedRequest:
     if shape.texts:
         try:
             return DetectedRequest(dialect=TEI, body=decode_json(body, TeiRerankRequest))
-        except Exception as exc:
+        # Any decoding error, re-raised as it is: only tagged, so the error handler answers in TEI's shape.
+        except Exception as exc:  # noqa: BLE001
             raise mark_tei(exc) from None
     raise InvalidRequestError(_NO_DIALECT)
 

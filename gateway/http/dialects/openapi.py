@@ -80,7 +80,7 @@ def _errors(body: dict[str, Any], statuses: dict[int, str]) -> dict[str, Any]:
 
 
 def finalize_dialects_openapi(app: Litestar, settings: Settings) -> None:
-    document = app.plugins.get("OpenAPIPlugin").provide_openapi_schema()
+    document: dict[str, Any] = app.plugins.get("OpenAPIPlugin").provide_openapi_schema()
     _, wire = msgspec.json.schema_components(
         [TeiRerankRequest, TeiRank, TeiError, TeiInfo, VllmScoreRequest, VllmScoreResponse, VllmErrorBody],
         ref_template=_REF,

@@ -19,26 +19,34 @@ model without raw scores 424 ``Backend``. Everything else keeps the gateway's st
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from litestar import Request, Response, get
 from litestar.datastructures import State
 
 from adapters.base import EngineError, EngineOverloadedError, EngineTimeoutError
 from gateway import __version__
-from gateway.http.dialects.common import finish
 from gateway.errors import (
     MalformedRequestError,
     PayloadTooLargeError,
     RawScoresUnsupportedError,
     describe_error,
 )
+from gateway.http.dialects.common import finish
 from gateway.http.middleware import request_id
 from gateway.security.auth import authorize_model
 from gateway.serving.models import ModelRegistry, ModelRuntime
 from gateway.serving.service import CHUNK, LongTexts, RerankService
 from schemas.config import Settings
-from schemas.dialects import TeiClassifierModel, TeiError, TeiInfo, TeiModelType, TeiRank, TeiRerankRequest
+from schemas.dialects import (
+    TeiClassifierModel,
+    TeiError,
+    TeiErrorType,
+    TeiInfo,
+    TeiModelType,
+    TeiRank,
+    TeiRerankRequest,
+)
 from schemas.rerank import RerankRequest
 
 __all__ = ("TEI", "is_tei", "mark_tei", "tei_error_response", "tei_info", "tei_rerank")
@@ -86,7 +94,7 @@ async def tei_rerank(request: Request[Any, Any, Any], body: TeiRerankRequest) ->
     if body.truncate is None:
         long_texts = CHUNK
     else:
-        side = "left" if body.truncation_direction.lower() == "left" else "right"
+        side: Literal["left", "right"] = "left" if body.truncation_direction.lower() == "left" else "right"
         long_texts = LongTexts(mode="truncate" if body.truncate else "reject", side=side)
     cohere = RerankRequest(
         query=body.query, documents=list(body.texts), model=_tei_model(settings), return_documents=False
@@ -108,6 +116,7 @@ async def tei_rerank(request: Request[Any, Any, Any], body: TeiRerankRequest) ->
 
 def tei_error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[TeiError]:
     status, message, _, headers = describe_error(request, exc)
+    kind: TeiErrorType
     if isinstance(exc, EmptyTextsError):
         kind = "Empty"
     elif isinstance(exc, RawScoresUnsupportedError):
