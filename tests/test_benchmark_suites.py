@@ -129,5 +129,5 @@ def test_gpu_suite_runs_its_plan_and_report_on_cpu(tmp_path: Path) -> None:
     assert results["parity"], results.get("errors")
     assert not results["errors"], results["errors"]
     assert "Parity" in (out / "gpu_report.md").read_text()
-    for sub in ("encoders", "qwen3", "engine"):
+    for sub in ("encoders", "qwen3"):
         assert f"benchmarks.gpu_suite {sub}" in _run(["benchmarks.gpu_suite", sub, "--help"]).stdout

@@ -1,40 +1,31 @@
-"""Engine-level benchmark in one process: the same requests through each way of scoring them.
+"""The GPU suite's engine-level pieces: workloads, timing and the ways of scoring in one process.
 
-Variants (``--variants``, comma-separated):
+Ways of scoring the same requests (``variants.py``), which ``python -m benchmarks.gpu_suite``
+runs as its ``raw``, ``transformers`` and service phases:
 
-- ``vllm-score``, ``vllm-generate``, ``transformers``: our engines behind the gateway's own
-  ``RerankService`` (tokenization with cached template parts, dedup, truncation, engine call),
-  everything but HTTP. Concurrent clients are concurrent coroutines.
-- ``raw-score``: offline ``vllm.LLM.score(query_text, doc_texts)`` on the same prompts as text
+- our engines behind the gateway's own ``RerankService`` (tokenization with cached template
+  parts, dedup, truncation, engine call), everything but HTTP. Concurrent clients are
+  concurrent coroutines.
+- raw score: offline ``vllm.LLM.score(query_text, doc_texts)`` on the same prompts as text
   (template applied by string, as a user of the raw engine would); 16 clients = the 16 requests'
   pairs in one call, the best an offline caller can do.
 - ``seed``: the seed's design: that offline ``LLM`` behind a lock, each request deduped, sorted
   by length and scored in serial batches of ``infer_batch_size`` (100), 16 callers in threads.
 
-Workloads: ``d100`` = 1 query x 100 documents of U[50,150] tokens, ``d300`` = U[150,450], the
-standard instruction; each request alone (sequential) and from 16 concurrent clients. Reports
-docs/s, tokens/s (whole prompts: template + query + document) and model FLOP utilization against
-a matmul rate measured here (bf16 8192^3 on CUDA; fp32 on CPU).
+Workloads (``workload.py``): ``d100`` = 1 query x 100 documents of U[50,150] tokens, ``d300`` =
+U[150,450], the standard instruction; each request alone (sequential) and from 16 concurrent
+clients. ``measure.py`` reports docs/s, tokens/s (whole prompts: template + query + document)
+and model FLOP utilization against a matmul rate measured here (bf16 8192^3 on CUDA; fp32 on CPU).
 
-    python -m benchmarks.engine_bench --model DIR --variants vllm-score,raw-score,seed --out OUT
-
-``--cpu-compare`` instead puts the packed engine beside the padded transformers engine on CPU
-at several request sizes, on the tiny test model and on a model of Qwen3-Reranker-0.6B's shape
-(fp32, random weights, the tiny tokenizer's vocabulary), requests alternating between the
-engines so both see the same machine load; writes ``cpu_compare.json`` and ``cpu_compare.md``:
-
-    python -m benchmarks.engine_bench --cpu-compare --out docs/benchmarks/cpu-2026-12-01-packed
+Its own command line (``python -m benchmarks.engine_bench``, later ``gpu_suite engine``) and the
+CPU comparison of packed against padded transformers (``--cpu-compare``,
+docs/benchmarks/cpu-2026-12-01-packed) were removed on 2026-12-04: the suite's phases run the
+same variants, and the CPU comparison's answer is in its report.
 """
 
-# The workloads, the measurement, the ways of scoring and the CPU comparison live in the modules
+# The workloads, the measurement and the ways of scoring live in the modules
 # below. The names are handed on here ("X as X": a re-export outside ``__all__``) because
 # benchmarks.gpu_suite and benchmarks.gpu_suite.qwen3 use them as ``engine_bench.X``.
-from benchmarks.engine_bench.cli import main as main
-from benchmarks.engine_bench.cli import run as run
-from benchmarks.engine_bench.cpu_compare import CPU_SIZES as CPU_SIZES
-from benchmarks.engine_bench.cpu_compare import CPU_VARIANTS as CPU_VARIANTS
-from benchmarks.engine_bench.cpu_compare import build_cpu_models as build_cpu_models
-from benchmarks.engine_bench.cpu_compare import cpu_compare as cpu_compare
 from benchmarks.engine_bench.measure import bench_variant, matmul_tflops
 from benchmarks.engine_bench.measure import markdown as markdown
 from benchmarks.engine_bench.variants import HF_OVERRIDES as HF_OVERRIDES

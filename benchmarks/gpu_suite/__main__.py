@@ -1,9 +1,8 @@
-"""``python -m benchmarks.gpu_suite [encoders|qwen3|engine] ...``: the GPU engine runs.
+"""``python -m benchmarks.gpu_suite [encoders|qwen3] ...``: the GPU engine runs.
 
 Without a subcommand, the whole Qwen3 run (see the package's docstring); ``encoders``: the
 cross-encoder runtimes (``encoders.py``); ``qwen3``: every Qwen3 runtime and size
-(``qwen3.py``); ``engine``: one process, no HTTP (``benchmarks/engine_bench/``). Each takes its
-own ``--help``.
+(``qwen3.py``). Each takes its own ``--help``.
 """
 
 import sys
@@ -11,7 +10,6 @@ import sys
 SUBCOMMANDS = {
     "encoders": "benchmarks.gpu_suite.encoders",
     "qwen3": "benchmarks.gpu_suite.qwen3",
-    "engine": "benchmarks.engine_bench.cli",
 }
 
 
