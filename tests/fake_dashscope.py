@@ -25,7 +25,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 NATIVE_PATH = "/api/v1/services/rerank/text-rerank/text-rerank"
 COMPATIBLE_PATH = "/compatible-api/v1/reranks"
@@ -86,7 +86,7 @@ class FakeDashScope:
         with self._lock:
             self._faults.extend(faults)
 
-    def __enter__(self) -> FakeDashScope:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -172,7 +172,7 @@ class FakeDashScope:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            def log_message(self, format: str, *args: Any) -> None:
                 return None
 
         return Handler

@@ -52,7 +52,7 @@ def build_minilm_cross_encoder(out_dir: str | Path, *, logit_std: float = 3.0, s
     tok = AutoTokenizer.from_pretrained(out)
     words = [w for w in tok.get_vocab() if w.isalpha() and w.isascii() and len(w) > 3]
     gen = torch.Generator().manual_seed(seed)
-    pick = lambda n: " ".join(words[i] for i in torch.randint(len(words), (n,), generator=gen).tolist())  # noqa: E731
+    pick = lambda n: " ".join(words[i] for i in torch.randint(len(words), (n,), generator=gen).tolist())
     with torch.no_grad():
         model.bert.pooler.dense.weight.copy_(torch.eye(cfg.hidden_size))
         model.bert.pooler.dense.bias.zero_()

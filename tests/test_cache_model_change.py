@@ -70,13 +70,13 @@ STATIC = StaticEngineConfig(name="m", scores={DOCS[1]: 0.9})
         pytest.param(StaticEngineConfig(name="m", scores={DOCS[1]: 0.9}, score=0.1), "miss", id="new-default-score"),
     ],
 )
-def test_restart_hits_only_with_the_same_scoring_config(changed: EngineConfig, expected: str, redis_url: str) -> None:  # noqa: F811
+def test_restart_hits_only_with_the_same_scoring_config(changed: EngineConfig, expected: str, redis_url: str) -> None:
     query = f"q {time.time()}"  # a fresh entry whatever ran before
     assert ask(STATIC, redis_url, query)[0] == "miss"
     assert ask(changed, redis_url, query)[0] == expected
 
 
-def test_new_weights_at_the_same_path_miss(tmp_path: Path, redis_url: str) -> None:  # noqa: F811
+def test_new_weights_at_the_same_path_miss(tmp_path: Path, redis_url: str) -> None:
     path = build_tiny_cross_encoder(tmp_path / "ce", seed=0)
     model = TransformersEngineConfig(name="m", path=str(path), device="cpu", dtype="float32")
     query = f"capital {time.time()}"
@@ -115,7 +115,7 @@ def _upgraded(monkeypatch: pytest.MonkeyPatch, dist: str, version: str) -> None:
     monkeypatch.setattr(fingerprint, "_installed_version", lambda d: version if d == dist else real(d))
 
 
-def test_a_gateway_upgrade_misses(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:  # noqa: F811
+def test_a_gateway_upgrade_misses(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
     query = f"q {time.time()}"
     assert ask(STATIC, redis_url, query)[0] == "miss"
     assert ask(STATIC, redis_url, query)[0] == "hit"
@@ -126,7 +126,7 @@ def test_a_gateway_upgrade_misses(monkeypatch: pytest.MonkeyPatch, redis_url: st
     assert ask(STATIC, redis_url, query)[0] == "hit"
 
 
-def test_a_library_upgrade_misses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:  # noqa: F811
+def test_a_library_upgrade_misses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
     path = build_tiny_cross_encoder(tmp_path / "ce", seed=0)
     model = TransformersEngineConfig(name="m", path=str(path), device="cpu", dtype="float32")
     query = f"capital {time.time()}"

@@ -176,7 +176,7 @@ def test_broken_chunked_framing_is_not_a_5xx(server):
         b"POST /v2/rerank HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
         b'5\r\n{"mod\r\nZZZ-not-hex\r\n'
     )
-    took, data = _closed_within(sock, BODY_S)
+    _, data = _closed_within(sock, BODY_S)
     if data:
         status = int(data.split(b" ", 2)[1])
         assert 400 <= status < 500, data[:300]

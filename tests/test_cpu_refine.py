@@ -11,8 +11,8 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.runtimes.parity import keeps_top_k
 from adapters.runtimes.cpu.refine import refine
+from adapters.runtimes.parity import keeps_top_k
 
 
 def _sigmoid(x: float) -> float:

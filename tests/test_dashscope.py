@@ -6,6 +6,7 @@ limits and key, and is told to fail in the ways the real service does.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -17,7 +18,7 @@ from adapters.upstreams.dashscope import estimate_tokens, plan_calls
 from gateway.app import create_app
 from schemas.config import DashScopeEngineConfig, Settings
 from tests.conftest import free_port
-from tests.fake_dashscope import COMPATIBLE_PATH, NATIVE_PATH, Fault, FakeDashScope, fake_score, fake_tokens
+from tests.fake_dashscope import COMPATIBLE_PATH, NATIVE_PATH, FakeDashScope, Fault, fake_score, fake_tokens
 from tests.loopback import wait_loaded
 
 KEY = "sk-test-0123456789abcdef"
@@ -226,7 +227,7 @@ def test_plan_calls_respects_both_limits():
     tokens = [10, 200, 5, 5, 400, 1, 1, 1]
     calls = plan_calls(20, tokens, max_items=3, max_request_tokens=300)
     assert calls[0][0] == 0 and calls[-1][1] == len(tokens)
-    assert all(a[1] == b[0] for a, b in zip(calls, calls[1:]))  # consecutive, no gaps
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(calls))  # consecutive, no gaps
     for start, end in calls:
         assert end - start <= 3
         # An item over the limit on its own is sent alone (DashScope truncates it).

@@ -16,7 +16,7 @@ from litestar.testing import TestClient
 
 from gateway.app import create_app
 from schemas.config import DashScopeEngineConfig, Settings
-from tests.fake_dashscope import Fault, FakeDashScope
+from tests.fake_dashscope import FakeDashScope, Fault
 from tests.loopback import wait_loaded
 
 KEY = "sk-test-fixb-0123456789abcdef"

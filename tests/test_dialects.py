@@ -361,9 +361,9 @@ def test_dialects_share_keys_and_usage_metrics(tiny_qwen3_dir):
             )
         )
         metrics = c.get("/metrics").text
-    tokens = float(re.search(r'^rerank_tokens_total\{key="dialects",model="static"\} (\S+)$', metrics, re.M).group(1))
+    tokens = float(re.search(r'^rerank_tokens_total\{key="dialects",model="static"\} (\S+)$', metrics, re.MULTILINE).group(1))
     documents = float(
-        re.search(r'^rerank_documents_total\{key="dialects",model="static"\} (\S+)$', metrics, re.M).group(1)
+        re.search(r'^rerank_documents_total\{key="dialects",model="static"\} (\S+)$', metrics, re.MULTILINE).group(1)
     )
     tei_tokens = 2 * (1 + 8)  # the static engine counts spaces + 1 per text and per pair's query (8 words)
     assert n_to_n["usage"]["total_tokens"] == (1 + 2) + (1 + 3)  # both groups' tokens, added up

@@ -63,7 +63,7 @@ def test_deploy_manifests_turn_service_links_off() -> None:
 def test_env_keys_as_json_combine_with_rerank_api_key(tmp_path: Path) -> None:
     config = tmp_path / "gateway.toml"
     config.write_text(STATIC)
-    keys = '[{"id": "a", "hash": "%s", "models": ["*"]}]' % hash_key("rk-" + "a" * 40)
+    keys = '[{"id": "a", "hash": "' + hash_key("rk-" + "a" * 40) + '", "models": ["*"]}]'
     # Before: "auth.keys[0]: expected a table, got a string" (the JSON text was spread into characters).
     settings = load_settings(config, environ={"RERANK_AUTH__KEYS": keys, "RERANK_API_KEY": "rk-" + "b" * 40})
     assert [k.id for k in settings.auth.keys] == ["a", "env"]

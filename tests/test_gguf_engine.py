@@ -24,14 +24,14 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the gguf extra (llama-cpp-python) is not installed")
 
-from litestar.testing import TestClient  # noqa: E402
+from litestar.testing import TestClient
 
-from adapters.base import ScoreJob  # noqa: E402
-from adapters.runtimes.gguf import GgufEngine, NoRerankHeadError, inspect_gguf, plan_decodes  # noqa: E402
-from gateway.app import create_app  # noqa: E402
-from schemas.config import GgufEngineConfig, Settings  # noqa: E402
-from tests.loopback import wait_loaded  # noqa: E402
-from tests.tiny_gguf import build_tiny_xlmr, write_gguf  # noqa: E402
+from adapters.base import ScoreJob
+from adapters.runtimes.gguf import GgufEngine, NoRerankHeadError, inspect_gguf, plan_decodes
+from gateway.app import create_app
+from schemas.config import GgufEngineConfig, Settings
+from tests.loopback import wait_loaded
+from tests.tiny_gguf import build_tiny_xlmr, write_gguf
 
 QUERIES = ["what is the capital of the united states", "how do i change my password", "qubits"]
 DOCS = [

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the gguf extra (llama-cpp-python) is not installed")
 
-from adapters.runtimes.gguf import GgufEngine, inspect_gguf  # noqa: E402
-from schemas.config import GgufEngineConfig  # noqa: E402
-from tests.tiny_gguf import build_tiny_xlmr, write_gguf  # noqa: E402
+from adapters.runtimes.gguf import GgufEngine, inspect_gguf
+from schemas.config import GgufEngineConfig
+from tests.tiny_gguf import build_tiny_xlmr, write_gguf
 
 pytestmark = pytest.mark.anyio
 

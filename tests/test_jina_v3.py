@@ -56,7 +56,7 @@ def reference_cosines(path, query: str, docs: list[str]) -> list[float]:
 
 
 def _config(path, **kw) -> TransformersEngineConfig:
-    base = dict(name="jina", path=str(path), trust_remote_code=True, dtype="float32", device="cpu")
+    base = {"name": "jina", "path": str(path), "trust_remote_code": True, "dtype": "float32", "device": "cpu"}
     return TransformersEngineConfig(**{**base, **kw})
 
 

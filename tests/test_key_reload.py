@@ -21,7 +21,6 @@ import pytest
 from gateway.security.auth import generate_key, hash_key
 from tests.conftest import ServerProcess
 
-
 KEY_A, KEY_B = generate_key(), generate_key()
 MODEL = '[[models]]\nname = "m"\nengine = "static"\ndelay_s = 0.01\n'
 

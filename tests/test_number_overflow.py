@@ -13,8 +13,8 @@ import pytest
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.http.decoding import decode_json
 from gateway.errors import InvalidRequestError
+from gateway.http.decoding import decode_json
 from schemas.config import DialectsConfig, Settings, StaticEngineConfig
 from schemas.rerank import RerankRequest
 

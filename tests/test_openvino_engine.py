@@ -21,15 +21,16 @@ import pytest
 pytest.importorskip("openvino")
 st = pytest.importorskip("sentence_transformers")
 
-from adapters.base import EngineConfigError, ScoreJob  # noqa: E402
-from adapters.runtimes.cpu import engine as ov_engine  # noqa: E402
-from adapters.runtimes.cpu import start as ov_start  # noqa: E402
-from adapters.runtimes.cpu.engine import OpenVinoEngine, bucket_batches  # noqa: E402
-from adapters.runtimes.parity import compare_rankings, keeps_top_k  # noqa: E402
-from schemas.config import OpenVinoEngineConfig, Settings  # noqa: E402
-from tests.corpus import DOCS as _DOCS, Q  # noqa: E402
-from tests.real_minilm import build_minilm_reranker, minilm_dir  # noqa: E402
-from tests.tiny_encoders import build_tiny_bi_encoder, build_tiny_cross_encoder  # noqa: E402
+from adapters.base import EngineConfigError, ScoreJob
+from adapters.runtimes.cpu import engine as ov_engine
+from adapters.runtimes.cpu import start as ov_start
+from adapters.runtimes.cpu.engine import OpenVinoEngine, bucket_batches
+from adapters.runtimes.parity import compare_rankings, keeps_top_k
+from schemas.config import OpenVinoEngineConfig, Settings
+from tests.corpus import DOCS as _DOCS
+from tests.corpus import Q
+from tests.real_minilm import build_minilm_reranker, minilm_dir
+from tests.tiny_encoders import build_tiny_bi_encoder, build_tiny_cross_encoder
 
 pytestmark = pytest.mark.anyio
 

@@ -13,11 +13,11 @@ import pytest
 pytest.importorskip("openvino")
 st = pytest.importorskip("sentence_transformers")
 
-from adapters.base import ScoreJob  # noqa: E402
-from adapters.runtimes.cpu.engine import OpenVinoEngine  # noqa: E402
-from schemas.config import OpenVinoEngineConfig  # noqa: E402
-from tests.corpus import DOCS, Q  # noqa: E402
-from tests.tiny_encoders import build_tiny_modernbert  # noqa: E402
+from adapters.base import ScoreJob
+from adapters.runtimes.cpu.engine import OpenVinoEngine
+from schemas.config import OpenVinoEngineConfig
+from tests.corpus import DOCS, Q
+from tests.tiny_encoders import build_tiny_modernbert
 
 pytestmark = pytest.mark.anyio
 

@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("openvino")
 
-from adapters.base import ScoreJob  # noqa: E402
-from adapters.runtimes.cpu.engine import OpenVinoEngine  # noqa: E402
-from adapters.runtimes.parity import generate_golden_set, keeps_top_k  # noqa: E402
-from schemas.config import OpenVinoEngineConfig  # noqa: E402
-from tests.tiny_encoders import build_tiny_cross_encoder  # noqa: E402
+from adapters.base import ScoreJob
+from adapters.runtimes.cpu.engine import OpenVinoEngine
+from adapters.runtimes.parity import generate_golden_set, keeps_top_k
+from schemas.config import OpenVinoEngineConfig
+from tests.tiny_encoders import build_tiny_cross_encoder
 
 pytestmark = pytest.mark.anyio
 

@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("openvino")
 
-from adapters.base import EngineUnavailableError, ScoreJob  # noqa: E402
-from adapters.runtimes.cpu.engine import OpenVinoEngine  # noqa: E402
-from schemas.config import OpenVinoEngineConfig  # noqa: E402
-from tests.corpus import DOCS, Q  # noqa: E402
-from tests.tiny_encoders import build_tiny_cross_encoder  # noqa: E402
+from adapters.base import EngineUnavailableError, ScoreJob
+from adapters.runtimes.cpu.engine import OpenVinoEngine
+from schemas.config import OpenVinoEngineConfig
+from tests.corpus import DOCS, Q
+from tests.tiny_encoders import build_tiny_cross_encoder
 
 pytestmark = pytest.mark.anyio
 

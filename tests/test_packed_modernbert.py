@@ -44,7 +44,6 @@ def replicas(dirs):
     from transformers import AutoTokenizer
 
     from adapters.runtimes.packed.encoder_forward import load_cross_encoder
-
     from adapters.runtimes.packed.encoder_replicas import make_replica
 
     return {kind: (make_replica(load_cross_encoder(str(d), None, torch.float32), torch.device("cpu"), attention="auto",

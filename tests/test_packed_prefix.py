@@ -217,7 +217,7 @@ def test_gather_kv_of_views_of_one_projection():
     from adapters.runtimes.packed.forward import _gather_kv
 
     qkv = torch.randn(7, (4 + 2 + 2) * 8)
-    q, k, v = qkv.split((32, 16, 16), dim=-1)
+    _, k, v = qkv.split((32, 16, 16), dim=-1)
     k, v = k.view(7, 2, 8), v.view(7, 2, 8)
     rows = torch.tensor([0, 1, 2, 0, 1, 5, 6, 6])
     gk, gv = _gather_kv(k, v, rows)

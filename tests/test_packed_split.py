@@ -67,9 +67,9 @@ def _model(tiny4):
 
 
 def test_stage_ranges():
-    assert pipeline.stage_ranges(36, 2) == [range(0, 18), range(18, 36)]
-    assert pipeline.stage_ranges(28, 3) == [range(0, 10), range(10, 19), range(19, 28)]  # remainder first
-    assert pipeline.stage_ranges(4, 3, [1, 2, 1]) == [range(0, 1), range(1, 3), range(3, 4)]
+    assert pipeline.stage_ranges(36, 2) == [range(18), range(18, 36)]
+    assert pipeline.stage_ranges(28, 3) == [range(10), range(10, 19), range(19, 28)]  # remainder first
+    assert pipeline.stage_ranges(4, 3, [1, 2, 1]) == [range(1), range(1, 3), range(3, 4)]
     for args, match in [((4, 1), "at least 2 devices"), ((2, 3), "3 devices for a model of 2 layers"),
                         ((4, 2, [1, 2]), r"sums to 3; the model has 4"), ((4, 2, [4]), "1 entries for 2 devices")]:
         with pytest.raises(pipeline.SplitError, match=match) as info:

@@ -73,7 +73,7 @@ def test_ten_models_load_on_their_first_attempt(checkpoints):
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, json.dumps(settings), "50"],
-        cwd=root, capture_output=True, text=True, timeout=180,
+        check=False, cwd=root, capture_output=True, text=True, timeout=180,
         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -29,7 +29,7 @@ from tests.fake_dashscope import fake_score
 from tests.loopback import LoopbackServer
 
 Q = "which document talks about rivers?"
-DOCS = [f"document {i} about {w}" for i, w in enumerate("rivers water lakes cities mountains roads sea sand".split())]
+DOCS = [f"document {i} about {w}" for i, w in enumerate(["rivers", "water", "lakes", "cities", "mountains", "roads", "sea", "sand"])]
 
 
 class RankingUpstream(LoopbackServer):
@@ -210,7 +210,7 @@ def test_transport_failures_map_to_the_error_table(upstream):
 
 # -- several workers on one port ----------------------------------------------------------------
 def _requests_total(text: str) -> float:
-    return sum(float(m) for m in re.findall(r'^rerank_requests_total\{[^}]*status="200"[^}]*\} (\S+)$', text, re.M))
+    return sum(float(m) for m in re.findall(r'^rerank_requests_total\{[^}]*status="200"[^}]*\} (\S+)$', text, re.MULTILINE))
 
 
 def _post_fresh(url: str) -> int:

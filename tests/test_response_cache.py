@@ -165,14 +165,14 @@ def test_hits_count_toward_rpm_and_usage_but_charge_no_tokens() -> None:
 
 
 def test_invalid_requests_are_refused_before_the_cache() -> None:
-    with gateway() as (client, engine):
+    with gateway() as (client, _):
         client.post("/v2/rerank", json=BODY)
         resp = client.post("/v2/rerank", json={**BODY, "query": "  "})
         assert resp.status_code == 422 and "x-cache" not in resp.headers
 
 
 @pytest.mark.slow
-def test_redis_backend_is_shared_by_replicas_and_expires(redis_url: str) -> None:  # noqa: F811
+def test_redis_backend_is_shared_by_replicas_and_expires(redis_url: str) -> None:
     cache = CacheConfig(enabled=True, backend="redis", redis_url=redis_url, ttl_s=0.5)
     with gateway(cache) as (one, engine_one), gateway(cache) as (two, engine_two):
         body = {**BODY, "query": f"redis {time.time()}"}  # fresh key whatever ran before

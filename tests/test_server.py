@@ -141,13 +141,13 @@ def test_check_config_reports_one_clear_line(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[server]\nport = "eighty"\n[[models]]\nname = "x"\nengine = "static"\n')
     run = subprocess.run([sys.executable, "-m", "gateway", "check-config", "--config", str(bad)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+                         check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0 and "server.port: expected an integer" in run.stderr
     good = tmp_path / "good.toml"
     good.write_text('[[models]]\nname = "x"\nengine = "static"\n')
     run = subprocess.run([sys.executable, "-m", "gateway", "check-config", "--config", str(good)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+                         check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "config OK" in run.stdout
 
 

@@ -49,10 +49,10 @@ def _nested(depth: int) -> str:
 
 NESTED_BODIES = {
     "body": _nested(1000),
-    "document": '{"model":"static","query":"q","documents":[{"text":"a","meta":%s}]}' % _nested(1000),
-    "query": '{"model":"static","query":%s,"documents":["a"]}' % _nested(1000),
-    "rank_fields": '{"model":"static","query":"q","documents":["a"],"rank_fields":%s}' % _nested(1000),
-    "objects": '{"model":"static","query":"q","documents":[%s]}' % ('{"a":' * 1000 + "1" + "}" * 1000),
+    "document": '{"model":"static","query":"q","documents":[{"text":"a","meta":' + _nested(1000) + "}]}",
+    "query": '{"model":"static","query":' + _nested(1000) + ',"documents":["a"]}',
+    "rank_fields": '{"model":"static","query":"q","documents":["a"],"rank_fields":' + _nested(1000) + "}",
+    "objects": '{"model":"static","query":"q","documents":[' + '{"a":' * 1000 + "1" + "}" * 1000 + "]}",
     "unclosed": "[" * 100_000,
 }
 
@@ -66,7 +66,7 @@ def test_deep_nesting_is_a_clear_400(client, where, path):
 def test_nesting_at_the_limit_is_decoded(client):
     # 64 levels in total: the body object, the documents array, the document, then 61 more.
     inner = "[" * (MAX_JSON_DEPTH - 3) + "]" * (MAX_JSON_DEPTH - 3)
-    body = '{"model":"static","query":"q","documents":[{"text":"a","meta":%s}]}' % inner
+    body = '{"model":"static","query":"q","documents":[{"text":"a","meta":' + inner + "}]}"
     assert _post(client, body).status_code == 200
     deeper = body.replace(inner, "[" + inner + "]")
     _assert_error(_post(client, deeper), 400, "nested too deeply")
@@ -141,7 +141,7 @@ INTEGRAL = [("top_n", "1.0", 1), ("top_n", "1e0", 1), ("priority", "148.0", 148)
 @pytest.mark.parametrize("path", ROUTES)
 @pytest.mark.parametrize(("field", "raw", "value"), INTEGRAL)
 def test_integral_floats_are_integers(client, path, field, raw, value):
-    body = '{"model":"static","query":"q","documents":["a","b","c"],"%s":%s}' % (field, raw)
+    body = '{"model":"static","query":"q","documents":["a","b","c"],"' + field + '":' + raw + "}"
     resp = _post(client, body, path)
     if value is None:  # -0.0 is the integer 0: out of top_n's range, the same 422 as 0
         _assert_error(resp, 422, "$.top_n", ">= 1")

@@ -55,7 +55,7 @@ async def test_scores_equal_reference(engine, tiny_qwen3_dir, query):
     result = await engine.score(_job(tok, query, DOCS))
     expected = reference.score_texts(tiny_qwen3_dir, query, DOCS)
     assert result.scores == pytest.approx(expected, abs=1e-5)
-    assert len(set(round(s, 6) for s in expected)) > 3  # the tiny model really discriminates
+    assert len({round(s, 6) for s in expected}) > 3  # the tiny model really discriminates
 
 
 @pytest.mark.anyio

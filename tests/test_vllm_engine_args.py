@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from adapters.runtimes.vllm_base import build_engine_args  # noqa: E402
-from adapters.runtimes.vllm_score import VllmScoreEngine  # noqa: E402
-from schemas.config import VllmScoreEngineConfig  # noqa: E402
+from adapters.runtimes.vllm_base import build_engine_args
+from adapters.runtimes.vllm_score import VllmScoreEngine
+from schemas.config import VllmScoreEngineConfig
 
 
 def test_trust_remote_code_reaches_vllm() -> None:

@@ -30,11 +30,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer  # noqa: E402
-from adapters.runtimes.vllm_base import build_engine_args  # noqa: E402
-from adapters.runtimes.vllm_generate import p_yes  # noqa: E402
-from schemas.config import Settings, VllmGenerateEngineConfig, VllmScoreEngineConfig  # noqa: E402
-from tests.conftest import ServerProcess  # noqa: E402
+from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
+from adapters.runtimes.vllm_base import build_engine_args
+from adapters.runtimes.vllm_generate import p_yes
+from schemas.config import Settings, VllmGenerateEngineConfig, VllmScoreEngineConfig
+from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -264,8 +264,10 @@ def test_bad_config_fails_at_start_with_a_clear_message(tiny_qwen3_dir: Path, ga
     config = "\n".join(
         [
             f'[[models]]\nname = "tiny-window"\nengine = "vllm-score"\npath = "{tiny_qwen3_dir}"\nmax_length = 40\nmax_query_tokens = 8\n',
-            f'[[models]]\nname = "typo"\nengine = "vllm-generate"\npath = "{tiny_qwen3_dir}"\nmax_length = 256\n'
-            "max_query_tokens = 32\n[models.engine_args]\nmax_model_length = 256\n",
+            (
+                f'[[models]]\nname = "typo"\nengine = "vllm-generate"\npath = "{tiny_qwen3_dir}"\nmax_length = 256\n'
+                "max_query_tokens = 32\n[models.engine_args]\nmax_model_length = 256\n"
+            ),
         ]
     )
     started = time.monotonic()

@@ -25,8 +25,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.conftest import ServerProcess  # noqa: E402
-from tests.tiny_encoders import build_tiny_cross_encoder, set_known_logit  # noqa: E402
+from tests.conftest import ServerProcess
+from tests.tiny_encoders import build_tiny_cross_encoder, set_known_logit
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests import llm_card_reference as card  # noqa: E402
-from tests.conftest import ServerProcess  # noqa: E402
+from tests import llm_card_reference as card
+from tests.conftest import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -21,12 +21,16 @@ from pathlib import Path
 from typing import Any
 
 _CORPUS = [
-    "Given a query A and a passage B, determine whether the passage contains an answer to the query "
-    "by providing a prediction of either 'Yes' or 'No'.",
+    (
+        "Given a query A and a passage B, determine whether the passage contains an answer to the query "
+        "by providing a prediction of either 'Yes' or 'No'."
+    ),
     "Yes\nNo\nA: B: query: document: instruction: Relevance: 0 1",
-    "You are a search relevance expert who evaluates how well documents match search queries. For each "
-    "query-document pair, carefully analyze the semantic relationship between them, then provide your "
-    "binary relevance judgment (0 for not relevant, 1 for relevant).",
+    (
+        "You are a search relevance expert who evaluates how well documents match search queries. For each "
+        "query-document pair, carefully analyze the semantic relationship between them, then provide your "
+        "binary relevance judgment (0 for not relevant, 1 for relevant)."
+    ),
     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant. system user assistant",
     "The capital of France is Paris. Berlin is the capital of Germany. Madrid is in Spain.",
     "Carson City is the capital city of the American state of Nevada.",
