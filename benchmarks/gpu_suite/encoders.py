@@ -91,7 +91,7 @@ def log(*a: Any) -> None:
 def forward_probe(model_dir: Path, device: str, lens: list[list[int]], timeout: float) -> dict[str, Any]:
     """The packed replica alone, no gateway and no HTTP: one d100 step and one of four (child process)."""
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_suite.forward_probe", str(model_dir), device, json.dumps(lens[:4])],
-                          check=True, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parent.parent)
+                          check=True, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[2])
     return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("FORWARD "))[8:])
 
 

@@ -36,8 +36,8 @@ def summary(results: dict[str, Any]) -> str:
     if fwd.get("graph_x1_ms") or fwd.get("graph_error") or fwd.get("tokenize_d100"):
         g = {k: fwd.get(k) for k in ("eager_x1_ms", "graph_x1_ms", "eager_x4_ms", "graph_x4_ms", "padded_own_bucket_ms",
                                      "padded_pairs2048_len8192_ms", "graph_vs_eager_max_abs", "graph_vs_eager_unwarmed_buckets_max_abs",
-                                     "graph_pipelined_equal", "padded_x4_by_dimension_ms", "capture_during_x4_step",
-                                     "gelu_epilogue", "gelu_epilogue_ab", "gemm_by_m_ms", "graph_stats", "graph_error", "use_graphs_s", "tokenize_d100")}
+                                     "graph_pipelined_equal", "capture_during_x4_step",
+                                     "gelu_epilogue", "graph_stats", "graph_error", "use_graphs_s", "tokenize_d100")}
         lines += [("Replica alone, eager launches vs one CUDA graph per step (wall ms incl. scores home, p50 / p99 / max): "
                   f"`{json.dumps(g)}`"), ""]
     lines += ["| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",

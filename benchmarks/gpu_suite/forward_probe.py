@@ -8,9 +8,13 @@ workload's lengths), the first four requests as one step, and against transforme
 - one d100 step and one of four (the replica as the engine builds it by default), and the
   logits against transformers in the same dtype and in fp32;
 - tokenizing a d100 request with and without Rayon;
-- on CUDA: eager against replayed CUDA graphs, the cost of each bucket dimension's padding, the
-  MLP's GELU in the GEMM's epilogue against two ops (``gelu_epilogue_ab``), one layer's GEMMs by
-  token count, captures while a step is in flight, and graph replays against eager logits.
+- on CUDA: eager against replayed CUDA graphs, the cost of a bucket's padding, captures while a
+  step is in flight, and graph replays against eager logits.
+
+Its one-off A/Bs, answered in their reports and removed on 2026-12-04: the GELU epilogue against
+two ops (``gelu_epilogue_ab``, gpu-h200-2026-12-02), one layer's GEMMs by token count and the x4
+step's padding by dimension (``gemm_by_m_ms``, ``gemm_sweep_ms``, ``padded_x4_by_dimension_ms``,
+gpu-h200-2026-12-02-b).
 """
 
 import json
@@ -128,83 +132,6 @@ def main() -> None:  # one probe, read top to bottom
     except Exception as exc:  # a diagnostic: never lose the rest  # noqa: BLE001
         out["tokenize_d100"] = {"error": f"{type(exc).__name__}: {exc}"}
 
-    def gelu_epilogue_probe(prompts):
-        """The MLP's up-projection and its GELU as one cuBLASLt call (``gelu_epilogue``: a bias + GELU
-        epilogue, GELU's tanh approximation where XLM-R's config says the exact erf one) against the
-        two ops: x1 and x4 steps eagerly both ways, and the logits against fp32 transformers (the
-        ranking must stay). The replica's own setting is restored after."""
-        saved = rep.epilogue
-        res = {}
-        got = {}
-        try:
-            for name, mode in (("standard", None), ("epilogue", "gelu")):
-                rep.epilogue = mode
-                res[f"{name}_x1_ms"] = dist(lambda: rep.score(reqs[0]), 20)
-                res[f"{name}_x4_ms"] = dist(lambda: rep.score(prompts), 20)
-                got[name] = [x[0] for x in rep.score(reqs[0])]
-        finally:
-            rep.epilogue = saved
-        res["vs_standard"] = compare(got["epilogue"], got["standard"])
-        res["vs_transformers_fp32_standard"] = compare(got["standard"], fp32_ref)
-        res["vs_transformers_fp32_epilogue"] = compare(got["epilogue"], fp32_ref)
-        return res
-
-
-    def gemm_by_m(ms):
-        """One layer's four GEMMs (bias included, as the forward runs them) at each token count M, ms
-        per layer: does a graph bucket's M land on a slower cuBLAS pick than the step's own M?"""
-        cfg = model.config
-        d, f = cfg.hidden_size, cfg.intermediate_size
-        shapes = {"qkv": (3 * d, d), "out": (d, d), "up": (f, d), "down": (d, f)}
-        ws = {k: (torch.randn(n, kk, device=dev, dtype=torch.bfloat16) * 0.02, torch.zeros(n, device=dev, dtype=torch.bfloat16))
-              for k, (n, kk) in shapes.items()}
-        res = {}
-        for m in ms:
-            xs = {k: torch.randn(m, kk, device=dev, dtype=torch.bfloat16) for k, (n, kk) in shapes.items()}
-            # synchronized inside: ``dist`` waits for the device before the clock starts only (the
-            # steps it usually times bring their scores home, which waits); the 2026-12-02 run timed launches
-            res[str(m)] = dist(lambda: ([torch.nn.functional.linear(xs[k], *ws[k]) for k in shapes], torch.cuda.synchronize()), 30)["p50"]  # noqa: B023
-        return res
-
-
-    def gemm_sweep(ms):
-        """One layer's GEMMs as the forward runs them (the up-projection with its GELU epilogue when
-        the replica uses one), ms per layer by token count M: the minimum of 3 x 10 back-to-back runs,
-        each 10 synchronized once. A bucket of graphs pads a step's M up to a multiple of 256 or 512:
-        this shows whether such an M gets a slower cuBLAS pick than its neighbours."""
-        from adapters.runtimes.packed.encoder_forward import up_act_fused
-
-        cfg = model.config
-        d, f = cfg.hidden_size, cfg.intermediate_size
-        w = {k: (torch.randn(n, kk, device=dev, dtype=torch.bfloat16) * 0.02, torch.zeros(n, device=dev, dtype=torch.bfloat16))
-             for k, (n, kk) in {"qkv": (3 * d, d), "out": (d, d), "up": (f, d), "down": (d, f)}.items()}
-        top = max(ms)
-        xd, xf = torch.randn(top, d, device=dev, dtype=torch.bfloat16), torch.randn(top, f, device=dev, dtype=torch.bfloat16)
-        lin = torch.nn.functional.linear
-
-        def layer(m):
-            a, b = xd[:m], xf[:m]
-            lin(a, *w["qkv"]), lin(a, *w["out"]), lin(b, *w["down"])
-            if rep.epilogue is not None:
-                up_act_fused(a, w["up"][0], w["up"][1], rep.epilogue)
-            else:
-                lin(a, *w["up"])
-
-        res = {}
-        for m in ms:
-            layer(m)
-            best = float("inf")
-            for _ in range(3):
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(10):
-                    layer(m)
-                torch.cuda.synchronize()
-                best = min(best, (time.perf_counter() - t) / 10)
-            res[str(m)] = round(1e3 * best, 4)
-        return res
-
-
     if on_gpu:  # CUDA graphs (adapters/runtimes/packed/graphs.py) against the eager launches, same replica
         from adapters.runtimes.packed.graphs import bucket_key, run_padded, token_bucket
 
@@ -219,33 +146,6 @@ def main() -> None:  # one probe, read top to bottom
             host, _ = rep._pack(one, [None] * len(one), pad=key[:2])
             d = host.to(dev)
             out[f"padded_{name}_ms"] = {"key": key, **dist(lambda: run_padded(rep._forward, d, key)[:1].tolist())}  # noqa: B023
-        # the x4 step's padding, one dimension at a time (eager, same pairs): which of tokens, pairs
-        # and max length makes a bucket's step slower than the unpadded one
-        lens4 = [len(p) for p in four]
-        t4, n4, l4 = sum(lens4), len(lens4), max(lens4)
-        b4 = bucket_key(t4, n4, l4)
-        pads = {}
-        for name, key in (("none", (t4 + 1, n4 + 1, l4)), ("tokens", (b4[0], n4 + 1, l4)), ("pairs", (t4 + 1, b4[1], l4)),
-                          ("max_len", (t4 + 1, n4 + 1, b4[2])), ("all", b4)):
-            host, _ = rep._pack(four, [None] * n4, pad=key[:2])
-            d = host.to(dev)
-            pads[name] = {"key": key, **dist(lambda: run_padded(rep._forward, d, key)[:1].tolist(), 20)}  # noqa: B023
-        out["padded_x4_by_dimension_ms"] = pads
-        if hasattr(rep, "_layers"):  # XLM-R / BERT: the up-projection's GELU in cuBLASLt's epilogue
-            try:
-                out["gelu_epilogue_ab"] = gelu_epilogue_probe(four)
-            except Exception as exc:  # a diagnostic: never lose the rest  # noqa: BLE001
-                out["gelu_epilogue_ab"] = {"error": f"{type(exc).__name__}: {exc}"}
-        try:
-            b1 = bucket_key(sum(map(len, reqs[0])), len(reqs[0]), max(map(len, reqs[0])))[0]
-            out["gemm_by_m_ms"] = gemm_by_m(sorted({sum(map(len, reqs[0])), b1, b1 - 128, b1 + 128, t4, t4 + 1,
-                                                   t4 + 128 - t4 % 128, b4[0], b4[0] - 64, b4[0] + 512}))
-        except Exception as exc:  # noqa: BLE001
-            out["gemm_by_m_ms"] = {"error": f"{type(exc).__name__}: {exc}"}
-        try:  # finer: the token counts of an idle two-part request's parts and of a whole d100 step
-            out["gemm_sweep_ms"] = gemm_sweep([*range(3200, 4401, 16), *range(10000, 12001, 32), *range(14000, 15401, 16)])
-        except Exception as exc:  # noqa: BLE001
-            out["gemm_sweep_ms"] = {"error": f"{type(exc).__name__}: {exc}"}
         t = time.perf_counter()
         rep.use_graphs(token_bucket(65536 + 1), (reqs[0][:3], [None] * 3))
         out["use_graphs_s"] = time.perf_counter() - t
