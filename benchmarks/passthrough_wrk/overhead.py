@@ -41,19 +41,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
+from benchmarks.harness import ROOT, free_port, wait_http
 
-ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / "bench-out" / "litellm-venv"
 LITELLM_SPEC = os.environ.get("LITELLM_SPEC", "litellm[proxy]")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Proc:
@@ -67,17 +58,7 @@ class Proc:
                                      env={**os.environ, **(env or {})})
 
     def wait_http(self, url: str, timeout: float = 180.0, headers: dict[str, str] | None = None) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see its log")
-            try:
-                if httpx.get(url, timeout=2, headers=headers).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"{self.name} not up after {timeout}s")
+        wait_http(url, self.proc, timeout, name=self.name, headers=headers, interval=0.3)
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the process and its children (process tree)."""
@@ -379,7 +360,7 @@ def main() -> int:
 
     procs: list[Proc] = []
     try:
-        sp, gp, pp = _free_port(), _free_port(), _free_port()
+        sp, gp, pp = free_port(), free_port(), free_port()
         stub = Proc("stub", [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(sp)], logs)
         procs.append(stub)
         (logs / "static.toml").write_text('[[models]]\nname = "static"\nengine = "static"\n')
@@ -405,7 +386,7 @@ def main() -> int:
         )
         if not args.skip_litellm:
             exe = ensure_litellm()
-            lp = _free_port()
+            lp = free_port()
             (logs / "litellm.yaml").write_text(
                 "model_list:\n  - model_name: rerank\n    litellm_params:\n      model: cohere/rerank-v3.5\n"
                 f"      api_base: http://127.0.0.1:{sp}\n      api_key: sk-stub\n"

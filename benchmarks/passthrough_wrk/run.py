@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import ROOT, free_port
 from benchmarks.passthrough_wrk.host import _idle_cpu, _loadavg, _signal_tree, _switches
-from benchmarks.passthrough_wrk.overhead import ROOT, Proc, _free_port
+from benchmarks.passthrough_wrk.overhead import Proc
 from benchmarks.passthrough_wrk.pyspy_profile import _profile
 from benchmarks.passthrough_wrk.report import TARGETS, render, summarize
 from benchmarks.passthrough_wrk.wrk import _body, _lua, _wrk
@@ -97,7 +98,7 @@ def main() -> int:
         "runs": [],
     }
     try:
-        sp = _free_port()
+        sp = free_port()
         procs["stub"] = Proc("stub", [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(sp), "--keep-alive-s", "600"], logs)
         urls["stub"] = f"http://127.0.0.1:{sp}/v2/rerank"
         runners = [r.strip() for r in args.runners.split(",") if r.strip()]
@@ -113,7 +114,7 @@ def main() -> int:
             wanted = set(args.targets.split(","))
             gateways = [g for g in gateways if g[0] in wanted]
         for name, workers, cwd, runner in gateways:
-            port = _free_port()
+            port = free_port()
             cfg = logs / f"{name}.toml"
             server = ([f"workers = {workers}"] if workers > 1 else []) + ([f'runner = "{runner}"'] if runner != "uvicorn" else [])
             pool = f'engine = "pool"\nprotocol = "cohere"\nurls = ["http://127.0.0.1:{sp}"]\nmodel = "stub"\nmax_connections = 64\n'
@@ -133,7 +134,7 @@ def main() -> int:
             urls[name] = f"http://127.0.0.1:{port}/v2/rerank"
         exe = Path(args.litellm_venv) / "bin" / "litellm"
         if exe.exists() and args.client == "wrk":  # the python client sends no LiteLLM key
-            lp = _free_port()
+            lp = free_port()
             (logs / "litellm.yaml").write_text(
                 "model_list:\n  - model_name: rerank\n    litellm_params:\n      model: cohere/rerank-v3.5\n"
                 f"      api_base: http://127.0.0.1:{sp}\n      api_key: sk-stub\n"

@@ -22,7 +22,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.reliability.processes import Gateway, Proc, _free_port, _wait_http
+from benchmarks.harness import free_port, wait_http
+from benchmarks.reliability.processes import Gateway, Proc
 
 __all__ = ("failover",)
 
@@ -31,7 +32,7 @@ COOLDOWN_S = 2.0
 
 def _stub(port: int, workdir: Path, name: str) -> Proc:
     proc = Proc([sys.executable, "-m", "benchmarks.reliability", "stub", "--port", str(port)], workdir / f"{name}.log")
-    _wait_http(f"http://127.0.0.1:{port}/health", proc.proc, 30)
+    wait_http(f"http://127.0.0.1:{port}/health", proc.proc, 30)
     return proc
 
 
@@ -47,7 +48,7 @@ def _summary(rows: list[tuple[float, int, float, str]]) -> dict[str, Any]:
 
 
 def failover(workdir: Path, clients: int, healthy_s: float = 5.0, down_s: float = 8.0, after_s: float = 15.0) -> dict[str, Any]:
-    ports = {"primary": _free_port(), "fallback": _free_port()}
+    ports = {"primary": free_port(), "fallback": free_port()}
     stubs = {name: _stub(port, workdir, name) for name, port in ports.items()}
     pool = 'engine = "pool"\nprotocol = "cohere"\ntimeout_s = 5\nread_timeout_s = 1\nconnect_timeout_s = 0.5\n'
     config = (

@@ -19,27 +19,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-# The repository root: children run from there so that ``-m benchmarks.X`` and ``-m gateway`` resolve.
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.harness import ROOT, free_port, wait_http
+
 KEY = "rk-reliability-long-run-0123456789abcdef"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready in {timeout} s")
 
 
 class Proc:
@@ -66,7 +48,7 @@ class Proc:
 
 class Gateway(Proc):
     def __init__(self, config: str, workdir: Path, name: str, traced: Path | None = None) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         path = workdir / f"{name}.toml"
         path.write_text(config)
@@ -79,7 +61,7 @@ class Gateway(Proc):
         )
 
     def ready(self, timeout: float = 120) -> Gateway:
-        _wait_http(f"{self.url}/ready", self.proc, timeout)
+        wait_http(f"{self.url}/ready", self.proc, timeout)
         return self
 
     def rss_mb(self) -> float:

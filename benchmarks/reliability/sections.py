@@ -20,9 +20,10 @@ from typing import Any
 import httpx
 import psutil
 
+from benchmarks.harness import free_port, wait_http
 from benchmarks.reliability.hostile import hostile_cases, send_raw
 from benchmarks.reliability.load import Load, _load
-from benchmarks.reliability.processes import KEY, Gateway, Proc, _auth_toml, _free_port, _redis, _wait_http
+from benchmarks.reliability.processes import KEY, Gateway, Proc, _auth_toml, _redis
 
 # The order in which the sections run; ``--only`` picks a subset.
 SECTIONS = ("fuzz", "soak", "upstream", "failover", "redis", "sigterm", "engine")
@@ -95,13 +96,13 @@ def soak(workdir: Path, clients: int, seconds: float) -> dict[str, Any]:
 
 
 def upstream(workdir: Path, clients: int) -> dict[str, Any]:
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     stubs = [
         Proc([sys.executable, "-m", "benchmarks.reliability", "stub", "--port", str(p)], workdir / f"stub-{p}.log")
         for p in ports
     ]
     for p, s in zip(ports, stubs, strict=True):
-        _wait_http(f"http://127.0.0.1:{p}/health", s.proc, 30)
+        wait_http(f"http://127.0.0.1:{p}/health", s.proc, 30)
     urls = ", ".join(f'"http://127.0.0.1:{p}"' for p in ports)
     config = (
         f'[logging]\nformat = "json"\n\n[[models]]\nname = "pool"\nengine = "pool"\nprotocol = "cohere"\n'
@@ -146,7 +147,7 @@ def upstream(workdir: Path, clients: int) -> dict[str, Any]:
 def redis_faults(workdir: Path, clients: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode in ("closed", "open"):
-        port = _free_port()
+        port = free_port()
         redis = _redis(port, workdir)
         config = (
             f'[logging]\nformat = "json"\n\n[limits]\nredis_url = "redis://127.0.0.1:{port}/0"\n'
@@ -325,7 +326,7 @@ def fuzz(workdir: Path, per_operation: int) -> dict[str, Any]:
 
     redis = None
     if shutil.which("redis-server"):
-        port = _free_port()
+        port = free_port()
         redis = _redis(port, workdir)
         redis.port = port  # type: ignore[attr-defined]
     try:
