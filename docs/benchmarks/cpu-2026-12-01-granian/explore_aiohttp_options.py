@@ -12,7 +12,7 @@ import aiohttp
 import uvloop
 
 from adapters.upstreams.http import make_session
-from benchmarks.cpu_overhead import _free_port
+from benchmarks.harness import free_port as _free_port
 from benchmarks.passthrough_wrk import _body
 
 

@@ -7,7 +7,8 @@ import sys
 sys.path.insert(0, os.getcwd())
 from pathlib import Path
 
-from benchmarks.cpu_overhead import Proc, _free_port
+from benchmarks.harness import free_port as _free_port
+from benchmarks.passthrough_wrk.overhead import Proc
 from benchmarks.passthrough_wrk import _body, _lua, _tree, _wrk
 
 logs = Path("/tmp/pt2x/logs2"); logs.mkdir(exist_ok=True)

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.getcwd())
-from benchmarks.cpu_overhead import Proc, _free_port
+from benchmarks.harness import free_port as _free_port
+from benchmarks.passthrough_wrk.overhead import Proc
 from benchmarks.passthrough_wrk import _body, _lua, _wrk
 
 logs = Path("/tmp/pt2x/logs"); logs.mkdir(exist_ok=True)
