@@ -9,9 +9,9 @@ from benchmarks.cpu_encoders.measure import DOC_TOKENS, DOCS
 
 def markdown(report: dict[str, Any]) -> str:
     out = [f"# CPU encoder rerankers, {report['date']}", "", report["command"], "",
-           f"Machine: {report['machine']}. Workload: 1 query x {DOCS} documents of {DOC_TOKENS} tokens; "
+           (f"Machine: {report['machine']}. Workload: 1 query x {DOCS} documents of {DOC_TOKENS} tokens; "
            f"{report['rounds']} interleaved rounds; docs/s medians over rounds; ratios are medians of per-round ratios "
-           f"to the gateway's transformers engine; top-10 order vs that engine's fp32 scores.", ""]
+           f"to the gateway's transformers engine; top-10 order vs that engine's fp32 scores."), ""]
     for shape in report["shapes"]:
         loads = [rd["load_before"] for rd in shape["rounds"]] + [rd["load_after"] for rd in shape["rounds"]]
         out += [f"## {shape['shape']} ({shape['checkpoint']})", "",
@@ -29,8 +29,8 @@ def markdown(report: dict[str, Any]) -> str:
                        f"{a.get('max_abs_delta', float('nan')):.1e} | {_gate(e)} |")
         engines = [e for e in shape["table"] if "engine" in e]
         if engines:
-            out += ["", "Inside the openvino engine (medians over rounds): the streams' busy share of the wall clock, "
-                    "the padding share of the computed tokens, rows per batch.", "",
+            out += ["", ("Inside the openvino engine (medians over rounds): the streams' busy share of the wall clock, "
+                    "the padding share of the computed tokens, rows per batch."), "",
                     "| contestant | streams busy, 1 client | 4 clients | padding, 1 client | 4 clients | rows per batch, 1 client | 4 clients |",
                     "|---|---|---|---|---|---|---|"]
             for e in engines:
