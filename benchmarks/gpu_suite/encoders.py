@@ -1,6 +1,6 @@
 """Issue 20's GPU run: bge-reranker-v2-m3's shape on every cross-encoder runtime, over HTTP, one H200.
 
-    RR_SKIP_CHECK=1 RR_BUDGET=520 RR_CMD="python3 -m benchmarks.gpu_suite.encoders" bash .gpu/device_run.sh
+    RR_SKIP_CHECK=1 RR_BUDGET=520 RR_CMD="python3 -m benchmarks.gpu_suite encoders" bash .gpu/device_run.sh
 
 Each gateway is its own ``python -m gateway serve --config ...`` process (this process never
 touches CUDA: the checkpoint and the matmul rate come from a child process) and
@@ -46,7 +46,7 @@ the packed replica alone, timed and compared with transformers' padded model on 
 (bf16 and fp32: max |logit difference|, top-10 of the first request's 100 pairs). The lead's
 one-line GPU check of the ModernBERT path::
 
-    python3 -m benchmarks.gpu_suite.encoders --model modernbert-base --forward-only
+    python3 -m benchmarks.gpu_suite encoders --model modernbert-base --forward-only
 """
 
 from __future__ import annotations
@@ -343,6 +343,3 @@ def main() -> None:
     save()
     log("done")
 
-
-if __name__ == "__main__":
-    main()

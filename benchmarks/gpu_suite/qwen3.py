@@ -1,7 +1,7 @@
 """Issue 24's GPU run: every Qwen3 runtime behind the real CLI, over HTTP, one H200.
 
-    RR_SKIP_CHECK=1 RR_BUDGET=540 RR_CMD="python3 -m benchmarks.gpu_suite.qwen3 --phases 0.6b" bash .gpu/device_run.sh
-    python -m benchmarks.gpu_suite.qwen3 --smoke --out /tmp/qwen3-smoke   # the same code on CPU, tiny model, 10-document requests
+    RR_SKIP_CHECK=1 RR_BUDGET=540 RR_CMD="python3 -m benchmarks.gpu_suite qwen3 --phases 0.6b" bash .gpu/device_run.sh
+    python -m benchmarks.gpu_suite qwen3 --smoke --out /tmp/qwen3-smoke   # the same code on CPU, tiny model, 10-document requests
 
 Each gateway is its own ``python -m gateway serve --config ...`` process (as deployed: this
 process never touches CUDA, so a vLLM engine forks or spawns exactly as it would in production)
@@ -367,6 +367,3 @@ def main() -> None:
     save()
     log("done")
 
-
-if __name__ == "__main__":
-    main()

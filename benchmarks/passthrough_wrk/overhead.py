@@ -421,6 +421,3 @@ def main() -> int:
     print(f"wrote {out}")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
