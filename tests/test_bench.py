@@ -180,7 +180,7 @@ def test_without_matplotlib_results_are_written_and_plots_skipped_in_one_line(st
     # sys.modules[name] = None makes `import matplotlib` raise ImportError, as on an install without it.
     code = (
         "import sys; sys.modules['matplotlib'] = None; from gateway.cli import main; "
-        f"sys.exit(main(['bench', {stub_url!r}, '--requests', '3', '--documents', '2', '--warmup', '0', "
+        f"sys.exit(main(['bench', {stub_url!r}, '--model', 'stub', '--requests', '3', '--documents', '2', '--warmup', '0', "
         f"'--concurrency', '1', '--no-progress', '--out', {str(out)!r}]))"
     )
     proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)

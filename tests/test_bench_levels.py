@@ -18,7 +18,9 @@ from gateway.bench import command, driver
 def _args(tmp_path: Path, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     command.add_parser(parser.add_subparsers())
-    return parser.parse_args(["bench", "http://127.0.0.1:9", "--requests", "4", "--documents", "3", "--warmup", "0",
+    # A bare host means its /v2/rerank, which bench refuses to call without a model.
+    return parser.parse_args(["bench", "http://127.0.0.1:9", "--model", "m", "--requests", "4", "--documents", "3",
+                              "--warmup", "0",
                               "--no-progress", "--no-plot", "--out", str(tmp_path / "out"), *extra])
 
 
@@ -51,8 +53,8 @@ def test_compare_levels_get_fresh_bodies_and_both_endpoints_the_same(monkeypatch
                 driver.LevelRun(endpoint=b.label, mode="closed", concurrency=concurrency, wall_s=1.0))
 
     monkeypatch.setattr(driver, "run_compare", fake_compare)
-    args = _args(tmp_path, "--concurrency", "1,2", "--compare", "http://127.0.0.1:10")
+    args = _args(tmp_path, "--concurrency", "1,2", "--compare", "http://127.0.0.1:10", "--compare-model", "m")
     args.func(args, [])
     (a1, b1), (a2, b2) = seen
-    assert a1 == b1 and a2 == b2  # no --model / --compare-model: the very same bodies
+    assert a1 == b1 and a2 == b2  # the same model on both sides: the very same bodies
     assert not set(a1) & set(a2)
