@@ -89,8 +89,17 @@ _EXTRA_MODULES: Final[dict[str, tuple[str, ...]]] = {
 # worker thread finds them imported. The names are the ones adapters/ uses.
 _PRELOAD: Final[dict[str, tuple[tuple[str, tuple[str, ...]], ...]]] = {
     "transformers": (
-        ("transformers", ("AutoConfig", "AutoTokenizer", "AutoModel", "AutoModelForSequenceClassification",
-                          "AutoModelForCausalLM", "PreTrainedTokenizerFast")),
+        (
+            "transformers",
+            (
+                "AutoConfig",
+                "AutoTokenizer",
+                "AutoModel",
+                "AutoModelForSequenceClassification",
+                "AutoModelForCausalLM",
+                "PreTrainedTokenizerFast",
+            ),
+        ),
     ),
 }
 _PRELOAD["vllm"] = _PRELOAD["transformers"]  # vLLM's engines load tokenizers through transformers in-process

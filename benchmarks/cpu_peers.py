@@ -41,7 +41,12 @@ INFINITY = "Infinity (torch engine, fp32, batch 32)"
 CT2 = {"CTranslate2 fp32 (batch 32)": "float32", "CTranslate2 int8 (batch 32)": "int8"}
 PEERS = [INFINITY, *CT2]
 # No telemetry, no hub: the machine reaches no hub and a user benchmarking offline sets the same.
-OFFLINE = {"DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+OFFLINE = {
+    "DO_NOT_TRACK": "1",
+    "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
 
 
 def _free_port() -> int:
@@ -79,8 +84,12 @@ class PeerServer:
         self.name, self.port, self.setup = name, port, setup
         self.log_path = work / f"{name.split()[0].lower()}-{port}.log"
         self.log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **OFFLINE})
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600.0, limits=httpx.Limits(max_connections=16))
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **OFFLINE}
+        )
+        self.client = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", timeout=600.0, limits=httpx.Limits(max_connections=16)
+        )
         self.health = health
 
     @property
@@ -113,18 +122,43 @@ class PeerServer:
         self.log.close()
 
 
-def start_infinity(model_dir: Path, work: Path, python: str) -> tuple[PeerServer, Callable[[str, list[str]], list[float]]]:
+def start_infinity(
+    model_dir: Path, work: Path, python: str
+) -> tuple[PeerServer, Callable[[str, list[str]], list[float]]]:
     port = _free_port()
     # Infinity's own console script next to the interpreter, as a user runs it.
-    cmd = [str(Path(python).parent / "infinity_emb"), "v2", "--model-id", str(peer_checkpoint(model_dir, work)),
-           "--served-model-name", "peer", "--engine", "torch", "--device", "cpu", "--dtype", "float32",
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-           # Its warm-up (batches of 512-token pairs, minutes for XLM-R base on 2 cores) only logs
-           # timings, nothing it serves with uses them; the benchmark warms every contestant alike.
-           "--no-model-warmup"]
-    server = PeerServer(INFINITY, cmd, port, work, "/health",
-                        "infinity_emb v2 --engine torch --device cpu --dtype float32 (batch size: its default, 32; "
-                        "torch.compile: its default, off; BetterTransformer: its default, on, but inert without optimum)")
+    cmd = [
+        str(Path(python).parent / "infinity_emb"),
+        "v2",
+        "--model-id",
+        str(peer_checkpoint(model_dir, work)),
+        "--served-model-name",
+        "peer",
+        "--engine",
+        "torch",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        # Its warm-up (batches of 512-token pairs, minutes for XLM-R base on 2 cores) only logs
+        # timings, nothing it serves with uses them; the benchmark warms every contestant alike.
+        "--no-model-warmup",
+    ]
+    server = PeerServer(
+        INFINITY,
+        cmd,
+        port,
+        work,
+        "/health",
+        "infinity_emb v2 --engine torch --device cpu --dtype float32 (batch size: its default, 32; "
+        "torch.compile: its default, off; BetterTransformer: its default, on, but inert without optimum)",
+    )
 
     def score(query: str, docs: list[str]) -> list[float]:
         r = server.client.post("/rerank", json={"model": "peer", "query": query, "documents": docs})
@@ -142,21 +176,45 @@ def convert_ct2(model_dir: Path, work: Path, python: str) -> Path:
     converter's last line when ctranslate2 cannot convert it."""
     out = work / "ct2"
     if not (out / "model.bin").exists():
-        done = subprocess.run([python, "-m", "benchmarks.cpu_peers", "convert", str(peer_checkpoint(model_dir, work)), str(out)],
-                              cwd=ROOT, capture_output=True, text=True, env={**os.environ, **OFFLINE}, check=False)
+        done = subprocess.run(
+            [python, "-m", "benchmarks.cpu_peers", "convert", str(peer_checkpoint(model_dir, work)), str(out)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **OFFLINE},
+            check=False,
+        )
         if done.returncode != 0:
             raise RuntimeError("converter: " + (done.stderr.strip().splitlines() or ["no output"])[-1][:300])
     return out
 
 
-def start_ct2(model_dir: Path, work: Path, python: str, compute_type: str) -> tuple[PeerServer, Callable[[str, list[str]], list[float]]]:
+def start_ct2(
+    model_dir: Path, work: Path, python: str, compute_type: str
+) -> tuple[PeerServer, Callable[[str, list[str]], list[float]]]:
     ct2_dir, port = convert_ct2(model_dir, work, python), _free_port()
     name = next(n for n, c in CT2.items() if c == compute_type)
-    cmd = [python, "-m", "benchmarks.cpu_peers", "serve", str(peer_checkpoint(model_dir, work)), str(ct2_dir),
-           "--compute-type", compute_type, "--port", str(port)]
-    server = PeerServer(name, cmd, port, work, "/health",
-                        f"ctranslate2.Encoder(compute_type={compute_type!r}, default threads) behind a stdlib HTTP server; "
-                        "batches of 32 in input order; classifier head in numpy")
+    cmd = [
+        python,
+        "-m",
+        "benchmarks.cpu_peers",
+        "serve",
+        str(peer_checkpoint(model_dir, work)),
+        str(ct2_dir),
+        "--compute-type",
+        compute_type,
+        "--port",
+        str(port),
+    ]
+    server = PeerServer(
+        name,
+        cmd,
+        port,
+        work,
+        "/health",
+        f"ctranslate2.Encoder(compute_type={compute_type!r}, default threads) behind a stdlib HTTP server; "
+        "batches of 32 in input order; classifier head in numpy",
+    )
 
     def score(query: str, docs: list[str]) -> list[float]:
         r = server.client.post("/score", json={"query": query, "documents": docs})
@@ -166,8 +224,12 @@ def start_ct2(model_dir: Path, work: Path, python: str, compute_type: str) -> tu
     return server, score
 
 
-def start_peer(name: str, model_dir: Path, work: Path, python: str) -> tuple[PeerServer, Callable[[str, list[str]], list[float]]]:
-    server, score = start_infinity(model_dir, work, python) if name == INFINITY else start_ct2(model_dir, work, python, CT2[name])
+def start_peer(
+    name: str, model_dir: Path, work: Path, python: str
+) -> tuple[PeerServer, Callable[[str, list[str]], list[float]]]:
+    server, score = (
+        start_infinity(model_dir, work, python) if name == INFINITY else start_ct2(model_dir, work, python, CT2[name])
+    )
     try:
         server.wait()
     except BaseException:
@@ -195,7 +257,9 @@ def check(model_dir: Path, python: str, work: Path) -> dict[str, float]:
         try:
             body = {"model": "peer", "query": query, "documents": docs, "raw_scores": True}
             got = server.client.post("/rerank" if name == INFINITY else "/score", json=body).json()
-            scores = got.get("scores") or [r["relevance_score"] for r in sorted(got["results"], key=lambda r: r["index"])]
+            scores = got.get("scores") or [
+                r["relevance_score"] for r in sorted(got["results"], key=lambda r: r["index"])
+            ]
             out[name] = float((torch.tensor(scores) - ref).abs().max())
         finally:
             server.stop()
@@ -249,7 +313,9 @@ def _serve(checkpoint: str, ct2_dir: str, compute_type: str, port: int) -> None:
         for i in range(0, len(docs), 32):
             enc = tok([query] * len(docs[i : i + 32]), docs[i : i + 32], truncation=True)
             types = enc.get("token_type_ids")
-            out = encoder.forward_batch(enc["input_ids"], token_type_ids=types if types and any(map(any, types)) else None)
+            out = encoder.forward_batch(
+                enc["input_ids"], token_type_ids=types if types and any(map(any, types)) else None
+            )
             logits = head(out)[:, 0]
             scores += (logits if raw else 1 / (1 + np.exp(-logits))).tolist()
         return scores

@@ -21,8 +21,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float, *, name: str | None = None,
-              headers: dict[str, str] | None = None, interval: float = 0.2) -> None:
+def wait_http(
+    url: str,
+    proc: subprocess.Popen[bytes],
+    timeout: float,
+    *,
+    name: str | None = None,
+    headers: dict[str, str] | None = None,
+    interval: float = 0.2,
+) -> None:
     """Poll ``url`` until it answers 200; raise if ``proc`` exits first or ``timeout`` passes."""
     import httpx
 

@@ -65,12 +65,17 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             n = len(req.documents)
             top = min(req.top_n or n, n)
             status = 200
-            body = _encode({
-                "id": str(uuid.uuid4()),
-                "results": [{"index": i, "relevance_score": 0.5} for i in range(top)],
-                "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1},
-                         "tokens": {"input_tokens": n}},
-            })
+            body = _encode(
+                {
+                    "id": str(uuid.uuid4()),
+                    "results": [{"index": i, "relevance_score": 0.5} for i in range(top)],
+                    "meta": {
+                        "api_version": {"version": "2"},
+                        "billed_units": {"search_units": 1},
+                        "tokens": {"input_tokens": n},
+                    },
+                }
+            )
     elif method == "GET" and path in ("/health", "/ready", "/"):
         status, body = 200, _HEALTH
     else:
@@ -90,8 +95,9 @@ def main() -> None:
     # race the close and fail (503), which is not what it measures.
     parser.add_argument("--keep-alive-s", type=float, default=5.0)
     args = parser.parse_args()
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                timeout_keep_alive=args.keep_alive_s)
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level="warning", access_log=False, timeout_keep_alive=args.keep_alive_s
+    )
 
 
 if __name__ == "__main__":

@@ -58,7 +58,11 @@ def _banner(settings: Settings) -> None:
         runner=server.runner,
         pid=os.getpid(),
         models=[
-            {"name": m.name, "engine": type(m).__struct_config__.tag, **({"aliases": list(m.aliases)} if m.aliases else {})}
+            {
+                "name": m.name,
+                "engine": type(m).__struct_config__.tag,
+                **({"aliases": list(m.aliases)} if m.aliases else {}),
+            }
             for m in settings.models
         ],
         auth=f"api_keys ({len(keys)})" if keys else ("open" if settings.auth.open else "open (loopback only)"),
@@ -103,7 +107,8 @@ class GatewayApp(Litestar):
             else:  # the request's server span around everything, its id and log line included
                 handled = tracing.serve_request(
                     cast("dict[str, Any]", scope),  # the scope itself: its state is read after the request
-                    send, lambda traced: request_context(scope, receive, traced, next_app, body_timeout_s=timeout)
+                    send,
+                    lambda traced: request_context(scope, receive, traced, next_app, body_timeout_s=timeout),
                 )
             await (handled if self.drain is None else self.drain.run(handled))
         else:

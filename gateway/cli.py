@@ -93,8 +93,9 @@ def _exit_without_teardown(code: int, *, grace_s: float = EXIT_JOIN_GRACE_S) -> 
     if left:
         import structlog
 
-        structlog.get_logger("gateway.servers").warning("exit_abandoning_threads", threads=left, grace_s=grace_s,
-                                                        why="still working after the drain (a model load)")
+        structlog.get_logger("gateway.servers").warning(
+            "exit_abandoning_threads", threads=left, grace_s=grace_s, why="still working after the drain (a model load)"
+        )
         _kill_children()
         _end(code)
     if join_threads is not None:
@@ -211,34 +212,47 @@ configuration:
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE",
-                        help="TOML config file (default: $RERANK_CONFIG, else built-in defaults)")
-    parser.add_argument("--host", help="bind address, overrides server.host (default 127.0.0.1; any other "
-                                       "address needs API keys or auth.open = true)")
+    parser.add_argument(
+        "--config", metavar="FILE", help="TOML config file (default: $RERANK_CONFIG, else built-in defaults)"
+    )
+    parser.add_argument(
+        "--host",
+        help="bind address, overrides server.host (default 127.0.0.1; any other "
+        "address needs API keys or auth.open = true)",
+    )
     parser.add_argument("--port", type=int, help="port, overrides server.port (default 8000)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from gateway import __version__
 
-    parser = argparse.ArgumentParser(prog="rerank-gateway", description=_DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
-                        help="print the version and exit")
+    parser = argparse.ArgumentParser(
+        prog="rerank-gateway", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version and exit"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = sub.add_parser(
-        "serve", help="run the gateway", epilog=_CONFIG_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "serve",
+        help="run the gateway",
+        epilog=_CONFIG_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run the gateway. The checks of check-config run first: a config they refuse stops\n"
-                    "here with one line (exit 2). Models load in the background: GET /ready says how.")
+        "here with one line (exit 2). Models load in the background: GET /ready says how.",
+    )
     _add_config_options(serve)
     serve.set_defaults(func=_serve)
     check = sub.add_parser(
-        "check-config", help="check the configuration as serve would, without loading weights",
-        epilog=_CONFIG_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "check-config",
+        help="check the configuration as serve would, without loading weights",
+        epilog=_CONFIG_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Check the configuration with the checks serve runs before it loads weights (API\n"
-                    "keys on a public address, local paths, engines' packages, families, windows) and print\n"
-                    "each model's engine and family. Exit 0 when serve would start loading every model, 2\n"
-                    "when not, with each problem on its own line.")
+        "keys on a public address, local paths, engines' packages, families, windows) and print\n"
+        "each model's engine and family. Exit 0 when serve would start loading every model, 2\n"
+        "when not, with each problem on its own line.",
+    )
     _add_config_options(check)
     check.set_defaults(func=_check_config)
     # bench's module imports only the standard library and msgspec; httpx/tqdm/matplotlib load when it runs.

@@ -284,14 +284,13 @@ def describe_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[int
     request_id = str(request.scope.get("state", {}).get("request_id", ""))
     if status >= 500:
         if isinstance(exc, _EXPECTED):
-            log.warning("request_refused", request_id=request_id, status=status, error=type(exc).__name__,
-                        reason=message)
+            log.warning(
+                "request_refused", request_id=request_id, status=status, error=type(exc).__name__, reason=message
+            )
         elif isinstance(exc, _KNOWN_FAILURES):  # the exception's own text: it may name what the client's does not
-            log.error("request_failed", request_id=request_id, status=status, error=type(exc).__name__,
-                      reason=str(exc))
+            log.error("request_failed", request_id=request_id, status=status, error=type(exc).__name__, reason=str(exc))
         else:
-            log.error("request_failed", request_id=request_id, status=status, error=type(exc).__name__,
-                      exc_info=exc)
+            log.error("request_failed", request_id=request_id, status=status, error=type(exc).__name__, exc_info=exc)
     return status, message, request_id, _headers(exc, status)
 
 

@@ -69,8 +69,13 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         else:
             n = len(req.documents)
             status = 200
-            body = _encode({"id": "x", "results": [{"index": i, "relevance_score": 0.5} for i in range(min(req.top_n or n, n))],
-                            "meta": {"api_version": {"version": "2"}}})
+            body = _encode(
+                {
+                    "id": "x",
+                    "results": [{"index": i, "relevance_score": 0.5} for i in range(min(req.top_n or n, n))],
+                    "meta": {"api_version": {"version": "2"}},
+                }
+            )
     await send({"type": "http.response.start", "status": status, "headers": _HEADERS})
     await send({"type": "http.response.body", "body": body})
 

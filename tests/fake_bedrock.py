@@ -28,8 +28,10 @@ from botocore.credentials import Credentials
 
 from tests.fake_providers import fake_score
 
-_AUTH = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request, "
-                   r"SignedHeaders=([^,]+), Signature=([0-9a-f]{64})$")
+_AUTH = re.compile(
+    r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request, "
+    r"SignedHeaders=([^,]+), Signature=([0-9a-f]{64})$"
+)
 _ARN = re.compile(r"^arn:aws:bedrock:[a-z0-9-]+::foundation-model/[a-z0-9.:-]+$")
 
 
@@ -80,8 +82,11 @@ def validate(body: Any) -> tuple[str, list[str], int, str]:
     config = _exact(body["rerankingConfiguration"], {"type", "bedrockRerankingConfiguration"}, "rerankingConfiguration")
     if config["type"] != "BEDROCK_RERANKING_MODEL":
         raise Invalid("rerankingConfiguration.type must be BEDROCK_RERANKING_MODEL")
-    bedrock = _exact(config["bedrockRerankingConfiguration"], {"numberOfResults", "modelConfiguration"},
-                     "bedrockRerankingConfiguration")
+    bedrock = _exact(
+        config["bedrockRerankingConfiguration"],
+        {"numberOfResults", "modelConfiguration"},
+        "bedrockRerankingConfiguration",
+    )
     count = bedrock["numberOfResults"]
     if not isinstance(count, int) or not 1 <= count <= min(1000, len(texts)):
         raise Invalid("numberOfResults must be 1 to 1000 and at most the number of sources")
@@ -142,8 +147,7 @@ class FakeBedrock:
         names = signed.split(";")
         if "host" not in names or "x-amz-date" not in names or any(n not in headers for n in names):
             return "InvalidSignatureException", "Signed headers are missing"
-        request = AWSRequest(method="POST", url=f"{self.url}{path}", data=raw,
-                             headers={n: headers[n] for n in names})
+        request = AWSRequest(method="POST", url=f"{self.url}{path}", data=raw, headers={n: headers[n] for n in names})
         request.context["timestamp"] = headers["x-amz-date"]
         signer = SigV4Auth(Credentials(self.key_id, self.secret), "bedrock", self.region)
         expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
@@ -153,8 +157,11 @@ class FakeBedrock:
 
     def handle(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict[str, str], bytes]:
         def error(status: int, code: str, message: str) -> tuple[int, dict[str, str], bytes]:
-            return status, {"x-amzn-ErrorType": f"{code}:http://internal.amazon.com/"}, json.dumps(
-                {"message": message}).encode()
+            return (
+                status,
+                {"x-amzn-ErrorType": f"{code}:http://internal.amazon.com/"},
+                json.dumps({"message": message}).encode(),
+            )
 
         if path != "/rerank":
             return error(404, "UnknownOperationException", "unknown operation")

@@ -127,9 +127,7 @@ class FakeDashScope:
         if not isinstance(query, str) or not isinstance(documents, list) or not documents:
             return _error(400, "BadRequest.EmptyInput", "Required input parameter missing from request.", rid)
         if len(documents) > self.max_documents:
-            return _error(
-                400, "InvalidParameter", f"Range of documents should be [1, {self.max_documents}]", rid
-            )
+            return _error(400, "InvalidParameter", f"Range of documents should be [1, {self.max_documents}]", rid)
         tokens = fake_tokens(query) * len(documents) + sum(fake_tokens(d) for d in documents)
         if tokens > self.max_request_tokens:
             return _error(

@@ -115,7 +115,9 @@ def _read_nvidia(body: dict[str, Any], status: int) -> tuple[str, list[str]]:
     passages = _need(body, "passages", list, status)
     if set(query) != {"text"} or not isinstance(query["text"], str):
         raise Refused(status, "query must be {'text': string}")
-    if not passages or not all(isinstance(p, dict) and set(p) == {"text"} and isinstance(p["text"], str) for p in passages):
+    if not passages or not all(
+        isinstance(p, dict) and set(p) == {"text"} and isinstance(p["text"], str) for p in passages
+    ):
         raise Refused(status, "passages must be a non-empty list of {'text': string}")
     if body.get("truncate", "END") not in ("NONE", "END"):
         raise Refused(status, "truncate must be NONE or END")
@@ -128,48 +130,83 @@ def _logit(p: float) -> float:
 
 SPECS: dict[str, Spec] = {
     "cohere": Spec(
-        "/v2/rerank", frozenset({"model", "query", "documents", "top_n", "max_tokens_per_doc", "priority"}), 400,
+        "/v2/rerank",
+        frozenset({"model", "query", "documents", "top_n", "max_tokens_per_doc", "priority"}),
+        400,
         _read_cohere,
         lambda rid, ranked, tokens: {
-            "id": rid, "results": [{"index": i, "relevance_score": s} for i, s in ranked],
-            "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1},
-                     "tokens": {"input_tokens": tokens}}},
-        lambda status, message: {"id": "err", "message": message}),
+            "id": rid,
+            "results": [{"index": i, "relevance_score": s} for i, s in ranked],
+            "meta": {
+                "api_version": {"version": "2"},
+                "billed_units": {"search_units": 1},
+                "tokens": {"input_tokens": tokens},
+            },
+        },
+        lambda status, message: {"id": "err", "message": message},
+    ),
     "jina": Spec(
-        "/v1/rerank", frozenset({"model", "query", "documents", "top_n", "return_documents"}), 422,
+        "/v1/rerank",
+        frozenset({"model", "query", "documents", "top_n", "return_documents"}),
+        422,
         _read_docs("top_n", "documents", "return_documents"),
         lambda rid, ranked, tokens: {
-            "model": "m", "usage": {"total_tokens": tokens},
-            "results": [{"index": i, "relevance_score": s} for i, s in ranked]},
-        lambda status, message: {"detail": message}),
+            "model": "m",
+            "usage": {"total_tokens": tokens},
+            "results": [{"index": i, "relevance_score": s} for i, s in ranked],
+        },
+        lambda status, message: {"detail": message},
+    ),
     "voyage": Spec(
-        "/v1/rerank", frozenset({"model", "query", "documents", "top_k", "return_documents", "truncation"}), 400,
+        "/v1/rerank",
+        frozenset({"model", "query", "documents", "top_k", "return_documents", "truncation"}),
+        400,
         _read_docs("top_k", "documents", "return_documents"),
         lambda rid, ranked, tokens: {
-            "object": "list", "model": "m", "usage": {"total_tokens": tokens},
-            "data": [{"index": i, "relevance_score": s} for i, s in ranked]},
-        lambda status, message: {"detail": message}),
+            "object": "list",
+            "model": "m",
+            "usage": {"total_tokens": tokens},
+            "data": [{"index": i, "relevance_score": s} for i, s in ranked],
+        },
+        lambda status, message: {"detail": message},
+    ),
     "mixedbread": Spec(
-        "/v1/reranking", frozenset({"model", "query", "input", "top_k", "return_input", "rank_fields"}), 422,
+        "/v1/reranking",
+        frozenset({"model", "query", "input", "top_k", "return_input", "rank_fields"}),
+        422,
         _read_docs("top_k", "input", "return_input"),
         lambda rid, ranked, tokens: {
-            "object": "list", "model": "m", "top_k": len(ranked), "return_input": False,
+            "object": "list",
+            "model": "m",
+            "top_k": len(ranked),
+            "return_input": False,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            "data": [{"index": i, "score": s, "object": "rank_result"} for i, s in ranked]},
-        lambda status, message: {"error": {"message": message, "type": "invalid_request_error"}}),
+            "data": [{"index": i, "score": s, "object": "rank_result"} for i, s in ranked],
+        },
+        lambda status, message: {"error": {"message": message, "type": "invalid_request_error"}},
+    ),
     "nvidia": Spec(
-        "/v1/ranking", frozenset({"model", "query", "passages", "truncate"}), 422,
+        "/v1/ranking",
+        frozenset({"model", "query", "passages", "truncate"}),
+        422,
         _read_nvidia,
         lambda rid, ranked, tokens: {"rankings": [{"index": i, "logit": _logit(s)} for i, s in ranked]},
-        lambda status, message: {"type": "about:blank", "title": "Error", "status": status, "detail": message}),
+        lambda status, message: {"type": "about:blank", "title": "Error", "status": status, "detail": message},
+    ),
     "together": Spec(
-        "/v1/rerank", frozenset({"model", "query", "documents", "top_n", "return_documents", "rank_fields"}), 400,
+        "/v1/rerank",
+        frozenset({"model", "query", "documents", "top_n", "return_documents", "rank_fields"}),
+        400,
         _read_docs("top_n", "documents", "return_documents"),
         lambda rid, ranked, tokens: {
-            "object": "rerank", "id": rid, "model": "m",
+            "object": "rerank",
+            "id": rid,
+            "model": "m",
             "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
-            "results": [{"index": i, "relevance_score": s, "document": None} for i, s in ranked]},
-        lambda status, message: {"error": {"message": message, "type": "invalid_request_error", "code": status}}),
+            "results": [{"index": i, "relevance_score": s, "document": None} for i, s in ranked],
+        },
+        lambda status, message: {"error": {"message": message, "type": "invalid_request_error", "code": status}},
+    ),
 }
 
 

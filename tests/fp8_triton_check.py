@@ -27,10 +27,20 @@ def _gpu_conversions() -> None:
     import triton.language as tl
     from triton.runtime import interpreter
 
-    torch_of = {tl.float32: torch.float32, tl.bfloat16: torch.bfloat16, tl.float8e4nv: torch.float8_e4m3fn,
-                tl.float8e5: torch.float8_e5m2, tl.float16: torch.float16}
-    raw = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
-           torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
+    torch_of = {
+        tl.float32: torch.float32,
+        tl.bfloat16: torch.bfloat16,
+        tl.float8e4nv: torch.float8_e4m3fn,
+        tl.float8e5: torch.float8_e5m2,
+        tl.float16: torch.float16,
+    }
+    raw = {
+        torch.float32: torch.int32,
+        torch.bfloat16: torch.int16,
+        torch.float16: torch.int16,
+        torch.float8_e4m3fn: torch.uint8,
+        torch.float8_e5m2: torch.uint8,
+    }
     original = interpreter._convert_float
 
     def convert(data: np.ndarray, src: object, dst: object, rounding_mode: object) -> np.ndarray:
@@ -63,8 +73,12 @@ def main() -> dict[str, dict[str, float]]:
 
     def diff(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> dict[str, float]:
         (gq, gs), (wq, ws) = got[-2:], want[-2:]
-        out = {"values_differing": int((gq.view(torch.uint8) != wq.view(torch.uint8)).sum()), "values": wq.numel(),
-               "scale_max_rel": float(((gs - ws).abs() / ws).max()), "nonfinite": int((~torch.isfinite(gq.float())).sum())}
+        out = {
+            "values_differing": int((gq.view(torch.uint8) != wq.view(torch.uint8)).sum()),
+            "values": wq.numel(),
+            "scale_max_rel": float(((gs - ws).abs() / ws).max()),
+            "nonfinite": int((~torch.isfinite(gq.float())).sum()),
+        }
         if len(got) == 3:
             out["residual_max_abs"] = float((got[0].float() - want[0].float()).abs().max())
         return out
@@ -91,20 +105,42 @@ def compile_sm90() -> dict[str, dict[str, int]]:
     from adapters.runtimes.packed import fp8_triton as ft
 
     rows = {"stride_x": "i32", "stride_q": "i32", "N": "i32", "BLOCK": "constexpr"}
-    norm = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "H": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", "stride_x": "i32",
-            "stride_r": "i32", "stride_h": "i32", "stride_q": "i32", "N": "i32", "eps": "fp32", "HAS_RES": "constexpr",
-            "BLOCK": "constexpr"}
-    cases = {"add_rms_q": (ft._norm_q, norm, {"HAS_RES": True, "BLOCK": 1024}, 2),
-             "rms_q": (ft._norm_q, norm, {"HAS_RES": False, "BLOCK": 1024}, 2),
-             "silu_mul_q": (ft._silu_mul_q, {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", **rows}, {"BLOCK": 4096}, 8),
-             "quant": (ft._quant, {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", **rows}, {"BLOCK": 2048}, 4)}
+    norm = {
+        "X": "*bf16",
+        "R": "*bf16",
+        "W": "*bf16",
+        "H": "*bf16",
+        "Q": "*fp8e4nv",
+        "S": "*fp32",
+        "stride_x": "i32",
+        "stride_r": "i32",
+        "stride_h": "i32",
+        "stride_q": "i32",
+        "N": "i32",
+        "eps": "fp32",
+        "HAS_RES": "constexpr",
+        "BLOCK": "constexpr",
+    }
+    cases = {
+        "add_rms_q": (ft._norm_q, norm, {"HAS_RES": True, "BLOCK": 1024}, 2),
+        "rms_q": (ft._norm_q, norm, {"HAS_RES": False, "BLOCK": 1024}, 2),
+        "silu_mul_q": (ft._silu_mul_q, {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", **rows}, {"BLOCK": 4096}, 8),
+        "quant": (ft._quant, {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", **rows}, {"BLOCK": 2048}, 4),
+    }
     out = {}
     for name, (fn, sig, consts, warps) in cases.items():
-        k = triton.compile(ASTSource(fn=triton.jit(fn), signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": warps})
+        k = triton.compile(
+            ASTSource(fn=triton.jit(fn), signature=sig, constexprs=consts),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": warps},
+        )
         ptx = k.asm["ptx"]
-        out[name] = {"cubin_bytes": len(k.asm["cubin"]), "cvt_e4m3": ptx.count("e4m3x2"), "div_rn": ptx.count("div.rn.f32"),
-                     "div_approx": ptx.count("div.full.f32") + ptx.count("div.approx.f32")}
+        out[name] = {
+            "cubin_bytes": len(k.asm["cubin"]),
+            "cvt_e4m3": ptx.count("e4m3x2"),
+            "div_rn": ptx.count("div.rn.f32"),
+            "div_approx": ptx.count("div.full.f32") + ptx.count("div.approx.f32"),
+        }
     return out
 
 

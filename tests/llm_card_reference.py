@@ -63,8 +63,13 @@ def mxbai_ids(model_dir: str | Path, query: str, document: str, instruction: str
         query_prompt = f"instruction: {instruction}\nquery: {query}"
     sep = _ids(tok, "\n")
     return [
-        *_ids(tok, MXBAI_PREFIX), *_ids(tok, query_prompt), *sep, *_ids(tok, f"document: {document}"),
-        *sep, *_ids(tok, MXBAI_TASK), *_ids(tok, MXBAI_SUFFIX),
+        *_ids(tok, MXBAI_PREFIX),
+        *_ids(tok, query_prompt),
+        *sep,
+        *_ids(tok, f"document: {document}"),
+        *sep,
+        *_ids(tok, MXBAI_TASK),
+        *_ids(tok, MXBAI_SUFFIX),
     ]
 
 

@@ -66,12 +66,20 @@ class OtlpReceiver:
                     resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
                     for scope_spans in resource_spans.scope_spans:
                         for s in scope_spans.spans:
-                            spans.append(Span(
-                                name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                                parent_id=s.parent_span_id.hex(), kind=s.kind, start_ns=s.start_time_unix_nano,
-                                end_ns=s.end_time_unix_nano, attributes={a.key: _value(a.value) for a in s.attributes},
-                                status_code=s.status.code, service=str(resource.get("service.name")),
-                            ))
+                            spans.append(
+                                Span(
+                                    name=s.name,
+                                    trace_id=s.trace_id.hex(),
+                                    span_id=s.span_id.hex(),
+                                    parent_id=s.parent_span_id.hex(),
+                                    kind=s.kind,
+                                    start_ns=s.start_time_unix_nano,
+                                    end_ns=s.end_time_unix_nano,
+                                    attributes={a.key: _value(a.value) for a in s.attributes},
+                                    status_code=s.status.code,
+                                    service=str(resource.get("service.name")),
+                                )
+                            )
                 with lock:
                     receiver.bodies.append(raw)
                     receiver.spans.extend(spans)

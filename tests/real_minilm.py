@@ -106,7 +106,14 @@ def build_minilm_reranker(out_dir: str | Path, *, logit_range: float = 22.0, see
         model.bert.pooler.dense.bias.zero_()
         feats = []
         for a in range(0, len(docs), 50):
-            enc = tok(queries[a:a + 50], docs[a:a + 50], return_tensors="pt", padding=True, truncation=True, max_length=256)
+            enc = tok(
+                queries[a : a + 50],
+                docs[a : a + 50],
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=256,
+            )
             feats.append(model.bert(**enc).pooler_output)
         x = torch.cat(feats)
         mean = x.mean(dim=0)

@@ -37,7 +37,9 @@ def cross_logits(model_dir: str | Path, query: str, documents: Sequence[str]) ->
     return out
 
 
-def cross_scores(model_dir: str | Path, query: str, documents: Sequence[str], *, positive: int | None = None) -> list[float]:
+def cross_scores(
+    model_dir: str | Path, query: str, documents: Sequence[str], *, positive: int | None = None
+) -> list[float]:
     import torch
 
     scores = []
@@ -63,7 +65,9 @@ def embed(model_dir: str | Path, texts: Sequence[str], *, pooling: str = "mean")
     return torch.stack(rows)
 
 
-def bi_scores(model_dir: str | Path, query: str, documents: Sequence[str], *, pooling: str = "mean", raw: bool = False) -> list[float]:
+def bi_scores(
+    model_dir: str | Path, query: str, documents: Sequence[str], *, pooling: str = "mean", raw: bool = False
+) -> list[float]:
     import torch
 
     q = embed(model_dir, [query], pooling=pooling)[0]

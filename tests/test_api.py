@@ -93,9 +93,17 @@ def test_response_superset_shape(client):
 
 def test_null_valued_optionals_are_accepted(client):
     body = {
-        "model": "static", "query": Q, "documents": ["alpha", "beta"], "top_n": None, "rank_fields": None,
-        "return_documents": None, "max_chunks_per_doc": None, "max_tokens_per_doc": None, "priority": None,
-        "instruction": None, "instruct": None,
+        "model": "static",
+        "query": Q,
+        "documents": ["alpha", "beta"],
+        "top_n": None,
+        "rank_fields": None,
+        "return_documents": None,
+        "max_chunks_per_doc": None,
+        "max_tokens_per_doc": None,
+        "priority": None,
+        "instruction": None,
+        "instruct": None,
     }
     for path in ("/v1/rerank", "/v2/rerank"):
         assert len(ok(rerank(client, body, path))["results"]) == 2
@@ -111,9 +119,14 @@ def test_v2_accepts_old_sdk_fields(client):
         rerank(
             client,
             {
-                "model": "static", "query": Q, "documents": [{"Title": "Paris", "Body": "capital of France"}, "beta"],
-                "rank_fields": ["Title", "Body"], "return_documents": True, "max_chunks_per_doc": 3,
-                "max_tokens_per_doc": 100, "priority": 5,
+                "model": "static",
+                "query": Q,
+                "documents": [{"Title": "Paris", "Body": "capital of France"}, "beta"],
+                "rank_fields": ["Title", "Body"],
+                "return_documents": True,
+                "max_chunks_per_doc": 3,
+                "max_tokens_per_doc": 100,
+                "priority": 5,
             },
             "/v2/rerank",
         )
@@ -140,8 +153,13 @@ def test_jina_shape(client):
     body = ok(
         rerank(
             client,
-            {"model": "static", "query": {"text": Q}, "documents": [{"text": "alpha"}, {"text": "beta"}],
-             "top_n": 1, "return_documents": True},
+            {
+                "model": "static",
+                "query": {"text": Q},
+                "documents": [{"text": "alpha"}, {"text": "beta"}],
+                "top_n": 1,
+                "return_documents": True,
+            },
         )
     )
     assert body["results"] == [{"index": 1, "relevance_score": 0.9, "document": {"text": "beta"}}]
@@ -155,14 +173,23 @@ def test_object_documents_keep_their_keys(client):
 
 
 def test_rank_fields_pick_and_join_fields(client):
-    docs = [{"Title": "Paris", "Body": "capital of France", "Other": "x"}, {"Body": "capital of France"}, {"year": 2024}]
-    body = ok(rerank(client, {"model": "static", "query": Q, "documents": docs, "rank_fields": ["Title", "Body", "year"]}))
+    docs = [
+        {"Title": "Paris", "Body": "capital of France", "Other": "x"},
+        {"Body": "capital of France"},
+        {"year": 2024},
+    ]
+    body = ok(
+        rerank(client, {"model": "static", "query": Q, "documents": docs, "rank_fields": ["Title", "Body", "year"]})
+    )
     assert {r["index"]: r["relevance_score"] for r in body["results"]} == {0: 0.8, 1: 0.3, 2: 0.6}
 
 
 def test_top_n(client):
     docs = ["alpha", "beta", "gamma"]
-    assert [r["index"] for r in ok(rerank(client, {"model": "static", "query": Q, "documents": docs, "top_n": 2}))["results"]] == [1, 2]
+    assert [
+        r["index"]
+        for r in ok(rerank(client, {"model": "static", "query": Q, "documents": docs, "top_n": 2}))["results"]
+    ] == [1, 2]
     assert len(ok(rerank(client, {"model": "static", "query": Q, "documents": docs, "top_n": 99}))["results"]) == 3
 
 
@@ -266,7 +293,13 @@ def _error(resp, status, *needles):
 
 
 def test_400_malformed_json(client):
-    _error(client.post("/v1/rerank", content=b'{"query": "x", "documents": [', headers={"content-type": "application/json"}), 400, "malformed")
+    _error(
+        client.post(
+            "/v1/rerank", content=b'{"query": "x", "documents": [', headers={"content-type": "application/json"}
+        ),
+        400,
+        "malformed",
+    )
     _error(client.post("/v1/rerank", content=b"", headers={"content-type": "application/json"}), 400, "empty")
 
 
@@ -303,10 +336,18 @@ def test_404_unknown_model_and_route(client):
 
 def test_413_limits(client):
     _error(rerank(client, {"model": "static", "query": Q, "documents": ["a"] * 51}), 413, "max_documents")
-    _error(rerank(client, {"model": "static", "query": Q, "documents": ["x" * 100_000, "y" * 100_000]}), 413,
-           "limits.max_body_bytes", "200000 bytes")
+    _error(
+        rerank(client, {"model": "static", "query": Q, "documents": ["x" * 100_000, "y" * 100_000]}),
+        413,
+        "limits.max_body_bytes",
+        "200000 bytes",
+    )
     # 5 long documents x up to 10 chunks each > 40 chunks allowed
-    _error(rerank(client, {"model": "tiny", "query": Q, "documents": [LONG_DOC * 3 + str(i) for i in range(5)]}), 413, "chunks")
+    _error(
+        rerank(client, {"model": "tiny", "query": Q, "documents": [LONG_DOC * 3 + str(i) for i in range(5)]}),
+        413,
+        "chunks",
+    )
 
 
 def test_503_model_that_cannot_load(client):
@@ -368,7 +409,9 @@ def test_engine_returning_nan_is_502(client, monkeypatch):
 def test_request_id_taken_from_client_or_generated(client):
     resp = rerank(client, {"model": "static", "query": Q, "documents": ["a"]}, headers={"x-request-id": "abc-123"})
     assert resp.headers["x-request-id"] == "abc-123" and resp.json()["id"] == "abc-123"
-    bad = rerank(client, {"model": "static", "query": Q, "documents": ["a"]}, headers={"x-request-id": "bad id<script>" * 20})
+    bad = rerank(
+        client, {"model": "static", "query": Q, "documents": ["a"]}, headers={"x-request-id": "bad id<script>" * 20}
+    )
     assert "<" not in bad.headers["x-request-id"] and len(bad.headers["x-request-id"]) == 32
     err = rerank(client, {"model": "nope", "query": Q, "documents": ["a"]}, headers={"x-request-id": "err-1"})
     assert err.headers["x-request-id"] == "err-1" and err.json()["id"] == "err-1"

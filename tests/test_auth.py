@@ -308,7 +308,8 @@ def test_serve_refuses_public_bind_without_keys(tmp_path):
     config.write_text('[server]\nhost = "0.0.0.0"\n[[models]]\nname = "m"\nengine = "static"\n')
     proc = subprocess.run(
         [sys.executable, "-m", "gateway", "serve", "--config", str(config)],
-        check=False, cwd=ROOT,
+        check=False,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,

@@ -51,12 +51,24 @@ def client(fake):
         credentials = os.path.join(folder, "credentials")
         with open(credentials, "w") as file:  # a profile whose secret the fake does not know
             file.write(f"[wrong]\naws_access_key_id = {KEY_ID}\naws_secret_access_key = {WRONG_SECRET}\n")
-        env = {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SHARED_CREDENTIALS_FILE": credentials,
-               "AWS_CONFIG_FILE": os.path.join(folder, "config"), "AWS_EC2_METADATA_DISABLED": "true"}
+        env = {
+            "AWS_ACCESS_KEY_ID": KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_SHARED_CREDENTIALS_FILE": credentials,
+            "AWS_CONFIG_FILE": os.path.join(folder, "config"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
         saved = {var: os.environ.get(var) for var in env}
         os.environ.update(env)
-        base = {"model": MODEL, "region": REGION, "endpoint_url": fake.url, "max_documents_per_call": 4,
-                "retries": 2, "backoff_initial_s": 0.05, "backoff_max_s": 0.2}
+        base = {
+            "model": MODEL,
+            "region": REGION,
+            "endpoint_url": fake.url,
+            "max_documents_per_call": 4,
+            "retries": 2,
+            "backoff_initial_s": 0.05,
+            "backoff_max_s": 0.2,
+        }
         models = (
             BedrockEngineConfig(name="bedrock", **base),
             BedrockEngineConfig(name="bedrock-slow", **{**base, "read_timeout_s": 0.3}),
@@ -107,8 +119,13 @@ def test_signed_calls_split_and_merged(client, fake):
         assert call == {
             "queries": [{"type": "TEXT", "textQuery": {"text": Q}}],
             "sources": _sources(part),
-            "rerankingConfiguration": {"type": "BEDROCK_RERANKING_MODEL", "bedrockRerankingConfiguration": {
-                "numberOfResults": len(part), "modelConfiguration": {"modelArn": ARN}}},
+            "rerankingConfiguration": {
+                "type": "BEDROCK_RERANKING_MODEL",
+                "bedrockRerankingConfiguration": {
+                    "numberOfResults": len(part),
+                    "modelConfiguration": {"modelArn": ARN},
+                },
+            },
         }
     # Rerank reports no usage: the gateway's estimate, which errs high.
     assert body["usage"]["total_tokens"] >= fake_tokens(Q) * 5 + sum(map(fake_tokens, DOCS))
@@ -191,6 +208,7 @@ def test_no_credentials_fail_at_start(monkeypatch, tmp_path):
 
 def test_model_arn():
     assert BedrockEngineConfig(name="b", model=MODEL, region="eu-central-1").model_arn == (
-        f"arn:aws:bedrock:eu-central-1::foundation-model/{MODEL}")
+        f"arn:aws:bedrock:eu-central-1::foundation-model/{MODEL}"
+    )
     arn = "arn:aws:bedrock:us-east-1:123456789012:provisioned-model/abc"
     assert BedrockEngineConfig(name="b", model=arn, region=REGION).model_arn == arn

@@ -27,7 +27,11 @@ engine = "static"
 def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gateway", "bench", *args, "--no-progress"],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -36,7 +40,9 @@ def stub_url() -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(port)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -56,8 +62,17 @@ def test_length_spec_parses_fixed_and_ranges() -> None:
 
 
 def test_workload_is_deterministic_with_duplicates_and_word_lengths() -> None:
-    spec = WorkloadSpec(requests=3, documents=20, doc_tokens="5-9", query_tokens="4", duplicate_share=0.25,
-                        top_n=5, instruction="find it", model="m", seed=7)
+    spec = WorkloadSpec(
+        requests=3,
+        documents=20,
+        doc_tokens="5-9",
+        query_tokens="4",
+        duplicate_share=0.25,
+        top_n=5,
+        instruction="find it",
+        model="m",
+        seed=7,
+    )
     a, b = build_workload(spec), build_workload(spec)
     assert [r.body for r in a] == [r.body for r in b]
     body = json.loads(a[0].body)
@@ -75,11 +90,25 @@ def test_report_gives_percentiles_of_each_server_timing_phase() -> None:
 
     # 99 quick requests and one whose inference took 50 ms: the mean hides it, p99 / max show it.
     def sample(i: int, inference: float) -> Sample:
-        return Sample(start_s=i, latency_s=(inference + 3.5) / 1e3, status=200, ok=True, documents=1, content_tokens=1,
-                      process_ms=inference + 2.0, tokenize_ms=2.0, inference_ms=inference)
+        return Sample(
+            start_s=i,
+            latency_s=(inference + 3.5) / 1e3,
+            status=200,
+            ok=True,
+            documents=1,
+            content_tokens=1,
+            process_ms=inference + 2.0,
+            tokenize_ms=2.0,
+            inference_ms=inference,
+        )
 
-    run = LevelRun(endpoint="gw", mode="closed", concurrency=1, wall_s=1.0,
-                   samples=[sample(i, 10.0) for i in range(99)] + [sample(99, 50.0)])
+    run = LevelRun(
+        endpoint="gw",
+        mode="closed",
+        concurrency=1,
+        wall_s=1.0,
+        samples=[sample(i, 10.0) for i in range(99)] + [sample(99, 50.0)],
+    )
     s = summarize(run)
     pct = s["server_timing_pct_ms"]
     assert set(pct) == {"process", "tokenize", "inference", "outside_server"}
@@ -107,8 +136,23 @@ def test_exact_token_lengths_with_the_model_tokenizer(tiny_qwen3_dir: Path) -> N
 def test_bench_sweeps_the_gateway_and_writes_reports(gateway_server, tmp_path: Path) -> None:
     server = gateway_server(STATIC)
     out = tmp_path / "sweep"
-    proc = bench(f"{server.url}/v1/rerank", "--model", "static", "--requests", "12", "--concurrency", "1,3",
-                 "--documents", "10", "--duplicates", "0.2", "--top-n", "3", "--out", str(out))
+    proc = bench(
+        f"{server.url}/v1/rerank",
+        "--model",
+        "static",
+        "--requests",
+        "12",
+        "--concurrency",
+        "1,3",
+        "--documents",
+        "10",
+        "--duplicates",
+        "0.2",
+        "--top-n",
+        "3",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "bench.json").read_text())
     assert [(s["concurrency"], s["requests"], s["ok"]) for s in doc["summaries"]] == [(1, 12, 12), (3, 12, 12)]
@@ -132,8 +176,26 @@ def test_bench_sweeps_the_gateway_and_writes_reports(gateway_server, tmp_path: P
 def test_compare_alternates_two_endpoints_and_reports_ratios(gateway_server, stub_url: str, tmp_path: Path) -> None:
     server = gateway_server(STATIC)
     out = tmp_path / "cmp"
-    proc = bench(server.url, "--model", "static", "--compare", stub_url, "--label", "gw", "--compare-label", "stub",
-                 "--requests", "10", "--concurrency", "2", "--documents", "5", "--no-plot", "--out", str(out))
+    proc = bench(
+        server.url,
+        "--model",
+        "static",
+        "--compare",
+        stub_url,
+        "--label",
+        "gw",
+        "--compare-label",
+        "stub",
+        "--requests",
+        "10",
+        "--concurrency",
+        "2",
+        "--documents",
+        "5",
+        "--no-plot",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "bench.json").read_text())
     assert [(s["endpoint"], s["ok"]) for s in doc["summaries"]] == [("gw", 10), ("stub", 10)]
@@ -149,8 +211,22 @@ def test_compare_alternates_two_endpoints_and_reports_ratios(gateway_server, stu
 @pytest.mark.slow
 def test_open_loop_keeps_the_schedule(stub_url: str, tmp_path: Path) -> None:
     out = tmp_path / "open"
-    proc = bench(stub_url, "--model", "m", "--rate", "40", "--requests", "9", "--documents", "3", "--warmup", "0",
-                 "--no-plot", "--out", str(out))
+    proc = bench(
+        stub_url,
+        "--model",
+        "m",
+        "--rate",
+        "40",
+        "--requests",
+        "9",
+        "--documents",
+        "3",
+        "--warmup",
+        "0",
+        "--no-plot",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     (s,) = json.loads((out / "bench.json").read_text())["summaries"]
     assert (s["mode"], s["rate"], s["ok"]) == ("open", 40.0, 9)
@@ -161,8 +237,20 @@ def test_open_loop_keeps_the_schedule(stub_url: str, tmp_path: Path) -> None:
 def test_errors_are_counted_by_status_and_fail_the_run(gateway_server, tmp_path: Path) -> None:
     server = gateway_server(STATIC)
     out = tmp_path / "err"
-    proc = bench(server.url, "--model", "no-such-model", "--requests", "4", "--documents", "2", "--warmup", "0",
-                 "--no-plot", "--out", str(out))
+    proc = bench(
+        server.url,
+        "--model",
+        "no-such-model",
+        "--requests",
+        "4",
+        "--documents",
+        "2",
+        "--warmup",
+        "0",
+        "--no-plot",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 1
     (s,) = json.loads((out / "bench.json").read_text())["summaries"]
     assert s["ok"] == 0 and s["errors"] == {"404": 4}
@@ -183,7 +271,9 @@ def test_without_matplotlib_results_are_written_and_plots_skipped_in_one_line(st
         f"sys.exit(main(['bench', {stub_url!r}, '--model', 'stub', '--requests', '3', '--documents', '2', '--warmup', '0', "
         f"'--concurrency', '1', '--no-progress', '--out', {str(out)!r}]))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     (s,) = json.loads((out / "bench.json").read_text())["summaries"]
     assert s["ok"] == 3
@@ -215,9 +305,28 @@ def test_no_output_carries_a_key(gateway_server, stub_url: str, tmp_path: Path) 
     out = tmp_path / "keyed"
     port = stub_url.rsplit(":", 1)[1]
     compare = f"http://bench:{_SECRETS['url password']}@127.0.0.1:{port}/v2/rerank?api_key={_SECRETS['url query']}"
-    proc = bench(server.url, "--model", "static", "--api-key", _KEY, "--compare", compare,
-                 f"--compare-api-key={_SECRETS['compare key']}", "--head", f"X-Upstream-Token: {_SECRETS['header']}",
-                 "--requests", "4", "--concurrency", "2", "--documents", "3", "--warmup", "0", "--out", str(out))
+    proc = bench(
+        server.url,
+        "--model",
+        "static",
+        "--api-key",
+        _KEY,
+        "--compare",
+        compare,
+        f"--compare-api-key={_SECRETS['compare key']}",
+        "--head",
+        f"X-Upstream-Token: {_SECRETS['header']}",
+        "--requests",
+        "4",
+        "--concurrency",
+        "2",
+        "--documents",
+        "3",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+    )
     # Every request answered: the gateway only does with the key, so it was sent.
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((out / "bench.json").read_text())
@@ -232,8 +341,9 @@ def test_no_output_carries_a_key(gateway_server, stub_url: str, tmp_path: Path) 
 def test_key_in_an_error_message_is_redacted(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text(_KEY + "\n")
-    proc = bench(f"ftp://u:{_SECRETS['url password']}@host/{_KEY}", "--api-key-file", str(key_file),
-                 "--out", str(tmp_path / "x"))
+    proc = bench(
+        f"ftp://u:{_SECRETS['url password']}@host/{_KEY}", "--api-key-file", str(key_file), "--out", str(tmp_path / "x")
+    )
     assert proc.returncode == 2 and "not an http(s) URL" in proc.stderr and "<redacted>" in proc.stderr
     _assert_no_secret({"stdout": proc.stdout.encode(), "stderr": proc.stderr.encode()})
 
@@ -241,10 +351,29 @@ def test_key_in_an_error_message_is_redacted(tmp_path: Path) -> None:
 def test_command_line_redaction_covers_every_spelling() -> None:
     from gateway.bench.redact import Redactor
 
-    r = Redactor(keys=("ab", "rk-long-key-1234"), headers=["Authorization: Bearer tok-5678"],
-                 urls=["https://user:pw-9999@h/x?access_token=qs-0000&n=3"])
-    argv = ["https://user:pw-9999@h/x?access_token=qs-0000&n=3", "--api-k", "ab", "--compare-api-key=rk-long-key-1234",
-            "--header", "Authorization: Bearer tok-5678", "--requests", "3"]
-    assert r.argv(argv) == ["https://h/x?access_token=<redacted>&n=3", "--api-k", "<redacted>",
-                            "--compare-api-key=<redacted>", "--header", "Authorization: <redacted>", "--requests", "3"]
+    r = Redactor(
+        keys=("ab", "rk-long-key-1234"),
+        headers=["Authorization: Bearer tok-5678"],
+        urls=["https://user:pw-9999@h/x?access_token=qs-0000&n=3"],
+    )
+    argv = [
+        "https://user:pw-9999@h/x?access_token=qs-0000&n=3",
+        "--api-k",
+        "ab",
+        "--compare-api-key=rk-long-key-1234",
+        "--header",
+        "Authorization: Bearer tok-5678",
+        "--requests",
+        "3",
+    ]
+    assert r.argv(argv) == [
+        "https://h/x?access_token=<redacted>&n=3",
+        "--api-k",
+        "<redacted>",
+        "--compare-api-key=<redacted>",
+        "--header",
+        "Authorization: <redacted>",
+        "--requests",
+        "3",
+    ]
     assert r.scrub("sent Bearer tok-5678 to rk-long-key-1234") == "sent <redacted> to <redacted>"

@@ -27,9 +27,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 def _documented() -> list[str]:
     found = [c for page in PAGES for c in commands(page.read_text()) if c.startswith("rerank-gateway bench ")]
     found += [
-        " ".join(c.split())
-        for c in commands("```bash\n" + _EXAMPLES + "```")
-        if c.startswith("rerank-gateway bench ")
+        " ".join(c.split()) for c in commands("```bash\n" + _EXAMPLES + "```") if c.startswith("rerank-gateway bench ")
     ]
     return found
 

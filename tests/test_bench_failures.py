@@ -31,8 +31,12 @@ TIMEOUT_S = 3.0  # the client's --timeout: an unanswered request's latency is at
 @pytest.fixture(scope="module")
 def failing_url() -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.failing_upstream", "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.failing_upstream", "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_ok(f"{url}/health", proc, deadline=time.monotonic() + 30, what="failing upstream", interval=0.1)
@@ -51,10 +55,35 @@ def test_injected_failures_are_in_every_figure_and_table(failing_url: str, tmp_p
     assert (expected.count("502"), expected.count("hang")) == (2, 2)  # the stub's schedule, as this test reads it
     out = tmp_path / "bench"
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway", "bench", f"{failing_url}/v2/rerank", "--model", "m", "--requests", "12", "--concurrency", "2",
-         "--documents", "4", "--warmup", "0", "--timeout", str(TIMEOUT_S), "--strict", "--no-progress",
-         "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "bench",
+            f"{failing_url}/v2/rerank",
+            "--model",
+            "m",
+            "--requests",
+            "12",
+            "--concurrency",
+            "2",
+            "--documents",
+            "4",
+            "--warmup",
+            "0",
+            "--timeout",
+            str(TIMEOUT_S),
+            "--strict",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 1, proc.stderr  # --strict: a failed request fails the run
     doc = json.loads((out / "bench.json").read_text())
     (s,) = doc["summaries"]
@@ -65,7 +94,9 @@ def test_injected_failures_are_in_every_figure_and_table(failing_url: str, tmp_p
     (lat,) = doc["latencies_ms"]
     assert len(lat["ok"]) == 8 and len(lat["failed"]) == 4
     assert sum(x >= TIMEOUT_S * 1e3 for x in lat["failed"]) == 2
-    assert s["latency_ms"]["max"] == pytest.approx(max(lat["failed"]), abs=1e-3) and max(lat["failed"]) >= TIMEOUT_S * 1e3
+    assert (
+        s["latency_ms"]["max"] == pytest.approx(max(lat["failed"]), abs=1e-3) and max(lat["failed"]) >= TIMEOUT_S * 1e3
+    )
     assert s["latency_ms"]["p99"] >= TIMEOUT_S * 1e3 > s["latency_ok_ms"]["max"]
     assert s["latency_ms"]["p50"] == pytest.approx(_median(lat["ok"] + lat["failed"]), abs=1e-2)
     # Goodput: the OK requests' documents over a wall time that includes the failures' wait.
@@ -79,8 +110,12 @@ def test_injected_failures_are_in_every_figure_and_table(failing_url: str, tmp_p
     # The GPU suite's report on this very level (as its gateway phase would record it, at one
     # client): every target it would judge is refused, the p50 target with the failures named.
     level = {**s, "concurrency": 1}
-    results = {"environment": doc["environment"], "device": "stub", "tflops": 0,
-               "gateway": {"start_s": {"stub": 0.0}, "http": {"stub": {"d100": {"summaries": [level], "measured": "-"}}}}}
+    results = {
+        "environment": doc["environment"],
+        "device": "stub",
+        "tflops": 0,
+        "gateway": {"start_s": {"stub": 0.0}, "http": {"stub": {"d100": {"summaries": [level], "measured": "-"}}}},
+    }
     targets = [line for line in gpu_report(results).splitlines() if line.startswith("| d100, one client")]
     assert len(targets) == 2 and not any("**met**" in line for line in targets), targets
     assert any("not met: 4 of 12 requests failed (502: 2, timeout: 2)" in line for line in targets), targets
@@ -92,8 +127,16 @@ def _median(values: list[float]) -> float:
 
 
 def _sample(i: int, latency_ms: float, status: int = 200, *, timed_out: bool = False) -> Sample:
-    return Sample(start_s=i * 0.01, latency_s=latency_ms / 1e3, status=status, ok=status == 200, documents=10,
-                  content_tokens=100, timed_out=timed_out, error=None if status == 200 else "boom")
+    return Sample(
+        start_s=i * 0.01,
+        latency_s=latency_ms / 1e3,
+        status=status,
+        ok=status == 200,
+        documents=10,
+        content_tokens=100,
+        timed_out=timed_out,
+        error=None if status == 200 else "boom",
+    )
 
 
 def test_plots_draw_every_request_and_mark_the_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,10 +150,17 @@ def test_plots_draw_every_request_and_mark_the_failed(tmp_path: Path, monkeypatc
         return real_plot(self, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
-    runs = [LevelRun(endpoint="gw", mode="closed", concurrency=c, wall_s=1.0,
-                     samples=[_sample(i, 10.0 + i) for i in range(6)] + [_sample(6, 900.0, 0, timed_out=True),
-                                                                         _sample(7, 5.0, 503)])
-            for c in (1, 4)]
+    runs = [
+        LevelRun(
+            endpoint="gw",
+            mode="closed",
+            concurrency=c,
+            wall_s=1.0,
+            samples=[_sample(i, 10.0 + i) for i in range(6)]
+            + [_sample(6, 900.0, 0, timed_out=True), _sample(7, 5.0, 503)],
+        )
+        for c in (1, 4)
+    ]
     summaries = [summarize(r) for r in runs]
     assert write_plots(tmp_path, runs, summaries) == ["latency_cdf.png", "throughput.png"]
     cdf = [(xs, label) for xs, label in drawn if label.startswith("gw c=")]
@@ -147,7 +197,8 @@ def test_targets_are_met_only_clear_of_the_spread_and_without_failures() -> None
     assert judge(_level(steady, docs_per_s=2900.0), "docs_per_s", 2500, higher=True).startswith("**met**")
     assert judge(_level(steady, failed=1, docs_per_s=2900.0), "docs_per_s", 2500, higher=True).startswith("not met")
     assert judge(_level(steady, failed=1, docs_per_s=1000.0), "docs_per_s", 2500, higher=True) == (
-        "missed by 60% (1 failed requests)")
+        "missed by 60% (1 failed requests)"
+    )
 
 
 def test_a_wide_tail_widens_the_band_beyond_the_floor() -> None:

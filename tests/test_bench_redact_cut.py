@@ -23,10 +23,18 @@ def test_an_error_body_echoing_the_key_cut_mid_key_is_still_redacted() -> None:
 
     async def one() -> str | None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(reply)) as client:
-            ep = Endpoint(label="x", url="http://x/v2/rerank", headers={"Authorization": f"Bearer {KEY}"},
-                          requests=[], warmup=[])
-            req = BenchRequest(body=b"{}", documents=1, expected_results=1, content_tokens=1, query_tokens=1,
-                               doc_tokens=1, unique_documents=1)
+            ep = Endpoint(
+                label="x", url="http://x/v2/rerank", headers={"Authorization": f"Bearer {KEY}"}, requests=[], warmup=[]
+            )
+            req = BenchRequest(
+                body=b"{}",
+                documents=1,
+                expected_results=1,
+                content_tokens=1,
+                query_tokens=1,
+                doc_tokens=1,
+                unique_documents=1,
+            )
             return (await _send(client, ep, req, 0.0, 0.0)).error
 
     error = asyncio.run(one())

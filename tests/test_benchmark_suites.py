@@ -82,9 +82,28 @@ def test_passthrough_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
     venv = _litellm_venv()
     targets = ["gateway-1w", "gateway-chain-1w", *(["litellm"] if venv else [])]
     out = tmp_path / "pt"
-    _run(["benchmarks.passthrough_wrk", "--client", "python", "--chain", "--targets", ",".join(targets),
-          "--clients", "1", "--rounds", "1", "--seconds", "0.5", "--profile-seconds", "0",
-          "--litellm-venv", str(venv or tmp_path / "no-litellm"), "--out", str(out)])
+    _run(
+        [
+            "benchmarks.passthrough_wrk",
+            "--client",
+            "python",
+            "--chain",
+            "--targets",
+            ",".join(targets),
+            "--clients",
+            "1",
+            "--rounds",
+            "1",
+            "--seconds",
+            "0.5",
+            "--profile-seconds",
+            "0",
+            "--litellm-venv",
+            str(venv or tmp_path / "no-litellm"),
+            "--out",
+            str(out),
+        ]
+    )
     report = json.loads((out / "passthrough_wrk.json").read_text())
     assert report["client"] == "python"
     ran = {run["target"] for run in report["runs"]} if isinstance(report["runs"], list) else set(report["runs"])
@@ -103,11 +122,26 @@ def test_gateway_overhead_runs_at_a_tiny_size(tmp_path: Path) -> None:
     report = json.loads((out / "cpu_overhead.json").read_text())
     assert report["in_process"]["added_p50_ms"] is not None
     assert (out / "overhead" / "report.md").exists()
-    _run(["benchmarks.passthrough_wrk", "overhead", "--tracing", str(ROOT), "--rounds", "1", "--requests", "10",
-          "--out", str(out)])
+    _run(
+        [
+            "benchmarks.passthrough_wrk",
+            "overhead",
+            "--tracing",
+            str(ROOT),
+            "--rounds",
+            "1",
+            "--requests",
+            "10",
+            "--out",
+            str(out),
+        ]
+    )
     tracing = json.loads((out / "tracing_cpu.json").read_text())
     assert set(tracing["median_cpu_ms_per_request"]) == {
-        "without (build before tracing)", "tracing off", "tracing on (OTLP to loopback)"}
+        "without (build before tracing)",
+        "tracing off",
+        "tracing on (OTLP to loopback)",
+    }
     assert tracing["command"].startswith("python -m benchmarks.passthrough_wrk overhead --tracing")
 
 

@@ -43,19 +43,22 @@ def _cascade(name: str, *stages: tuple[str, int | None]) -> CascadeEngineConfig:
 
 
 def _settings(**extra: Any) -> Settings:
-    return Settings(models=(
-        StaticEngineConfig(name="fast", scores=FAST),
-        StaticEngineConfig(name="mid", scores=MID),
-        StaticEngineConfig(name="slow", scores=SLOW),
-        _cascade("two", ("fast", 2), ("slow", None)),
-        _cascade("three", ("fast", 4), ("mid", 2), ("slow", None)),
-        _cascade("all", ("fast", 10), ("slow", None)),
-        # A stage that cannot load (no such directory), alone and behind a chain that falls back.
-        TransformersEngineConfig(name="broken", path="/nonexistent/checkpoint", device="cpu"),
-        _cascade("fails", ("broken", 2), ("slow", None)),
-        ChainEngineConfig(name="guarded", targets=("broken", "fast"), accepts="other-models"),
-        _cascade("chained", ("guarded", 2), ("slow", None)),
-    ), **extra)
+    return Settings(
+        models=(
+            StaticEngineConfig(name="fast", scores=FAST),
+            StaticEngineConfig(name="mid", scores=MID),
+            StaticEngineConfig(name="slow", scores=SLOW),
+            _cascade("two", ("fast", 2), ("slow", None)),
+            _cascade("three", ("fast", 4), ("mid", 2), ("slow", None)),
+            _cascade("all", ("fast", 10), ("slow", None)),
+            # A stage that cannot load (no such directory), alone and behind a chain that falls back.
+            TransformersEngineConfig(name="broken", path="/nonexistent/checkpoint", device="cpu"),
+            _cascade("fails", ("broken", 2), ("slow", None)),
+            ChainEngineConfig(name="guarded", targets=("broken", "fast"), accepts="other-models"),
+            _cascade("chained", ("guarded", 2), ("slow", None)),
+        ),
+        **extra,
+    )
 
 
 def _rerank(client: TestClient[Any], model: str, **kw: Any) -> Any:
@@ -94,9 +97,11 @@ def test_the_last_stage_orders_what_it_saw_and_the_dropped_follow_in_their_stage
         assert both["meta"]["tokens"]["input_tokens"] == both["usage"]["total_tokens"] == fast_all + slow_two
         assert both["model"] == "two"
         ready = {m["name"]: m for m in client.get("/ready").json()["models"]}
-        assert ready["three"]["stages"] == [{"model": "fast", "keep": 4, "state": "ready"},
-                                            {"model": "mid", "keep": 2, "state": "ready"},
-                                            {"model": "slow", "keep": None, "state": "ready"}]
+        assert ready["three"]["stages"] == [
+            {"model": "fast", "keep": 4, "state": "ready"},
+            {"model": "mid", "keep": 2, "state": "ready"},
+            {"model": "slow", "keep": None, "state": "ready"},
+        ]
 
 
 def test_a_failing_stage_fails_the_cascade_and_a_chain_stage_fails_over() -> None:
@@ -114,23 +119,38 @@ def test_a_key_scoped_to_the_cascade_reaches_it_without_its_stages() -> None:
     with TestClient(create_app(_settings(auth=auth), configure_logs=False)) as client:
         wait_loaded(client)
         headers = {"Authorization": f"Bearer {key}"}
-        assert client.post("/v2/rerank", headers=headers, json={"model": "two", "query": "q", "documents": DOCS}
-                           ).status_code == 200
-        assert client.post("/v2/rerank", headers=headers, json={"model": "slow", "query": "q", "documents": DOCS}
-                           ).status_code == 403
+        assert (
+            client.post(
+                "/v2/rerank", headers=headers, json={"model": "two", "query": "q", "documents": DOCS}
+            ).status_code
+            == 200
+        )
+        assert (
+            client.post(
+                "/v2/rerank", headers=headers, json={"model": "slow", "query": "q", "documents": DOCS}
+            ).status_code
+            == 403
+        )
 
 
-@pytest.mark.parametrize(("stages", "error"), [
-    ([{"model": "fast"}, {"model": "slow"}], "stages[0] (fast): keep is required on every stage but the last"),
-    ([{"model": "fast", "keep": 2}, {"model": "slow", "keep": 1}], "stages[1] (slow): the last stage orders"),
-    ([{"model": "fast", "keep": 2}, {"model": "mid", "keep": 3}, {"model": "slow"}],
-     "stages[1].keep (3) is above stages[0].keep (2)"),
-    ([{"model": "fast", "keep": 2}], "models[3].stages: must have at least 2 item(s)"),
-    ([{"model": "fast", "keep": 2}, {"model": "nope"}], "models[3].stages[1]: 'nope' is not a configured model"),
-])
+@pytest.mark.parametrize(
+    ("stages", "error"),
+    [
+        ([{"model": "fast"}, {"model": "slow"}], "stages[0] (fast): keep is required on every stage but the last"),
+        ([{"model": "fast", "keep": 2}, {"model": "slow", "keep": 1}], "stages[1] (slow): the last stage orders"),
+        (
+            [{"model": "fast", "keep": 2}, {"model": "mid", "keep": 3}, {"model": "slow"}],
+            "stages[1].keep (3) is above stages[0].keep (2)",
+        ),
+        ([{"model": "fast", "keep": 2}], "models[3].stages: must have at least 2 item(s)"),
+        ([{"model": "fast", "keep": 2}, {"model": "nope"}], "models[3].stages[1]: 'nope' is not a configured model"),
+    ],
+)
 def test_config_refusals(tmp_path: Any, stages: list[dict[str, Any]], error: str) -> None:
-    models = ('[[models]]\nname = "fast"\nengine = "static"\n[[models]]\nname = "mid"\nengine = "static"\n'
-              '[[models]]\nname = "slow"\nengine = "static"\n')
+    models = (
+        '[[models]]\nname = "fast"\nengine = "static"\n[[models]]\nname = "mid"\nengine = "static"\n'
+        '[[models]]\nname = "slow"\nengine = "static"\n'
+    )
     tables = ", ".join("{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in stage.items()) + "}" for stage in stages)
     path = tmp_path / "c.toml"
     path.write_text(models + f'[[models]]\nname = "c"\nengine = "cascade"\nstages = [{tables}]\n')

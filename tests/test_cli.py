@@ -13,7 +13,9 @@ from gateway import __version__, cli
 STATIC = '[[models]]\nname = "s"\nengine = "static"\n'
 
 
-def _parsers(parser: argparse.ArgumentParser, name: str = "rerank-gateway") -> Iterator[tuple[str, argparse.ArgumentParser]]:
+def _parsers(
+    parser: argparse.ArgumentParser, name: str = "rerank-gateway"
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
     yield name, parser
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -53,14 +55,20 @@ def test_help_names_the_environment_overrides(command, capsys):
     with pytest.raises(SystemExit):
         cli.main([command, "--help"])
     text = capsys.readouterr().out
-    for name in ("RERANK_CONFIG", "RERANK_SERVER__PORT", "RERANK_MODELS__0__PATH", "RERANK_API_KEY",
-                 "RERANK_API_KEY_FILE"):
+    for name in (
+        "RERANK_CONFIG",
+        "RERANK_SERVER__PORT",
+        "RERANK_MODELS__0__PATH",
+        "RERANK_API_KEY",
+        "RERANK_API_KEY_FILE",
+    ):
         assert name in text, name
 
 
 @pytest.fixture
 def no_server(monkeypatch):
     """serve must stop before it runs a server: these tests are about the checks."""
+
     def refuse(*_args, **_kwargs):
         raise AssertionError("serve started a server")
 
@@ -73,7 +81,7 @@ def no_server(monkeypatch):
     [
         ({"RERANK_SERVER__HOST": "0.0.0.0"}, [], "refusing to serve on 0.0.0.0 without API keys"),
         ({}, ["--host", "0.0.0.0"], "refusing to serve on 0.0.0.0 without API keys"),
-        ({"RERANK_CACHE__ENABLED": "true", "RERANK_CACHE__BACKEND": "redis"}, [], "cache.backend = \"redis\" needs"),
+        ({"RERANK_CACHE__ENABLED": "true", "RERANK_CACHE__BACKEND": "redis"}, [], 'cache.backend = "redis" needs'),
         ({"RERANK_API_KEY": "k" * 20, "RERANK_API_KEY_ID": "dup"}, [], "id 'dup' is used twice"),
     ],
 )
@@ -125,7 +133,9 @@ def test_check_config_reads_a_parity_set_as_the_gate_will(tmp_path, capsys, engi
     config.write_text(f'[[models]]\nname = "m"\n{engine}\npath = "/nonexistent/model"\nparity_set = "{golden}"\n')
     assert cli.main(["check-config", "--config", str(config)]) == 2
     (line,) = [x for x in capsys.readouterr().err.splitlines() if "parity_set" in x]
-    assert line.startswith(f"rerank-gateway: models[0].parity_set (env RERANK_MODELS__0__PARITY_SET): {golden}: cannot be read")
+    assert line.startswith(
+        f"rerank-gateway: models[0].parity_set (env RERANK_MODELS__0__PARITY_SET): {golden}: cannot be read"
+    )
     assert line.endswith("[serve starts without this model]")
     golden.write_text('{"query": "q", "documents": ["a", "b"]}\n')
     assert cli.main(["check-config", "--config", str(config)]) == 2
@@ -139,7 +149,9 @@ def test_check_config_reads_a_parity_set_as_the_gate_will(tmp_path, capsys, engi
 @pytest.mark.parametrize(("engine", "precision"), [("packed", "auto"), ("openvino", "fp32")])
 def test_a_parity_set_without_a_reduced_precision_is_refused(tmp_path, capsys, engine, precision):
     config = tmp_path / "g.toml"
-    config.write_text(f'[[models]]\nname = "m"\nengine = "{engine}"\nprecision = "{precision}"\npath = "/m"\n'
-                      f'parity_set = "{tmp_path}/golden.jsonl"\n')
+    config.write_text(
+        f'[[models]]\nname = "m"\nengine = "{engine}"\nprecision = "{precision}"\npath = "/m"\n'
+        f'parity_set = "{tmp_path}/golden.jsonl"\n'
+    )
     assert cli.main(["check-config", "--config", str(config)]) == 2
     assert "read only with precision" in capsys.readouterr().err

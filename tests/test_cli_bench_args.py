@@ -12,10 +12,30 @@ from tests.conftest import ROOT, free_port
 def test_max_in_flight_zero_is_refused_not_a_hang() -> None:
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "gateway", "bench", f"http://127.0.0.1:{free_port()}", "--rate", "50",
-             "--max-in-flight", "0", "--requests", "2", "--warmup", "0", "--no-progress", "--no-plot",
-             "--timeout", "1"],
-            cwd=ROOT, capture_output=True, text=True, timeout=15, check=False,
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "bench",
+                f"http://127.0.0.1:{free_port()}",
+                "--rate",
+                "50",
+                "--max-in-flight",
+                "0",
+                "--requests",
+                "2",
+                "--warmup",
+                "0",
+                "--no-progress",
+                "--no-plot",
+                "--timeout",
+                "1",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         raise AssertionError("bench --max-in-flight 0 hung") from None

@@ -17,9 +17,28 @@ from tests.conftest import ROOT, free_port
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway", "bench", *args, "--no-progress", "--no-plot",
-         "--requests", "1", "--warmup", "0", "--documents", "2", "--timeout", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "bench",
+            *args,
+            "--no-progress",
+            "--no-plot",
+            "--requests",
+            "1",
+            "--warmup",
+            "0",
+            "--documents",
+            "2",
+            "--timeout",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 

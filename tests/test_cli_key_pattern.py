@@ -27,8 +27,10 @@ def _config(tmp_path: Path, entries: str) -> Path:
 
 def test_same_hash_with_a_trailing_newline_is_refused(tmp_path: Path) -> None:
     h = hash_key(KEY)
-    entries = (f'[[auth.keys]]\nid = "a"\nhash = "{h}"\nmodels = ["m"]\n'
-               f'[[auth.keys]]\nid = "b"\nhash = "{h}\\n"\nmodels = ["*"]\n')
+    entries = (
+        f'[[auth.keys]]\nid = "a"\nhash = "{h}"\nmodels = ["m"]\n'
+        f'[[auth.keys]]\nid = "b"\nhash = "{h}\\n"\nmodels = ["*"]\n'
+    )
     with pytest.raises(ConfigError):
         from gateway.http.access import AccessControl
 

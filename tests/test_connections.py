@@ -93,9 +93,7 @@ def _log_statuses(server: ServerProcess) -> list[int]:
 
 
 def _healthy(server: ServerProcess) -> None:
-    resp = httpx.post(
-        f"{server.url}/v2/rerank", json={"model": "static", "query": "q", "documents": ["a"]}, timeout=10
-    )
+    resp = httpx.post(f"{server.url}/v2/rerank", json={"model": "static", "query": "q", "documents": ["a"]}, timeout=10)
     assert resp.status_code == 200, resp.text
 
 
@@ -185,4 +183,3 @@ def test_broken_chunked_framing_is_not_a_5xx(server):
     assert not any(code.startswith("5") and after[code] > before.get(code, 0) for code in after), after
     assert not any(s >= 500 for s in _log_statuses(server))
     _healthy(server)
-

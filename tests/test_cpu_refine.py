@@ -146,8 +146,15 @@ def _cases(draw):
     delta = draw(st.sampled_from([0.0, 0.1, 0.45, 1.0]))
     # strictly inside the bound: ``v - delta`` rounds in float exactly at it
     reduced = [x + draw(st.floats(-0.99, 0.99)) * delta for x in fp32]
-    return (fp32, reduced, delta, draw(st.integers(0, n + 1)), draw(st.integers(1, 4)),
-            draw(st.sampled_from(["raw", "sigmoid"])), draw(st.sampled_from([0.0, 1e-3, 0.05, 0.5])))
+    return (
+        fp32,
+        reduced,
+        delta,
+        draw(st.integers(0, n + 1)),
+        draw(st.integers(1, 4)),
+        draw(st.sampled_from(["raw", "sigmoid"])),
+        draw(st.sampled_from([0.0, 1e-3, 0.05, 0.5])),
+    )
 
 
 @settings(max_examples=4000, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -157,7 +164,8 @@ def test_the_top_order_is_fp32s_for_any_scores_within_the_bound(case):
     one-sided last round; the tie case above it finds in ~1 seed of 12, hence its own test)."""
     fp32, reduced, delta, top, rounds, space, tie = case
     to_score = _sigmoid if space == "sigmoid" else (lambda x: x)
-    values, _ = _run(reduced, fp32, delta=delta, top=top, rounds=rounds,
-                     tied=lambda lo, hi: to_score(hi) - to_score(lo) < tie)
+    values, _ = _run(
+        reduced, fp32, delta=delta, top=top, rounds=rounds, tied=lambda lo, hi: to_score(hi) - to_score(lo) < tie
+    )
     if top:
         assert keeps_top_k([to_score(x) for x in fp32], [to_score(v) for v in values], tie=tie, k=top), (values, fp32)

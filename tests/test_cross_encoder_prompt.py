@@ -37,7 +37,9 @@ async def test_a_cross_encoders_default_prompt_is_put_before_the_query(tmp_path:
     try:
         tok = engine.tokenizer
         assert tok is not None
-        job = ScoreJob(query=Q, instruction="", shared_ids=tok.encode_shared(Q, ""), item_ids=tok.encode_documents(DOCS))
+        job = ScoreJob(
+            query=Q, instruction="", shared_ids=tok.encode_shared(Q, ""), item_ids=tok.encode_documents(DOCS)
+        )
         assert list((await engine.score(job)).scores) == pytest.approx(expected, abs=1e-5)
     finally:
         await engine.stop()

@@ -35,8 +35,14 @@ DOCS = [
 
 def _model(name: str, url: str, **kw) -> DashScopeEngineConfig:
     # Short backoff keeps retry tests fast; the policy is the same as with the defaults.
-    base = {"model": "gte-rerank-v2", "base_url": url, "api_key_env": KEY_ENV, "retries": 2,
-            "backoff_initial_s": 0.05, "backoff_max_s": 0.2}
+    base = {
+        "model": "gte-rerank-v2",
+        "base_url": url,
+        "api_key_env": KEY_ENV,
+        "retries": 2,
+        "backoff_initial_s": 0.05,
+        "backoff_max_s": 0.2,
+    }
     return DashScopeEngineConfig(name=name, **{**base, **kw})
 
 
@@ -53,7 +59,13 @@ def client(fake):
     settings = Settings(
         models=(
             _model("ds", url),
-            _model("ds-compat", url, endpoint="compatible", model="qwen3-rerank", instruction="Retrieve semantically similar text."),
+            _model(
+                "ds-compat",
+                url,
+                endpoint="compatible",
+                model="qwen3-rerank",
+                instruction="Retrieve semantically similar text.",
+            ),
             _model("ds-slow", url, read_timeout_s=0.3),
             _model("ds-badkey", url, api_key="sk-wrong-secret-key", api_key_env=None),
             _model("ds-nokey", url, api_key_env="RERANK_TEST_UNSET_VARIABLE"),
@@ -124,8 +136,11 @@ def test_1200_documents_split_into_calls_and_merged_in_global_order(client, fake
         assert x["relevance_score"] == pytest.approx(fake_score(Q, docs[x["index"]]), abs=1e-12)
     sizes = [len(c.body["input"]["documents"]) for c in fake.requests]
     assert sorted(sizes) == [200, 500, 500]
-    sent = [d for c in sorted(fake.requests, key=lambda c: docs.index(c.body["input"]["documents"][0]))
-            for d in c.body["input"]["documents"]]
+    sent = [
+        d
+        for c in sorted(fake.requests, key=lambda c: docs.index(c.body["input"]["documents"][0]))
+        for d in c.body["input"]["documents"]
+    ]
     assert sent == docs  # every document sent exactly once, in consecutive slices
 
 

@@ -33,8 +33,15 @@ def fake():
 @pytest.fixture(scope="module")
 def client(fake):
     os.environ[KEY_ENV] = KEY
-    model = DashScopeEngineConfig(name="ds", model="gte-rerank-v2", base_url=fake.url, api_key_env=KEY_ENV,
-                                  retries=2, backoff_initial_s=0.05, backoff_max_s=0.2)
+    model = DashScopeEngineConfig(
+        name="ds",
+        model="gte-rerank-v2",
+        base_url=fake.url,
+        api_key_env=KEY_ENV,
+        retries=2,
+        backoff_initial_s=0.05,
+        backoff_max_s=0.2,
+    )
     with TestClient(create_app(Settings(models=(model,)), configure_logs=False)) as c:
         wait_loaded(c)
         yield c

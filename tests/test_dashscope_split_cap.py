@@ -15,7 +15,9 @@ Q = "What is the capital of the United States?"
 
 def _score(url: str, job: ScoreJob):
     async def go():
-        engine = DashScopeEngine(DashScopeEngineConfig(name="ds", model="gte-rerank-v2", base_url=url, api_key=KEY, retries=0))
+        engine = DashScopeEngine(
+            DashScopeEngineConfig(name="ds", model="gte-rerank-v2", base_url=url, api_key=KEY, retries=0)
+        )
         await engine.start()
         try:
             return await engine.score(job)

@@ -96,7 +96,8 @@ def test_dockerfile_agrees_with_the_app(path: Path, tmp_path: Path) -> None:
 def run_image_command(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gateway", "serve"],
-        check=False, cwd=ROOT,
+        check=False,
+        cwd=ROOT,
         env=clean_env(RERANK_CONFIG=str(DEPLOY / "gateway.docker.toml"), **env),
         capture_output=True,
         text=True,
@@ -137,7 +138,9 @@ def test_image_with_a_key_file_serves_and_enforces_it(tmp_path: Path) -> None:
         HF_HUB_OFFLINE="1",
     )
     log = (tmp_path / "out.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http_ok(f"{url}/health", proc, deadline=time.monotonic() + 90, what="gateway")
@@ -159,8 +162,16 @@ def compose() -> dict[str, Any]:
 
 def test_compose_validates_against_the_compose_spec() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec", str(DEPLOY / "compose.yaml")],
-        check=False, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.compose-spec",
+            str(DEPLOY / "compose.yaml"),
+        ],
+        check=False,
+        capture_output=True,
         text=True,
         timeout=120,
     )
@@ -203,7 +214,9 @@ def test_compose_services_agree_with_each_other_and_the_app(tmp_path: Path) -> N
     prom_ref = services["prometheus"]["configs"][0]
     prom = yaml.safe_load((DEPLOY / doc["configs"][prom_ref["source"]]["file"]).read_text())
     (job,) = prom["scrape_configs"]
-    assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"] == [f"gateway:{settings.server.port}"]
+    assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"] == [
+        f"gateway:{settings.server.port}"
+    ]
     grafana = {m.split(":")[1]: DEPLOY / m.split(":")[0] for m in services["grafana"]["volumes"]}
     provisioning = grafana["/etc/grafana/provisioning"]
     (provider,) = yaml.safe_load((provisioning / "dashboards" / "rerank-gateway.yaml").read_text())["providers"]
@@ -238,7 +251,9 @@ def test_k8s_schema_validation_catches_mistakes() -> None:
 
 
 def gateway_deployments() -> list[dict[str, Any]]:
-    return [d for d in k8s_objects() if d["kind"] == "Deployment" and d["metadata"]["name"].startswith("rerank-gateway")]
+    return [
+        d for d in k8s_objects() if d["kind"] == "Deployment" and d["metadata"]["name"].startswith("rerank-gateway")
+    ]
 
 
 def test_k8s_manifests_define_what_they_reference(tmp_path: Path) -> None:
@@ -264,11 +279,19 @@ def test_k8s_manifests_define_what_they_reference(tmp_path: Path) -> None:
         env = {e["name"]: e["value"] for e in container["env"]}
         # RERANK_CONFIG is the ConfigMap's key under its mount; it loads through gateway.config.settings.
         config_dir, config_key = env["RERANK_CONFIG"].rsplit("/", 1)
-        config_map = next(d for d in objects if d["kind"] == "ConfigMap" and d["metadata"]["name"] == mounts[config_dir]["configMap"]["name"])
+        config_map = next(
+            d
+            for d in objects
+            if d["kind"] == "ConfigMap" and d["metadata"]["name"] == mounts[config_dir]["configMap"]["name"]
+        )
         settings = settings_from_text(config_map["data"][config_key], tmp_path)
         # The key file is the Secret's key under its mount, and the Secret has that key.
         key_dir, key_name = env["RERANK_API_KEY_FILE"].rsplit("/", 1)
-        secret = next(d for d in objects if d["kind"] == "Secret" and d["metadata"]["name"] == mounts[key_dir]["secret"]["secretName"])
+        secret = next(
+            d
+            for d in objects
+            if d["kind"] == "Secret" and d["metadata"]["name"] == mounts[key_dir]["secret"]["secretName"]
+        )
         assert key_name in secret["stringData"]
         # Ports and probes agree with the app.
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -288,7 +311,8 @@ def test_k8s_manifests_define_what_they_reference(tmp_path: Path) -> None:
         assert settings.limits.redis_failure == "open"  # an explicit choice, commented in the file
         # Every Service and PodDisruptionBudget selecting these pods exists.
         selected = [
-            d for d in objects
+            d
+            for d in objects
             if d["kind"] in ("Service", "PodDisruptionBudget")
             and (d["spec"]["selector"].get("matchLabels", d["spec"]["selector"])).items() <= labels.items()
         ]
@@ -314,20 +338,30 @@ def test_autoscaler_scales_the_gateway_on_metrics_it_exports() -> None:
     assert ("Deployment", target["name"]) in {(d["kind"], d["metadata"]["name"]) for d in gateway_deployments()}
     with TestClient(create_app(Settings(models=(StaticEngineConfig(name="static"),)), configure_logs=False)) as c:
         exported = {f.name: f.type for f in text_string_to_metric_families(c.get("/metrics").text)}
-    adapter = next(d for d in objects if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("prometheus-adapter"))
+    adapter = next(
+        d for d in objects if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("prometheus-adapter")
+    )
     rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
     served = {rule["name"]["as"]: rule for rule in rules}
     metrics = {m["pods"]["metric"]["name"]: m["pods"]["target"] for m in hpa["spec"]["metrics"]}
     assert set(metrics) == {"rerank_in_flight_requests", "rerank_queued_requests"} == set(served)
     for name, target_value in metrics.items():
         assert exported.get(name) == "gauge", (name, exported.get(name))
-        assert served[name]["seriesQuery"].startswith(name + "{") and re.fullmatch(served[name]["name"]["matches"], name)
+        assert served[name]["seriesQuery"].startswith(name + "{") and re.fullmatch(
+            served[name]["name"]["matches"], name
+        )
         assert set(served[name]["resources"]["overrides"]) == {"namespace", "pod"}
         assert target_value["type"] == "AverageValue" and float(target_value["averageValue"]) > 0
     # The documented thresholds: 2 in flight (one running, one waiting) and 1 queued per pod.
-    assert (metrics["rerank_in_flight_requests"]["averageValue"], metrics["rerank_queued_requests"]["averageValue"]) == ("2", "1")
+    assert (
+        metrics["rerank_in_flight_requests"]["averageValue"],
+        metrics["rerank_queued_requests"]["averageValue"],
+    ) == ("2", "1")
     (pdb,) = [d for d in objects if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == target["name"]]
-    assert hpa["spec"]["minReplicas"] > pdb["spec"]["minAvailable"] and hpa["spec"]["maxReplicas"] >= hpa["spec"]["minReplicas"]
+    assert (
+        hpa["spec"]["minReplicas"] > pdb["spec"]["minAvailable"]
+        and hpa["spec"]["maxReplicas"] >= hpa["spec"]["minReplicas"]
+    )
 
 
 # -- the key from the environment ------------------------------------------------------------

@@ -20,14 +20,20 @@ _MODULES = [
 
 @pytest.mark.parametrize("arch", ["Qwen2ForCausalLM", "GemmaForCausalLM", "Qwen3ForCausalLM"])
 def test_a_pooling_module_on_a_causal_lm_is_a_bi_encoder(arch):
-    files = ModelFiles(path="emb", config={"architectures": [arch]}, modules=_MODULES,
-                       pooling={"pooling_mode_lasttoken": True})
+    files = ModelFiles(
+        path="emb", config={"architectures": [arch]}, modules=_MODULES, pooling={"pooling_mode_lasttoken": True}
+    )
     found = detect_family(files)
     assert found.family == "bi-encoder", found
 
 
-@pytest.mark.parametrize(("arch", "family"), [("Qwen2ForCausalLM", "mxbai-rerank-v2"),
-                                              ("GemmaForCausalLM", "bge-reranker-v2-gemma"),
-                                              ("Qwen3ForCausalLM", "qwen3")])
+@pytest.mark.parametrize(
+    ("arch", "family"),
+    [
+        ("Qwen2ForCausalLM", "mxbai-rerank-v2"),
+        ("GemmaForCausalLM", "bge-reranker-v2-gemma"),
+        ("Qwen3ForCausalLM", "qwen3"),
+    ],
+)
 def test_a_plain_causal_lm_is_still_a_reranker(arch, family):
     assert detect_family(ModelFiles(path="r", config={"architectures": [arch]})).family == family

@@ -318,12 +318,15 @@ def test_vllm_errors_come_in_vllms_shape(client):
     vllm_error(client.post("/score", content=b"{not json"), 400, "BadRequestError")
 
 
-@pytest.mark.parametrize(("stray", "value"), [
-    ("data_1", []),  # what schemathesis sent beside queries/items (CI, 2026-12-03)
-    ("text_1", "\ufeff"),  # blank as the schema's pattern reads it (ECMA white space)
-    ("documents", []),
-    ("data_2", []),
-])
+@pytest.mark.parametrize(
+    ("stray", "value"),
+    [
+        ("data_1", []),  # what schemathesis sent beside queries/items (CI, 2026-12-03)
+        ("text_1", "\ufeff"),  # blank as the schema's pattern reads it (ECMA white space)
+        ("documents", []),
+        ("data_2", []),
+    ],
+)
 def test_a_side_sent_beside_the_pair_in_use_is_held_to_the_schema(client, stray, value):
     """The OpenAPI states every side (non-empty lists, non-blank queries), not only the pair in
     use: a stray side that breaks it is a 400, as the schema promises, not silently ignored."""
@@ -361,7 +364,9 @@ def test_dialects_share_keys_and_usage_metrics(tiny_qwen3_dir):
             )
         )
         metrics = c.get("/metrics").text
-    tokens = float(re.search(r'^rerank_tokens_total\{key="dialects",model="static"\} (\S+)$', metrics, re.MULTILINE).group(1))
+    tokens = float(
+        re.search(r'^rerank_tokens_total\{key="dialects",model="static"\} (\S+)$', metrics, re.MULTILINE).group(1)
+    )
     documents = float(
         re.search(r'^rerank_documents_total\{key="dialects",model="static"\} (\S+)$', metrics, re.MULTILINE).group(1)
     )

@@ -105,7 +105,9 @@ OPEN_CASES: list[tuple[str, bytes]] = [
 ]
 
 
-def _exchange(client: TestClient, path: str, body: bytes, rid: str, headers: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:
+def _exchange(
+    client: TestClient, path: str, body: bytes, rid: str, headers: dict[str, str]
+) -> tuple[int, bytes, dict[str, str]]:
     resp = client.post(path, content=body, headers={"content-type": "application/json", "x-request-id": rid, **headers})
     return resp.status_code, resp.content, dict(resp.headers)
 
@@ -178,7 +180,9 @@ def test_chunked_bodies_match_litestar(open_pair, body, status):
 
     answers = []
     for client, path in ((direct, "/v2/rerank"), (routed, "/v2/rerank/")):
-        resp = client.post(path, content=chunks(), headers={"content-type": "application/json", "x-request-id": "chunked"})
+        resp = client.post(
+            path, content=chunks(), headers={"content-type": "application/json", "x-request-id": "chunked"}
+        )
         assert "content-length" not in resp.request.headers
         answers.append((resp.status_code, resp.content, dict(resp.headers)))
     _same(answers[0], answers[1], "chunked")
@@ -257,12 +261,21 @@ def _handlers() -> dict[str, Any]:
     async def guarded(request: Request[Any, Any, Any], data: JSONBody[dict[str, int]]) -> Response[dict[str, int]]:
         return Response(data)
 
-    @post("/with-dependency", dto=StrictBody[dict[str, int]], return_dto=None, dependencies={"x": Provide(lambda: 1, sync_to_thread=False)})
-    async def with_dependency(request: Request[Any, Any, Any], data: JSONBody[dict[str, int]], x: NamedDependency[int]) -> Response[dict[str, int]]:
+    @post(
+        "/with-dependency",
+        dto=StrictBody[dict[str, int]],
+        return_dto=None,
+        dependencies={"x": Provide(lambda: 1, sync_to_thread=False)},
+    )
+    async def with_dependency(
+        request: Request[Any, Any, Any], data: JSONBody[dict[str, int]], x: NamedDependency[int]
+    ) -> Response[dict[str, int]]:
         return Response(data)
 
     @post("/items/{item:int}", dto=StrictBody[dict[str, int]], return_dto=None)
-    async def path_param(request: Request[Any, Any, Any], data: JSONBody[dict[str, int]], item: FromPath[int]) -> Response[dict[str, int]]:
+    async def path_param(
+        request: Request[Any, Any, Any], data: JSONBody[dict[str, int]], item: FromPath[int]
+    ) -> Response[dict[str, int]]:
         return Response(data)
 
     @post("/litestar-decoded")
@@ -273,7 +286,9 @@ def _handlers() -> dict[str, Any]:
     async def read() -> dict[str, int]:
         return {}
 
-    return {h.handler_name: h for h in (plain, late_error, guarded, with_dependency, path_param, litestar_decoded, read)}
+    return {
+        h.handler_name: h for h in (plain, late_error, guarded, with_dependency, path_param, litestar_decoded, read)
+    }
 
 
 def test_only_strict_request_data_handlers_are_direct():
@@ -316,8 +331,19 @@ def test_an_error_after_the_answer_started_propagates():
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/late-error", "root_path": "", "headers": [], "state": {},
-             "query_string": b"", "http_version": "1.1", "scheme": "http", "server": ("127.0.0.1", 80), "client": None}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/late-error",
+        "root_path": "",
+        "headers": [],
+        "state": {},
+        "query_string": b"",
+        "http_version": "1.1",
+        "scheme": "http",
+        "server": ("127.0.0.1", 80),
+        "client": None,
+    }
     with pytest.raises(RuntimeError, match="after the answer"):
         asyncio.run(route(scope, receive, send))
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]

@@ -22,7 +22,6 @@ from schemas.config import Settings
 EVENTS: list[str] = []
 
 
-
 class _Engine:
     def __init__(self, config):
         self.name = config.name
@@ -66,12 +65,14 @@ async def _load(settings):
 @pytest.mark.anyio
 async def test_vllm_models_start_before_the_others():
     # Listed after the packed and static models, still started first.
-    _, events = await _load(_settings(
-        {"name": "packed", "engine": "packed", "path": "/m"},
-        {"name": "fixed", "engine": "static"},
-        {"name": "vllm", "engine": "vllm-score", "path": "/m"},
-        {"name": "gen", "engine": "vllm-generate", "path": "/m"},
-    ))
+    _, events = await _load(
+        _settings(
+            {"name": "packed", "engine": "packed", "path": "/m"},
+            {"name": "fixed", "engine": "static"},
+            {"name": "vllm", "engine": "vllm-score", "path": "/m"},
+            {"name": "gen", "engine": "vllm-generate", "path": "/m"},
+        )
+    )
     firsts = events[:4]
     assert sorted(firsts) == ["start gen", "start vllm", "started gen", "started vllm"]  # the two vLLM ones together
     assert set(events[4:]) == {"start packed", "started packed", "start fixed", "started fixed"}
@@ -79,10 +80,12 @@ async def test_vllm_models_start_before_the_others():
 
 @pytest.mark.anyio
 async def test_a_failed_vllm_start_does_not_block_the_others():
-    registry, events = await _load(_settings(
-        {"name": "packed", "engine": "packed", "path": "/m"},
-        {"name": "vllm", "engine": "vllm-score", "path": "/m", "max_query_tokens": 7},
-    ))
+    registry, events = await _load(
+        _settings(
+            {"name": "packed", "engine": "packed", "path": "/m"},
+            {"name": "vllm", "engine": "vllm-score", "path": "/m", "max_query_tokens": 7},
+        )
+    )
     assert events[:2] == ["start vllm", "failed vllm"]
     assert events[2:] == ["start packed", "started packed"]
     assert registry.get("vllm").state is ModelState.FAILED and registry.get("packed").state is ModelState.READY
@@ -90,7 +93,9 @@ async def test_a_failed_vllm_start_does_not_block_the_others():
 
 @pytest.mark.anyio
 async def test_without_vllm_models_nothing_waits():
-    _, events = await _load(_settings({"name": "a", "engine": "static"}, {"name": "b", "engine": "packed", "path": "/m"}))
+    _, events = await _load(
+        _settings({"name": "a", "engine": "static"}, {"name": "b", "engine": "packed", "path": "/m"})
+    )
     assert events[:2] == ["start a", "start b"]  # both at once
 
 

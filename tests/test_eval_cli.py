@@ -32,8 +32,10 @@ QRELS = {"q1": {"a": 2, "b": 1, "c": 0}, "q2": {"x": 1}}
 # By hand (trec_eval's nDCG: gain = grade, discount log2(rank + 1)), every document a candidate:
 # oracle:  q1 a b x c y -> DCG = IDCG -> 1;     q2 a b x -> x at 3: 1/log2(4) = 0.5
 # reverse: q1 y c x b a -> (1/log2(5) + 2/log2(6)) / (2 + 1/log2(3)) = 0.45778; q2 y c x -> 0.5
-HAND = {"oracle": {"ndcg@10": (1.0 + 0.5) / 2, "mrr@10": (1 + 1 / 3) / 2},
-        "reverse": {"ndcg@10": ((1 / log2(5) + 2 / log2(6)) / (2 + 1 / log2(3)) + 0.5) / 2, "mrr@10": (1 / 4 + 1 / 3) / 2}}
+HAND = {
+    "oracle": {"ndcg@10": (1.0 + 0.5) / 2, "mrr@10": (1 + 1 / 3) / 2},
+    "reverse": {"ndcg@10": ((1 / log2(5) + 2 / log2(6)) / (2 + 1 / log2(3)) + 0.5) / 2, "mrr@10": (1 / 4 + 1 / 3) / 2},
+}
 
 
 def _beir(root: Path, *, qrels: str | None = None, queries: dict[str, str] | None = None) -> Path:
@@ -54,10 +56,14 @@ def _static(name: str, scores: dict[str, float]) -> str:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     digest = hashlib.sha256(KEY.encode()).hexdigest()
-    config = (_static("oracle", ORACLE) + _static("reverse", REVERSE)
-              + f'[[auth.keys]]\nid = "all"\nhash = "sha256:{digest}"\nmodels = ["oracle", "reverse"]\n'
-              + '[[auth.keys]]\nid = "oracle-only"\nhash = "sha256:'
-              + hashlib.sha256(b"rk-oracle-only-0123456789").hexdigest() + '"\nmodels = ["oracle"]\n')
+    config = (
+        _static("oracle", ORACLE)
+        + _static("reverse", REVERSE)
+        + f'[[auth.keys]]\nid = "all"\nhash = "sha256:{digest}"\nmodels = ["oracle", "reverse"]\n'
+        + '[[auth.keys]]\nid = "oracle-only"\nhash = "sha256:'
+        + hashlib.sha256(b"rk-oracle-only-0123456789").hexdigest()
+        + '"\nmodels = ["oracle"]\n'
+    )
     srv = ServerProcess(config, tmp_path_factory.mktemp("eval-gw"))
     try:
         srv.wait_ready(timeout=60)
@@ -72,13 +78,27 @@ def _eval(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
     return code, out.out, out.err
 
 
-def test_eval_reports_hand_computed_metrics_per_model(gateway: ServerProcess, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_reports_hand_computed_metrics_per_model(
+    gateway: ServerProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from ranx import Qrels, Run, evaluate
 
     data, out = _beir(tmp_path / "beir"), tmp_path / "out"
-    code, stdout, err = _eval(capsys, gateway.url, str(data), "--model", "oracle,reverse", "--api-key", KEY,
-                              "--depth", "5", "--recall-at", "1,5", "--out", str(out))
+    code, stdout, err = _eval(
+        capsys,
+        gateway.url,
+        str(data),
+        "--model",
+        "oracle,reverse",
+        "--api-key",
+        KEY,
+        "--depth",
+        "5",
+        "--recall-at",
+        "1,5",
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     doc = json.loads((out / "eval.json").read_text())
     means = doc["quality"]["mean"]
@@ -101,33 +121,48 @@ def test_eval_reports_hand_computed_metrics_per_model(gateway: ServerProcess, tm
     assert "| oracle | 0.7500 | 0.6667 |" in (out / "report.md").read_text()
     assert (out / "quality_speed.png").stat().st_size > 0
     assert KEY not in (out / "eval.json").read_text() + stdout + err  # redacted in the command line
-    assert doc["command"].startswith(f"rerank-gateway eval {gateway.url} {data} --model oracle,reverse --api-key '<redacted>'")
+    assert doc["command"].startswith(
+        f"rerank-gateway eval {gateway.url} {data} --model oracle,reverse --api-key '<redacted>'"
+    )
 
 
 def test_bad_judgements_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     unknown = _beir(tmp_path / "unknown", qrels="q1\ta\t2\nq1\tzz\t1\n")
     code, _, err = _eval(capsys, "http://127.0.0.1:9", str(unknown), "--model", "m")
     assert code == 2
-    assert err.strip().splitlines() == [(f"rerank-gateway eval: {unknown}/qrels/test.tsv:3: document 'zz' is not in "
-                                        "corpus.jsonl")]
+    assert err.strip().splitlines() == [
+        (f"rerank-gateway eval: {unknown}/qrels/test.tsv:3: document 'zz' is not in corpus.jsonl")
+    ]
     empty = _beir(tmp_path / "empty", queries={"q1": "bake bread", "q2": "   "})
     code, _, err = _eval(capsys, "http://127.0.0.1:9", str(empty), "--model", "m")
     assert code == 2
-    assert err.strip().splitlines() == [(f"rerank-gateway eval: {empty}/queries.jsonl:2: query 'q2' is empty "
-                                        "(it is judged in test.tsv)")]
+    assert err.strip().splitlines() == [
+        (f"rerank-gateway eval: {empty}/queries.jsonl:2: query 'q2' is empty (it is judged in test.tsv)")
+    ]
 
 
-def test_refusals_of_the_gateway_are_one_line(gateway: ServerProcess, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_refusals_of_the_gateway_are_one_line(
+    gateway: ServerProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = _beir(tmp_path / "beir")
-    code, _, err = _eval(capsys, gateway.url, str(data), "--model", "oracle,reverse", "--api-key",
-                         "rk-oracle-only-0123456789", "--out", str(tmp_path / "o1"))
+    code, _, err = _eval(
+        capsys,
+        gateway.url,
+        str(data),
+        "--model",
+        "oracle,reverse",
+        "--api-key",
+        "rk-oracle-only-0123456789",
+        "--out",
+        str(tmp_path / "o1"),
+    )
     assert code == 1
     [line] = err.strip().splitlines()
     assert line.startswith("rerank-gateway eval: model 'reverse', query 'q1': HTTP 403: ") and "Traceback" not in err
     assert "rk-oracle-only-0123456789" not in err
-    code, _, err = _eval(capsys, f"http://127.0.0.1:{free_port()}", str(data), "--model", "oracle",
-                         "--out", str(tmp_path / "o2"))
+    code, _, err = _eval(
+        capsys, f"http://127.0.0.1:{free_port()}", str(data), "--model", "oracle", "--out", str(tmp_path / "o2")
+    )
     assert code == 1
     [line] = err.strip().splitlines()
     assert line.startswith("rerank-gateway eval: cannot reach http://127.0.0.1:") and "ConnectError" in line
@@ -148,7 +183,9 @@ def test_models_are_interleaved_query_by_query_in_rotating_order() -> None:
         def do_POST(self) -> None:  # http.server's name
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
             seen.append((body["model"], body["query"]))
-            reply = json.dumps({"results": [{"index": i, "relevance_score": 0.5} for i in range(len(body["documents"]))]})
+            reply = json.dumps(
+                {"results": [{"index": i, "relevance_score": 0.5} for i in range(len(body["documents"]))]}
+            )
             self.send_response(200)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(reply)))
@@ -164,23 +201,51 @@ def test_models_are_interleaved_query_by_query_in_rotating_order() -> None:
         answers = asyncio.run(run_models(server.url + "/v2/rerank", {}, ["a", "b", "c"], queries, timeout=10, warmup=1))
     finally:
         server.close()
-    assert seen == [("a", "t0"), ("b", "t0"), ("c", "t0"),  # warm-up, unmeasured
-                    ("a", "t0"), ("b", "t0"), ("c", "t0"), ("b", "t1"), ("c", "t1"), ("a", "t1"),
-                    ("c", "t2"), ("a", "t2"), ("b", "t2")]
+    assert seen == [
+        ("a", "t0"),
+        ("b", "t0"),
+        ("c", "t0"),  # warm-up, unmeasured
+        ("a", "t0"),
+        ("b", "t0"),
+        ("c", "t0"),
+        ("b", "t1"),
+        ("c", "t1"),
+        ("a", "t1"),
+        ("c", "t2"),
+        ("a", "t2"),
+        ("b", "t2"),
+    ]
     assert {m: [a.qid for a in answers[m]] for m in answers} == {m: ["q0", "q1", "q2"] for m in "abc"}
 
 
-def test_trec_files_and_a_run_file_give_the_candidates(gateway: ServerProcess, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_trec_files_and_a_run_file_give_the_candidates(
+    gateway: ServerProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     beir = _beir(tmp_path / "beir")
     qrels = tmp_path / "qrels.trec"
     qrels.write_text("".join(f"{q} 0 {d} {g}\n" for q, docs in QRELS.items() for d, g in docs.items()))
     run = tmp_path / "bm25.run"
     run.write_text("q1 Q0 c 1 3.0 t\nq1 Q0 a 2 2.0 t\nq1 Q0 b 3 1.0 t\nq2 Q0 y 1 2.0 t\nq2 Q0 x 2 1.0 t\n")
     out = tmp_path / "out"
-    code, _, err = _eval(capsys, gateway.url, "--corpus", str(beir / "corpus.jsonl"), "--queries",
-                         str(beir / "queries.jsonl"), "--qrels", str(qrels), "--run", str(run), "--model", "oracle",
-                         "--api-key", KEY, "--no-plot", "--out", str(out))
+    code, _, err = _eval(
+        capsys,
+        gateway.url,
+        "--corpus",
+        str(beir / "corpus.jsonl"),
+        "--queries",
+        str(beir / "queries.jsonl"),
+        "--qrels",
+        str(qrels),
+        "--run",
+        str(run),
+        "--model",
+        "oracle",
+        "--api-key",
+        KEY,
+        "--no-plot",
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     doc = json.loads((out / "eval.json").read_text())
     assert doc["data"]["first_stage"] == "run file bm25.run"

@@ -50,11 +50,27 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
         srv.stop()
 
 
-def test_eval_ranks_the_models_and_the_cascade_on_graded_judgements(gateway: ServerProcess, tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_ranks_the_models_and_the_cascade_on_graded_judgements(
+    gateway: ServerProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     data, out = write_beir(tmp_path / "beir", queries=4, documents=12), tmp_path / "out"
-    code = main(["eval", gateway.url, str(data), "--model", "bi,ce,cascade", "--depth", "12", "--recall-at", "10",
-                 "--no-progress", "--no-plot", "--out", str(out)])
+    code = main(
+        [
+            "eval",
+            gateway.url,
+            str(data),
+            "--model",
+            "bi,ce,cascade",
+            "--depth",
+            "12",
+            "--recall-at",
+            "10",
+            "--no-progress",
+            "--no-plot",
+            "--out",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0, err
     doc = json.loads((out / "eval.json").read_text())
@@ -75,6 +91,8 @@ def test_eval_ranks_the_models_and_the_cascade_on_graded_judgements(gateway: Ser
 
     query = "which documents mention apple, river and engine?"
     docs = ["apple river engine", "river engine tunnel", "apple", "orbit fever", "engine apple river castle"]
-    answers = [httpx.post(f"{gateway.url}/v2/rerank", json={"model": m, "query": query, "documents": docs},
-                          timeout=60).json() for m in ("ce", "every")]
+    answers = [
+        httpx.post(f"{gateway.url}/v2/rerank", json={"model": m, "query": query, "documents": docs}, timeout=60).json()
+        for m in ("ce", "every")
+    ]
     assert answers[0]["results"] == answers[1]["results"]  # keep >= the documents: the last model alone

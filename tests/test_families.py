@@ -58,8 +58,13 @@ async def _engine(path: Path, **kw: object) -> TransformersEngine:
 def _job(engine: TransformersEngine, query: str, docs: list[str], *, raw: bool = False) -> ScoreJob:
     tok = engine.tokenizer
     assert tok is not None
-    return ScoreJob(query=query, instruction="", shared_ids=tok.encode_shared(query, ""),
-                    item_ids=tok.encode_documents(docs), raw_scores=raw)
+    return ScoreJob(
+        query=query,
+        instruction="",
+        shared_ids=tok.encode_shared(query, ""),
+        item_ids=tok.encode_documents(docs),
+        raw_scores=raw,
+    )
 
 
 # -- detection ---------------------------------------------------------------------------------
@@ -97,7 +102,9 @@ def test_undetectable_model_fails_with_one_line_naming_the_field(tiny_dirs, tmp_
 
 
 def test_invalid_family_runtime_combination_fails_at_config_check():
-    with pytest.raises(msgspec.ValidationError, match=r"family 'bi-encoder' cannot run on engine 'vllm-generate'.*models\[0\]"):
+    with pytest.raises(
+        msgspec.ValidationError, match=r"family 'bi-encoder' cannot run on engine 'vllm-generate'.*models\[0\]"
+    ):
         msgspec.convert({"models": [{"engine": "vllm-generate", "name": "x", "family": "bi-encoder"}]}, Settings)
 
 
@@ -122,7 +129,11 @@ async def test_pair_tokens_equal_the_tokenizers_own_pair_encoding(tiny_dirs, kin
     for doc, row in zip(DOCS, rows, strict=True):
         enc = tok(Q, doc, return_token_type_ids=True)
         assert row.ids == enc["input_ids"]
-        types = [0] * len(row.ids) if row.segment_start is None else [int(i >= row.segment_start) for i in range(len(row.ids))]
+        types = (
+            [0] * len(row.ids)
+            if row.segment_start is None
+            else [int(i >= row.segment_start) for i in range(len(row.ids))]
+        )
         assert types == enc["token_type_ids"]
     if kind == "bert":  # BERT marks the document as segment 1; XLM-R has no token types
         assert rows[0].segment_start is not None
@@ -238,7 +249,11 @@ def test_gateway_reports_families_and_serves_raw_scores(tiny_dirs):
         assert models["ce"]["family"] == "cross-encoder" and models["bi"]["family"] == "bi-encoder"
         assert {models["ce"][k] for k in ("runtime", "device", "dtype")} == {"transformers", "cpu", "float32"}
         cards = {c["id"]: c for c in client.get("/v1/models").json()["data"]}
-        assert (cards["ce"]["family"], cards["bi"]["family"], cards["ce"]["engine"]) == ("cross-encoder", "bi-encoder", "transformers")
+        assert (cards["ce"]["family"], cards["bi"]["family"], cards["ce"]["engine"]) == (
+            "cross-encoder",
+            "bi-encoder",
+            "transformers",
+        )
 
         raw = client.post("/v2/rerank", json={"model": "ce-raw", "query": Q, "documents": DOCS}).json()
         logits = ref.cross_logits(tiny_dirs["bert"], Q, DOCS)
@@ -271,7 +286,10 @@ def test_check_config_prints_the_family_and_serve_refuses_an_undetectable_one(ti
     )
     assert main(["check-config", "--config", str(good)]) == 0
     out = capsys.readouterr().out
-    assert "model ce: engine=transformers family=cross-encoder (config.json architectures has XLMRobertaForSequenceClassification" in out
+    assert (
+        "model ce: engine=transformers family=cross-encoder (config.json architectures has XLMRobertaForSequenceClassification"
+        in out
+    )
     assert "model bi: engine=transformers family=bi-encoder (sentence-transformers modules.json" in out
     assert "model hub: engine=transformers family=auto (decided at start" in out
 

@@ -43,7 +43,9 @@ def _typed_pair_model(out: Path) -> Path:
     pair[-1]["SpecialToken"]["type_id"] = 1  # its </s>
     (hf / "tokenizer.json").write_text(json.dumps(tj))
     tc = json.loads((hf / "tokenizer_config.json").read_text())
-    tc.update(tokenizer_class="PreTrainedTokenizerFast", model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+    tc.update(
+        tokenizer_class="PreTrainedTokenizerFast", model_input_names=["input_ids", "token_type_ids", "attention_mask"]
+    )
     (hf / "tokenizer_config.json").write_text(json.dumps(tc))
     return hf
 

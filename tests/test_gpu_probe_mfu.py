@@ -20,15 +20,38 @@ def test_forward_probe_mfu_uses_the_timed_steps_flops(monkeypatch: pytest.Monkey
     ms = {"x1": 10.0, "x4": 40.0}
 
     def fake_probe(model_dir: Path, device: str, lens_: list[list[int]], timeout: float) -> dict[str, Any]:
-        return {"x1": {"tokens": sum(lens_[0]), "ms_median": ms["x1"]},
-                "x4": {"tokens": sum(map(sum, lens_[:4])), "ms_median": ms["x4"]}}
+        return {
+            "x1": {"tokens": sum(lens_[0]), "ms_median": ms["x1"]},
+            "x4": {"tokens": sum(map(sum, lens_[:4])), "ms_median": ms["x4"]},
+        }
 
-    monkeypatch.setattr(ge, "build", lambda out, cfg, device: {"square_8192_tflops": rate, "model_gemms_tflops": rate,
-                                                               "model_gemms_each": {}, "device": "fake"})
+    monkeypatch.setattr(
+        ge,
+        "build",
+        lambda out, cfg, device: {
+            "square_8192_tflops": rate,
+            "model_gemms_tflops": rate,
+            "model_gemms_each": {},
+            "device": "fake",
+        },
+    )
     monkeypatch.setattr(ge, "pair_lengths", lambda model_dir, cfg, requests=8: lens)
     monkeypatch.setattr(ge, "forward_probe", fake_probe)
-    monkeypatch.setattr(sys, "argv", ["gpu_encoders", "--tiny", "--forward-only", "--budget", "1000",
-                                      "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "gpu_encoders",
+            "--tiny",
+            "--forward-only",
+            "--budget",
+            "1000",
+            "--out",
+            str(tmp_path / "out"),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+    )
     ge.main()
     fwd = json.loads((tmp_path / "out" / "encoders_results.json").read_text())["forward_probe"]
     cfg = ge.TINY_CONFIG

@@ -60,8 +60,13 @@ DOCS = [
 
 def _model(provider: str, name: str, fake: FakeProviders, **kw: object) -> object:
     base: dict[str, object] = {
-        "model": f"{provider}-model", "base_url": fake.base_url(provider), "api_key_env": ENV[provider],
-        "max_documents_per_call": MAX_DOCS, "retries": 2, "backoff_initial_s": 0.05, "backoff_max_s": 0.2,
+        "model": f"{provider}-model",
+        "base_url": fake.base_url(provider),
+        "api_key_env": ENV[provider],
+        "max_documents_per_call": MAX_DOCS,
+        "retries": 2,
+        "backoff_initial_s": 0.05,
+        "backoff_max_s": 0.2,
     }
     if provider == "nvidia":
         base["path"] = "/v1/ranking"  # a self-hosted NIM's path (the catalog's is the default)
@@ -141,18 +146,48 @@ def _documents(provider, call):
 
 
 EXPECTED_BODY = {
-    "cohere": lambda docs: {"model": "cohere-model", "query": Q, "documents": docs, "top_n": len(docs),
-                            "max_tokens_per_doc": 4096},
-    "jina": lambda docs: {"model": "jina-model", "query": Q, "documents": docs, "top_n": len(docs),
-                          "return_documents": False},
-    "voyage": lambda docs: {"model": "voyage-model", "query": Q, "documents": docs, "top_k": len(docs),
-                            "return_documents": False, "truncation": True},
-    "mixedbread": lambda docs: {"model": "mixedbread-model", "query": Q, "input": docs, "top_k": len(docs),
-                                "return_input": False},
-    "nvidia": lambda docs: {"model": "nvidia-model", "query": {"text": Q}, "passages": [{"text": d} for d in docs],
-                            "truncate": "END"},
-    "together": lambda docs: {"model": "together-model", "query": Q, "documents": docs, "top_n": len(docs),
-                              "return_documents": False},
+    "cohere": lambda docs: {
+        "model": "cohere-model",
+        "query": Q,
+        "documents": docs,
+        "top_n": len(docs),
+        "max_tokens_per_doc": 4096,
+    },
+    "jina": lambda docs: {
+        "model": "jina-model",
+        "query": Q,
+        "documents": docs,
+        "top_n": len(docs),
+        "return_documents": False,
+    },
+    "voyage": lambda docs: {
+        "model": "voyage-model",
+        "query": Q,
+        "documents": docs,
+        "top_k": len(docs),
+        "return_documents": False,
+        "truncation": True,
+    },
+    "mixedbread": lambda docs: {
+        "model": "mixedbread-model",
+        "query": Q,
+        "input": docs,
+        "top_k": len(docs),
+        "return_input": False,
+    },
+    "nvidia": lambda docs: {
+        "model": "nvidia-model",
+        "query": {"text": Q},
+        "passages": [{"text": d} for d in docs],
+        "truncate": "END",
+    },
+    "together": lambda docs: {
+        "model": "together-model",
+        "query": Q,
+        "documents": docs,
+        "top_n": len(docs),
+        "return_documents": False,
+    },
 }
 
 
@@ -191,7 +226,9 @@ def test_voyage_token_limit_splits_calls_within_its_budget(client, fake):
 
 
 def test_cohere_sends_the_smaller_max_tokens_per_doc(client, fake):
-    r = client.post("/v2/rerank", json={"model": "cohere", "query": Q, "documents": DOCS[:2], "max_tokens_per_doc": 100})
+    r = client.post(
+        "/v2/rerank", json={"model": "cohere", "query": Q, "documents": DOCS[:2], "max_tokens_per_doc": 100}
+    )
     assert r.status_code == 200, r.text
     (call,) = fake.requests
     assert call.body["max_tokens_per_doc"] == 100
@@ -357,26 +394,35 @@ def test_check_config_reports_a_missing_or_unreadable_key(tmp_path, monkeypatch)
     monkeypatch.delenv("RERANK_TEST_UNSET_VARIABLE", raising=False)
     key = tmp_path / "key"
     key.write_text(KEYS["jina"])
-    settings = Settings(models=(
-        JinaEngineConfig(name="found", model="m", api_key_file=str(key)),
-        JinaEngineConfig(name="absent", model="m", api_key_env="RERANK_TEST_UNSET_VARIABLE"),
-        JinaEngineConfig(name="unreadable", model="m", api_key_file=str(tmp_path / "nowhere")),
-    ))
+    settings = Settings(
+        models=(
+            JinaEngineConfig(name="found", model="m", api_key_file=str(key)),
+            JinaEngineConfig(name="absent", model="m", api_key_env="RERANK_TEST_UNSET_VARIABLE"),
+            JinaEngineConfig(name="unreadable", model="m", api_key_file=str(tmp_path / "nowhere")),
+        )
+    )
     findings = [f.message for f in preflight(settings).findings if "key" in f.message]
     assert findings == [
-        ("models[1] (absent): no API key found: set api_key, api_key_file or the environment variable "
-        "RERANK_TEST_UNSET_VARIABLE"),
-        ("models[2] (unreadable): api_key_file: cannot read the key file (FileNotFoundError); check the path and "
-        "its permissions"),
+        (
+            "models[1] (absent): no API key found: set api_key, api_key_file or the environment variable "
+            "RERANK_TEST_UNSET_VARIABLE"
+        ),
+        (
+            "models[2] (unreadable): api_key_file: cannot read the key file (FileNotFoundError); check the path and "
+            "its permissions"
+        ),
     ]
     assert not any(KEYS["jina"] in f.message for f in preflight(settings).findings)
 
 
-@pytest.mark.parametrize(("fault", "served_by"), [
-    (Fault(503, "overloaded"), "voyage"),  # retried, then the chain moves on
-    (Fault(401, "invalid api token"), "voyage"),  # the target's account: the chain moves on
-    (Fault(400, "invalid request: query must not be empty"), None),  # the request's own fault: back as it is
-])
+@pytest.mark.parametrize(
+    ("fault", "served_by"),
+    [
+        (Fault(503, "overloaded"), "voyage"),  # retried, then the chain moves on
+        (Fault(401, "invalid api token"), "voyage"),  # the target's account: the chain moves on
+        (Fault(400, "invalid request: query must not be empty"), None),  # the request's own fault: back as it is
+    ],
+)
 def test_hosted_providers_as_chain_targets(client, fake, fault, served_by):
     faults = [fault] * 3 if fault.status == 503 else [fault]  # a 503 is retried twice first
     fake.fail_next("cohere", *faults)

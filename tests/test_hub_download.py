@@ -61,7 +61,9 @@ def _fetch(monkeypatch, tmp_path: Path, listing: list[str] | Exception) -> set[s
     (kw,) = calls
     assert kw.get("allow_patterns"), "the whole repository would be downloaded"
     files = listing if isinstance(listing, list) else [*SMALL, *HEAVY, "model.safetensors", "pytorch_model.bin"]
-    return set(filter_repo_objects(files, allow_patterns=kw["allow_patterns"], ignore_patterns=kw.get("ignore_patterns")))
+    return set(
+        filter_repo_objects(files, allow_patterns=kw["allow_patterns"], ignore_patterns=kw.get("ignore_patterns"))
+    )
 
 
 def test_safetensors_only_when_the_repo_has_both_formats(monkeypatch, tmp_path):

@@ -64,7 +64,9 @@ class Podman:
         self.env = {**os.environ, "CONTAINERS_CONF": str(conf)}
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        run = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        run = subprocess.run(
+            ["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
         if check and run.returncode != 0:
             raise AssertionError(f"podman {' '.join(args[:3])} ...: exit {run.returncode}\n{run.stderr[-3000:]}")
         return run
@@ -133,8 +135,18 @@ def podman(private_tmp: Path) -> Iterator[Podman]:
     if not pm.exists(PYBASE):
         if not pm.exists(BOOKWORM):
             tar = work / "bookworm.tar"
-            subprocess.run(["mmdebstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates,redis-server",
-                            "bookworm", str(tar)], check=True, capture_output=True, timeout=900)
+            subprocess.run(
+                [
+                    "mmdebstrap",
+                    "--variant=minbase",
+                    "--include=python3,python3-venv,ca-certificates,redis-server",
+                    "bookworm",
+                    str(tar),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=900,
+            )
             pm("import", str(tar), BOOKWORM)
             tar.unlink()
         # This machine's CA bundle, so pip inside the build reaches the index as the host does.
@@ -159,8 +171,20 @@ def torch_index(private_tmp: Path) -> Iterator[str]:
 
     wheels = private_tmp / "wheels"
     version = torch.__version__
-    subprocess.run([os.path.join(os.path.dirname(sys.executable), "pip"), "download", "--quiet", "--only-binary=:all:",
-                    "-d", str(wheels), f"torch=={version}"], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            os.path.join(os.path.dirname(sys.executable), "pip"),
+            "download",
+            "--quiet",
+            "--only-binary=:all:",
+            "-d",
+            str(wheels),
+            f"torch=={version}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     root = wheels / "simple"
     for whl in wheels.glob("*.whl"):
         project = root / re.sub(r"[-_.]+", "-", whl.name.split("-")[0]).lower()
@@ -169,8 +193,12 @@ def torch_index(private_tmp: Path) -> Iterator[str]:
     # A fixed port when free: the URL is a build argument, and a new one each session would
     # defeat the build cache of the layers after it.
     port = INDEX_PORT if _port_free(INDEX_PORT) else free_port()
-    server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
-                              cwd=wheels, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+        cwd=wheels,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         yield f"http://127.0.0.1:{port}/simple"
     finally:
@@ -185,9 +213,21 @@ def images(podman: Podman, torch_index: str) -> dict[str, str]:
     for kind, extras in (("cloud", ""), ("transformers", "transformers")):
         start = time.monotonic()
         index = ["--build-arg", f"TORCH_INDEX={torch_index}"] if extras else []
-        podman.build_replacing(IMAGES[kind], "--network", "host", "--format", "docker", "--build-arg", f"BASE={PYBASE}",
-                               "--build-arg", f"EXTRAS={extras}", *index,
-                               "-f", str(ROOT / "deploy" / "Dockerfile"), str(ROOT))
+        podman.build_replacing(
+            IMAGES[kind],
+            "--network",
+            "host",
+            "--format",
+            "docker",
+            "--build-arg",
+            f"BASE={PYBASE}",
+            "--build-arg",
+            f"EXTRAS={extras}",
+            *index,
+            "-f",
+            str(ROOT / "deploy" / "Dockerfile"),
+            str(ROOT),
+        )
         times[kind] = round(time.monotonic() - start, 1)
     print(f"image build seconds: {times}")
     return IMAGES
@@ -218,8 +258,10 @@ def _config(kind: str, model_path: str) -> str:
     models = '[[models]]\nname = "static"\nengine = "static"\nscores = {"Berlin is in Germany." = 0.1}\n\n'
     models += '[[models]]\nname = "slow"\nengine = "static"\ndelay_s = 2.0\n'
     if kind == "transformers":
-        models = (f'[[models]]\nname = "tiny"\nengine = "transformers"\npath = "{model_path}"\n'
-                  'dtype = "float32"\nmax_length = 160\nmax_query_tokens = 32\n\n') + models
+        models = (
+            f'[[models]]\nname = "tiny"\nengine = "transformers"\npath = "{model_path}"\n'
+            'dtype = "float32"\nmax_length = 160\nmax_query_tokens = 32\n\n'
+        ) + models
     return f'[server]\nhost = "0.0.0.0"\nport = 8000\nshutdown_timeout_s = 20\n\n[logging]\nformat = "json"\n\n{models}'
 
 
@@ -247,10 +289,19 @@ def running(request, podman: Podman, images: dict[str, str], tiny_qwen3_dir: Pat
     _readable(work)
     port = free_port()
     box = Container(
-        podman, images[kind], f"rerank-ci-{kind}",
-        "-p", f"127.0.0.1:{port}:8000", "-e", "RERANK_API_KEY_FILE=/run/secrets/key",
-        "-v", f"{work / 'key'}:/run/secrets/key:ro", "-v", f"{work / 'gateway.toml'}:/etc/rerank-gateway/gateway.toml:ro",
-        "-v", f"{model}:/models/tiny:ro",
+        podman,
+        images[kind],
+        f"rerank-ci-{kind}",
+        "-p",
+        f"127.0.0.1:{port}:8000",
+        "-e",
+        "RERANK_API_KEY_FILE=/run/secrets/key",
+        "-v",
+        f"{work / 'key'}:/run/secrets/key:ro",
+        "-v",
+        f"{work / 'gateway.toml'}:/etc/rerank-gateway/gateway.toml:ro",
+        "-v",
+        f"{model}:/models/tiny:ro",
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
@@ -311,7 +362,12 @@ def test_health_ready_401_and_scores_equal_to_the_host(running) -> None:
     assert ready["status"] == "ready" and all(m["state"] == "ready" for m in ready["models"])
     body = {"model": "tiny" if kind == "transformers" else "static", "query": "capital of France?", "documents": DOCS}
     assert httpx.post(f"{url}/v2/rerank", json=body, timeout=30).status_code == 401
-    assert httpx.post(f"{url}/v2/rerank", json=body, headers=_auth("rk-wrong-key-0123456789abcdef"), timeout=30).status_code == 401
+    assert (
+        httpx.post(
+            f"{url}/v2/rerank", json=body, headers=_auth("rk-wrong-key-0123456789abcdef"), timeout=30
+        ).status_code
+        == 401
+    )
     answer = httpx.post(f"{url}/v2/rerank", json=body, headers=_auth(), timeout=60)
     assert answer.status_code == 200, answer.text
     with TestClient(create_app(settings, configure_logs=False)) as host:
@@ -385,8 +441,9 @@ def redis_image(podman: Podman) -> str:
     return REDIS
 
 
-def test_two_gateway_containers_share_the_redis_limit(podman: Podman, images: dict[str, str], redis_image: str,
-                                                       private_tmp: Path) -> None:
+def test_two_gateway_containers_share_the_redis_limit(
+    podman: Podman, images: dict[str, str], redis_image: str, private_tmp: Path
+) -> None:
     # Both gateways join the Redis container's network namespace (as in a pod): Redis on
     # 127.0.0.1:6379 for both, gateway A on 8000 and B on 8001, published from that namespace.
     ports = free_port(), free_port()
@@ -399,13 +456,25 @@ def test_two_gateway_containers_share_the_redis_limit(podman: Podman, images: di
         '[[models]]\nname = "static"\nengine = "static"\n'
     )
     _readable(tmp_path)
-    redis = Container(podman, redis_image, "rerank-ci-redis", "-p", f"127.0.0.1:{ports[0]}:8000",
-                      "-p", f"127.0.0.1:{ports[1]}:8001")
+    redis = Container(
+        podman, redis_image, "rerank-ci-redis", "-p", f"127.0.0.1:{ports[0]}:8000", "-p", f"127.0.0.1:{ports[1]}:8001"
+    )
     boxes = []
     try:
         for n, inner in enumerate((8000, 8001)):
-            boxes.append(Container(podman, images["cloud"], f"rerank-ci-replica-{n}", "--network", "container:rerank-ci-redis",
-                                   "-e", f"RERANK_SERVER__PORT={inner}", "-v", f"{config}:/etc/rerank-gateway/gateway.toml:ro"))
+            boxes.append(
+                Container(
+                    podman,
+                    images["cloud"],
+                    f"rerank-ci-replica-{n}",
+                    "--network",
+                    "container:rerank-ci-redis",
+                    "-e",
+                    f"RERANK_SERVER__PORT={inner}",
+                    "-v",
+                    f"{config}:/etc/rerank-gateway/gateway.toml:ro",
+                )
+            )
         urls = [f"http://127.0.0.1:{p}" for p in ports]
         for url in urls:
             deadline = time.monotonic() + 60
@@ -419,8 +488,9 @@ def test_two_gateway_containers_share_the_redis_limit(podman: Podman, images: di
                 time.sleep(0.3)
         body = {"model": "static", "query": "q", "documents": ["a"]}
         # rpm = 4 for the key across both replicas: 2 + 2 pass, the fifth (on either) is refused.
-        statuses = [httpx.post(f"{urls[i % 2]}/v2/rerank", json=body, headers=_auth(), timeout=10).status_code
-                    for i in range(5)]
+        statuses = [
+            httpx.post(f"{urls[i % 2]}/v2/rerank", json=body, headers=_auth(), timeout=10).status_code for i in range(5)
+        ]
         assert statuses == [200, 200, 200, 200, 429], statuses
         assert json.loads(httpx.get(f"{urls[1]}/ready", timeout=5).text)["status"] == "ready"
     finally:

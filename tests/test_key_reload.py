@@ -55,7 +55,9 @@ def test_reload_keeps_the_keys_when_the_config_cannot_be_read_or_exposes_the_gat
 
     def settings(*keys: tuple[str, str], host: str = "0.0.0.0") -> Settings:
         entries = tuple(ApiKeyConfig(id=name, hash=hash_key(key), models=("*",)) for name, key in keys)
-        return Settings(server=ServerConfig(host=host), auth=AuthConfig(keys=entries), models=(StaticEngineConfig(name="m"),))
+        return Settings(
+            server=ServerConfig(host=host), auth=AuthConfig(keys=entries), models=(StaticEngineConfig(name="m"),)
+        )
 
     control = AccessControl(settings(("a", KEY_A)))
     header = [(b"authorization", f"Bearer {KEY_A}".encode())]

@@ -144,9 +144,7 @@ def test_tied_embedding_models_load_together_on_the_first_attempt(tiny_gemma_dir
     paths = [tiny_gemma_dir, tiny_qwen2_dir, tiny_qwen2_dir, tiny_gemma_dir]
     settings = Settings(
         server=ServerConfig(load_retry_initial_s=300),
-        models=tuple(
-            TransformersEngineConfig(name=f"m{i}", path=str(p), **COMMON) for i, p in enumerate(paths)
-        ),
+        models=tuple(TransformersEngineConfig(name=f"m{i}", path=str(p), **COMMON) for i, p in enumerate(paths)),
     )
     with TestClient(create_app(settings, configure_logs=False)) as c:
         wait_loaded(c, 120)
@@ -227,6 +225,8 @@ def test_a_query_cut_inside_a_character_drops_the_partial_character(tiny_qwen2_d
     a cut can fall inside one, whose decoded bytes are U+FFFD: that is no part of the query."""
     tok = load_hf_tokenizer(str(tiny_qwen2_dir))
     prompt = LlmPromptTokenizer(tok, LLM_RERANKERS["mxbai-rerank-v2"], max_length=512, max_query_tokens=8)
-    texts = [tok.decode(prompt.encode_shared("ab " * k + "\U0001f600" * 8, prompt.default_instruction)) for k in range(4)]
+    texts = [
+        tok.decode(prompt.encode_shared("ab " * k + "\U0001f600" * 8, prompt.default_instruction)) for k in range(4)
+    ]
     assert all("\U0001f600" in t or "ab ab" in t for t in texts)  # the query was cut, not dropped
     assert not [t for t in texts if "\ufffd" in t], texts

@@ -24,8 +24,29 @@ from schemas.config import LLM_RERANKERS
 from tests import llm_card_reference as card
 
 Q = "Which passage names a capital?"
-_OTHER_STARTS = ["é", "Ünter", "ß", "中文", "日本", "😀", "—", "–", "“quoted”", "‘single’", "…", "\u00a0nbsp", "\ufeffbom",
-                 "\u200bzero", "\t", "\r\n", "\n\n", "   ", "１２３", "Ω", "→"]
+_OTHER_STARTS = [
+    "é",
+    "Ünter",
+    "ß",
+    "中文",
+    "日本",
+    "😀",
+    "—",
+    "–",
+    "“quoted”",
+    "‘single’",
+    "…",
+    "\u00a0nbsp",
+    "\ufeffbom",
+    "\u200bzero",
+    "\t",
+    "\r\n",
+    "\n\n",
+    "   ",
+    "１２３",
+    "Ω",
+    "→",
+]
 _WORDS = ["capital", "Paris", "the", "of", "is", "42", "x", "don't", "U.S.", "e-mail", "C++", "#tag", "@user", "(a)"]
 
 
@@ -58,8 +79,11 @@ def test_gemma_ids_equal_the_cards_on_unseen_document_shapes(tiny_gemma_dir: Pat
     prompt = _prompt(tiny_gemma_dir, spec)
     shared = prompt.encode_shared(Q, prompt.default_instruction)
     docs = _documents()
-    wrong = [doc for doc, ids in zip(docs, prompt.encode_documents(docs), strict=True)
-             if prompt.assemble(shared, ids, prompt.default_instruction) != card.gemma_ids(tiny_gemma_dir, Q, doc)]
+    wrong = [
+        doc
+        for doc, ids in zip(docs, prompt.encode_documents(docs), strict=True)
+        if prompt.assemble(shared, ids, prompt.default_instruction) != card.gemma_ids(tiny_gemma_dir, Q, doc)
+    ]
     assert not wrong, f"{len(wrong)} of {len(docs)} documents tokenized unlike the card: {wrong[:10]!r}"
 
 
@@ -67,6 +91,9 @@ def test_mxbai_ids_equal_the_cards_on_unseen_document_shapes(tiny_qwen2_dir: Pat
     prompt = _prompt(tiny_qwen2_dir, LLM_RERANKERS["mxbai-rerank-v2"])
     shared = prompt.encode_shared(Q, "")
     docs = _documents()
-    wrong = [doc for doc, ids in zip(docs, prompt.encode_documents(docs), strict=True)
-             if prompt.assemble(shared, ids) != card.mxbai_ids(tiny_qwen2_dir, Q, doc)]
+    wrong = [
+        doc
+        for doc, ids in zip(docs, prompt.encode_documents(docs), strict=True)
+        if prompt.assemble(shared, ids) != card.mxbai_ids(tiny_qwen2_dir, Q, doc)
+    ]
     assert not wrong, f"{len(wrong)} of {len(docs)} documents tokenized unlike the card: {wrong[:10]!r}"

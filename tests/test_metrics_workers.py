@@ -19,5 +19,10 @@ def test_model_gauges_stay_on_metrics_with_several_workers(tmp_path: Path, monke
         text = client.get("/metrics").text
     # Before: only the multiprocess files were rendered; the registry-read gauges (the HPA's and
     # the dashboard's rerank_in_flight_requests, rerank_model_state, ...) were missing.
-    for name in ("rerank_model_state", "rerank_in_flight_requests", "rerank_queued_requests", "rerank_engine_restarts_total"):
+    for name in (
+        "rerank_model_state",
+        "rerank_in_flight_requests",
+        "rerank_queued_requests",
+        "rerank_engine_restarts_total",
+    ):
         assert name in text, name

@@ -79,8 +79,13 @@ def _job(engine: OpenVinoEngine, query: str, docs: list[str], *, raw: bool = Fal
     tok = engine.tokenizer
     assert tok is not None
     room = tok.item_room(tok.encode_shared(query, ""))
-    return ScoreJob(query=query, instruction="", shared_ids=tok.encode_shared(query, ""),
-                    item_ids=[ids[:room] for ids in tok.encode_documents(docs)], raw_scores=raw)
+    return ScoreJob(
+        query=query,
+        instruction="",
+        shared_ids=tok.encode_shared(query, ""),
+        item_ids=[ids[:room] for ids in tok.encode_documents(docs)],
+        raw_scores=raw,
+    )
 
 
 def _st_cross(path: Path, query: str, docs: list[str]) -> list[float]:
@@ -118,7 +123,6 @@ async def test_scores_do_not_depend_on_the_batching(dirs):
     a = (await alone.score(_job(alone, Q, DOCS * 3))).scores
     b = (await packed.score(_job(packed, Q, DOCS * 3))).scores
     assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < EXACT
-
 
 
 @pytest.mark.parametrize("batching", ["shared", "per-request"])
@@ -385,11 +389,14 @@ def test_golden_set_from_a_small_subword_vocabulary():
 
 def test_refine_top_with_fp32_is_refused_in_one_line():
     """fp32 has nothing to refine: the key would be silently ignored."""
-    with pytest.raises(msgspec.ValidationError, match=r"refine_top re-scores .* precision = 'fp32'.*models\[0\]") as info:
+    with pytest.raises(
+        msgspec.ValidationError, match=r"refine_top re-scores .* precision = 'fp32'.*models\[0\]"
+    ) as info:
         msgspec.convert({"models": [{"name": "m", "engine": "openvino", "path": "/m", "refine_top": 10}]}, Settings)
     assert "\n" not in str(info.value)
-    msgspec.convert({"models": [{"name": "m", "engine": "openvino", "path": "/m", "precision": "bf16", "refine_top": 10}]},
-                    Settings)
+    msgspec.convert(
+        {"models": [{"name": "m", "engine": "openvino", "path": "/m", "precision": "bf16", "refine_top": 10}]}, Settings
+    )
 
 
 @pytest.mark.parametrize(("fp32_s", "reduced_s", "warned"), [(1.0, 2.0, True), (2.0, 1.0, False)])
@@ -431,9 +438,17 @@ def test_a_bad_parity_set_refuses_the_model_in_one_line_before_any_export(dirs, 
     golden = tmp_path / "golden.jsonl"
     golden.write_text('{"query": "q", "documents": ["a"]}\n')
     monkeypatch.setattr("adapters.runtimes.cpu.start.export_family", lambda family: pytest.fail("exported"))
-    engine = OpenVinoEngine(OpenVinoEngineConfig(name="m", path=str(dirs["bert"]), cache_dir=str(tmp_path / "cache"),
-                                                 precision="int8", parity_set=str(golden)))
+    engine = OpenVinoEngine(
+        OpenVinoEngineConfig(
+            name="m",
+            path=str(dirs["bert"]),
+            cache_dir=str(tmp_path / "cache"),
+            precision="int8",
+            parity_set=str(golden),
+        )
+    )
     with pytest.raises(EngineConfigError) as info:
         engine._load()
-    assert str(info.value) == (f"model 'm': parity_set: {golden}:1: 1 documents; the gate compares top-10, "
-                               "so give at least 10")
+    assert str(info.value) == (
+        f"model 'm': parity_set: {golden}:1: 1 documents; the gate compares top-10, so give at least 10"
+    )

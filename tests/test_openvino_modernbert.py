@@ -27,16 +27,24 @@ async def test_modernbert_padded_rows_equal_sentence_transformers(tmp_path: Path
 
     path = build_tiny_modernbert(tmp_path / "mb")  # local window 16: short rows padded past it
     docs = [*DOCS, "short", "The capital of France is Paris. " * 6]
-    engine = OpenVinoEngine(OpenVinoEngineConfig(name="m", path=str(path), cache_dir=str(tmp_path / "cache"),
-                                                 max_length=128, raw_scores=True))
+    engine = OpenVinoEngine(
+        OpenVinoEngineConfig(
+            name="m", path=str(path), cache_dir=str(tmp_path / "cache"), max_length=128, raw_scores=True
+        )
+    )
     await engine.start()
     try:
         tok = engine.tokenizer
         assert tok is not None
         shared = tok.encode_shared(Q, "")
         room = tok.item_room(shared)
-        job = ScoreJob(query=Q, instruction="", shared_ids=shared, raw_scores=True,
-                       item_ids=[ids[:room] for ids in tok.encode_documents(docs)])
+        job = ScoreJob(
+            query=Q,
+            instruction="",
+            shared_ids=shared,
+            raw_scores=True,
+            item_ids=[ids[:room] for ids in tok.encode_documents(docs)],
+        )
         got = (await engine.score(job)).scores
     finally:
         await engine.stop()

@@ -32,14 +32,26 @@ def _job(engine: OpenVinoEngine, query: str, docs: list[str]) -> ScoreJob:
     assert tok is not None
     shared = tok.encode_shared(query, "")
     room = tok.item_room(shared)
-    return ScoreJob(query=query, instruction="", shared_ids=shared,
-                    item_ids=[ids[:room] for ids in tok.encode_documents(docs)], raw_scores=True)
+    return ScoreJob(
+        query=query,
+        instruction="",
+        shared_ids=shared,
+        item_ids=[ids[:room] for ids in tok.encode_documents(docs)],
+        raw_scores=True,
+    )
 
 
 async def test_raw_score_requests_keep_fp32s_top10_order_on_a_softmax_head(model):
     path, cache = model
-    kw = {"name": "m", "path": str(path), "cache_dir": str(cache), "streams": 1, "threads": 2,
-          "parity_queries": 8, "parity_documents": 20}
+    kw = {
+        "name": "m",
+        "path": str(path),
+        "cache_dir": str(cache),
+        "streams": 1,
+        "threads": 2,
+        "parity_queries": 8,
+        "parity_documents": 20,
+    }
     exact = OpenVinoEngine(OpenVinoEngineConfig(**kw))
     refined = OpenVinoEngine(OpenVinoEngineConfig(**kw, precision="bf16", refine_top=10, parity_min_agreement=0.01))
     await exact.start()

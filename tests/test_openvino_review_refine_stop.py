@@ -31,9 +31,21 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 async def _engine(model: tuple[Path, Path]) -> OpenVinoEngine:
     path, cache = model
-    engine = OpenVinoEngine(OpenVinoEngineConfig(
-        name="m", path=str(path), cache_dir=str(cache), streams=1, threads=2, precision="bf16", refine_top=10,
-        refine_margin=100.0, parity_queries=8, parity_documents=12, parity_min_agreement=0.01))
+    engine = OpenVinoEngine(
+        OpenVinoEngineConfig(
+            name="m",
+            path=str(path),
+            cache_dir=str(cache),
+            streams=1,
+            threads=2,
+            precision="bf16",
+            refine_top=10,
+            refine_margin=100.0,
+            parity_queries=8,
+            parity_documents=12,
+            parity_min_agreement=0.01,
+        )
+    )
     await engine.start()
     return engine
 
@@ -41,7 +53,9 @@ async def _engine(model: tuple[Path, Path]) -> OpenVinoEngine:
 def _job(engine: OpenVinoEngine) -> ScoreJob:
     tok = engine.tokenizer
     assert tok is not None
-    return ScoreJob(query=Q, instruction="", shared_ids=tok.encode_shared(Q, ""), item_ids=tok.encode_documents(DOCS * 2))
+    return ScoreJob(
+        query=Q, instruction="", shared_ids=tok.encode_shared(Q, ""), item_ids=tok.encode_documents(DOCS * 2)
+    )
 
 
 async def test_a_stop_during_refinement_gives_fp32s_scores_or_unavailable(model, monkeypatch):

@@ -21,8 +21,11 @@ pytestmark = pytest.mark.anyio
 
 async def test_requests_waiting_at_stop_fail_as_unavailable(tmp_path):
     path = build_tiny_cross_encoder(tmp_path / "m")
-    engine = OpenVinoEngine(OpenVinoEngineConfig(name="m", path=str(path), cache_dir=str(tmp_path / "cache"),
-                                                 streams=1, threads=1, max_batch_size=1))
+    engine = OpenVinoEngine(
+        OpenVinoEngineConfig(
+            name="m", path=str(path), cache_dir=str(tmp_path / "cache"), streams=1, threads=1, max_batch_size=1
+        )
+    )
     await engine.start()
     tok = engine.tokenizer
     assert tok is not None

@@ -34,8 +34,9 @@ TEXTS += [TEXTS[3], TEXTS[60]]
 @pytest.fixture(scope="module")
 async def served(tmp_path_factory: pytest.TempPathFactory):
     path = build_tiny_cross_encoder(tmp_path_factory.mktemp("overlap") / "xlmr", kind="xlmr")
-    model = PackedEngineConfig(name="p", path=str(path), devices=("cpu",), batch_tokens=96, max_length=128,
-                               max_chunks_per_doc=4)
+    model = PackedEngineConfig(
+        name="p", path=str(path), devices=("cpu",), batch_tokens=96, max_length=128, max_chunks_per_doc=4
+    )
     registry = ModelRegistry(Settings(models=(model,)))
     rt = registry.get("p")
     await rt.load()
@@ -116,7 +117,7 @@ async def test_an_error_in_the_last_part_cancels_the_others(served):
 
 @pytest.mark.parametrize(("configured", "expected"), [("on", True), ("off", False), ("auto", False)])
 async def test_the_config_decides(served, configured, expected):
-    """"auto" overlaps where steps replay CUDA graphs: never on CPU."""
+    """ "auto" overlaps where steps replay CUDA graphs: never on CPU."""
     from adapters.registry import build_engine
 
     _, rt = served

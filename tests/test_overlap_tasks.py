@@ -69,7 +69,8 @@ async def test_a_failed_first_part_and_a_refused_later_one_leave_no_unretrieved_
     try:
         with pytest.raises(InputTooLongError):  # document 50, in the last part
             await RerankService(registry, LimitsConfig()).rerank(
-                _request(TEXTS), api_version="1", request_id="r", long_texts=LongTexts(mode="reject"))
+                _request(TEXTS), api_version="1", request_id="r", long_texts=LongTexts(mode="reject")
+            )
         for _ in range(3):
             gc.collect()
             await asyncio.sleep(0)

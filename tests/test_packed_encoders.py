@@ -45,15 +45,21 @@ QUERIES = (Q, "capital punishment", "Which fox is quick and brown, and which dog
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("packed-encoders")
-    out = {kind: build_tiny_cross_encoder(base / kind, kind=kind) for kind in KINDS if not kind.startswith("modernbert")}
+    out = {
+        kind: build_tiny_cross_encoder(base / kind, kind=kind) for kind in KINDS if not kind.startswith("modernbert")
+    }
     out["modernbert"] = build_tiny_modernbert(base / "modernbert")
-    out["modernbert-mean"] = build_tiny_modernbert(base / "modernbert-mean", pooling="mean",
-                                                   id2label={0: "irrelevant", 1: "relevant"}, seed=1)
+    out["modernbert-mean"] = build_tiny_modernbert(
+        base / "modernbert-mean", pooling="mean", id2label={0: "irrelevant", 1: "relevant"}, seed=1
+    )
     out["bert2"] = build_tiny_cross_encoder(base / "bert2", id2label={0: "irrelevant", 1: "relevant"}, seed=1)
     deberta = base / "deberta"
     deberta.mkdir()
-    (deberta / "config.json").write_text(json.dumps({
-        "architectures": ["DebertaV2ForSequenceClassification"], "model_type": "deberta-v2", "num_labels": 1}))
+    (deberta / "config.json").write_text(
+        json.dumps(
+            {"architectures": ["DebertaV2ForSequenceClassification"], "model_type": "deberta-v2", "num_labels": 1}
+        )
+    )
     out["deberta"] = deberta
     return out
 
@@ -77,8 +83,13 @@ async def engines(dirs):
 
 def _job(engine, query: str, docs: list[str], raw: bool = False) -> ScoreJob:
     tok = engine.tokenizer
-    return ScoreJob(query=query, instruction="", shared_ids=tok.encode_shared(query, ""),
-                    item_ids=tok.encode_documents(docs), raw_scores=raw)
+    return ScoreJob(
+        query=query,
+        instruction="",
+        shared_ids=tok.encode_shared(query, ""),
+        item_ids=tok.encode_documents(docs),
+        raw_scores=raw,
+    )
 
 
 def _st(path: Path, query: str, docs: list[str]) -> list[float]:
@@ -98,8 +109,10 @@ async def test_scores_equal_sentence_transformers(engines, dirs, kind):
     expected = _st(dirs[kind], Q, DOCS)
     assert result.scores == pytest.approx(expected, abs=TOL)
     assert max(expected) - min(expected) > 0.01  # the tiny model really discriminates
-    rows = [len(eng.tokenizer.encode_shared(Q, "")) + len(d) + eng.tokenizer.suffix_length
-            for d in eng.tokenizer.encode_documents(DOCS)]
+    rows = [
+        len(eng.tokenizer.encode_shared(Q, "")) + len(d) + eng.tokenizer.suffix_length
+        for d in eng.tokenizer.encode_documents(DOCS)
+    ]
     assert result.input_tokens == sum(rows)
 
 
@@ -166,7 +179,10 @@ def test_http_rerank_equals_sentence_transformers(dirs, kind):
 async def test_unsupported_architecture_is_refused(dirs):
     settings = Settings(models=(PackedEngineConfig(name="d", path=str(dirs["deberta"])),))
     (finding,) = [f for f in preflight(settings).findings if f.refuses]
-    assert "runs BERT, ELECTRA, RoBERTa, XLM-R and ModernBERT cross-encoders, not model_type 'deberta-v2'" in finding.message
+    assert (
+        "runs BERT, ELECTRA, RoBERTa, XLM-R and ModernBERT cross-encoders, not model_type 'deberta-v2'"
+        in finding.message
+    )
     assert "\n" not in finding.message
     eng = build_engine(PackedEngineConfig(name="d", path=str(dirs["deberta"])))
     with pytest.raises(EngineConfigError, match="not model_type 'deberta-v2'; use engine = 'transformers'"):
@@ -187,7 +203,9 @@ async def test_fp8_is_refused_for_cross_encoders(dirs):
 async def test_a_pipeline_split_is_refused_for_cross_encoders(dirs):
     with pytest.raises(ValueError, match="split = 'pipeline' is for Qwen3"):
         PackedEngineConfig(name="x", family="cross-encoder", split="pipeline", devices=("cpu", "cpu"))
-    eng = build_engine(PackedEngineConfig(name="p", path=str(dirs["bert"]), split="pipeline", devices=("cpu", "cpu")))  # family detected at start
+    eng = build_engine(
+        PackedEngineConfig(name="p", path=str(dirs["bert"]), split="pipeline", devices=("cpu", "cpu"))
+    )  # family detected at start
     with pytest.raises(EngineConfigError, match="split = 'pipeline' is for Qwen3 rerankers"):
         await eng.start()
     await eng.stop()
@@ -205,7 +223,9 @@ def test_default_engine_on_a_gpu_is_packed_where_it_runs(monkeypatch, dirs):
     assert engine_for(dirs["xlmr"]) == "packed" and engine_for(dirs["bert"]) == "packed"
     assert engine_for(dirs["modernbert"]) == "packed"
     assert engine_for(dirs["deberta"]) == "transformers"  # packed cannot run it: the next choice
-    explicit = load_settings(environ={"RERANK_MODELS__0__PATH": str(dirs["bert"]), "RERANK_MODELS__0__ENGINE": "transformers"})
+    explicit = load_settings(
+        environ={"RERANK_MODELS__0__PATH": str(dirs["bert"]), "RERANK_MODELS__0__ENGINE": "transformers"}
+    )
     assert explicit.models[0].__struct_config__.tag == "transformers"  # an explicit engine is kept
     monkeypatch.setattr(settings_module, "cuda_present", lambda: False)
     assert engine_for(dirs["xlmr"]) == "transformers"  # CPU default unchanged
@@ -219,7 +239,9 @@ def test_default_engine_reads_a_hub_id_from_the_local_cache(monkeypatch, dirs, t
     import huggingface_hub.constants
 
     monkeypatch.setattr(settings_module, "_engine_registered", lambda kind: True)
-    monkeypatch.setattr(settings_module.importlib.util, "find_spec", lambda name: object() if name == "transformers" else None)
+    monkeypatch.setattr(
+        settings_module.importlib.util, "find_spec", lambda name: object() if name == "transformers" else None
+    )
     monkeypatch.setattr(settings_module, "cuda_present", lambda: True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     repo = tmp_path / "models--org--deberta-reranker"
@@ -242,8 +264,13 @@ def test_bi_encoder_on_packed_names_the_runtimes():
 
 def test_config_error_type():  # load_settings wraps the struct's ValueError in one line
     with pytest.raises(ConfigError, match="fp8"):
-        load_settings(environ={"RERANK_MODELS__0__FAMILY": "cross-encoder", "RERANK_MODELS__0__ENGINE": "packed",
-                               "RERANK_MODELS__0__PRECISION": "fp8"})
+        load_settings(
+            environ={
+                "RERANK_MODELS__0__FAMILY": "cross-encoder",
+                "RERANK_MODELS__0__ENGINE": "packed",
+                "RERANK_MODELS__0__PRECISION": "fp8",
+            }
+        )
 
 
 @pytest.mark.slow

@@ -39,8 +39,12 @@ DOCS = [
 
 
 def _job(tok: Qwen3PromptTokenizer, query: str, docs: list[str], instruction: str = DEFAULT_INSTRUCTION) -> ScoreJob:
-    return ScoreJob(query=query, instruction=instruction, shared_ids=tok.encode_shared(query, instruction),
-                    item_ids=tok.encode_documents(docs))
+    return ScoreJob(
+        query=query,
+        instruction=instruction,
+        shared_ids=tok.encode_shared(query, instruction),
+        item_ids=tok.encode_documents(docs),
+    )
 
 
 def _config(tiny_dir, **kw) -> PackedEngineConfig:
@@ -65,7 +69,9 @@ async def test_scores_equal_reference(engine, tiny_qwen3_dir, query):
     assert len({round(s, 6) for s in expected}) > 3  # the tiny model really discriminates
     stats = engine.stats()
     assert stats["attention"] == "sdpa per prompt" and stats["compiled"] is False
-    assert stats["share_prefix"] is engine._config.share_prefix and stats["prefix_sharing"]["not_shared_because"] is None
+    assert (
+        stats["share_prefix"] is engine._config.share_prefix and stats["prefix_sharing"]["not_shared_because"] is None
+    )
     # a request's items span several steps (the budget), with sharing each recomputes the prefix once
     assert stats["steps"] > stats["requests"]
     if stats["share_prefix"]:
@@ -76,8 +82,11 @@ async def test_scores_equal_reference(engine, tiny_qwen3_dir, query):
 
 @pytest.mark.anyio
 async def test_equals_transformers_engine(engine, tiny_qwen3_dir):
-    padded = TransformersQwen3Engine(TransformersEngineConfig(name="t", path=str(tiny_qwen3_dir), dtype="float32",
-                                                              max_length=512, max_query_tokens=64))
+    padded = TransformersQwen3Engine(
+        TransformersEngineConfig(
+            name="t", path=str(tiny_qwen3_dir), dtype="float32", max_length=512, max_query_tokens=64
+        )
+    )
     await padded.start()
     try:
         instruction = "Retrieve semantically similar text."
@@ -210,7 +219,9 @@ def test_ready_reports_each_device(tiny_qwen3_dir):
             time.sleep(0.05)
         body = client.post("/v1/rerank", json={"model": "p", "query": QUERIES[0], "documents": DOCS[:3]}).json()
         got = {r["index"]: r["relevance_score"] for r in body["results"]}
-        assert [got[i] for i in range(3)] == pytest.approx(reference.score_texts(tiny_qwen3_dir, QUERIES[0], DOCS[:3]), abs=1e-5)
+        assert [got[i] for i in range(3)] == pytest.approx(
+            reference.score_texts(tiny_qwen3_dir, QUERIES[0], DOCS[:3]), abs=1e-5
+        )
         status = client.get("/ready").json()["models"][0]
         assert status["engine"] == "packed"
         assert [d["device"] for d in status["engine_stats"]["devices"]] == ["cpu", "cpu"]

@@ -55,12 +55,15 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 async def _scores(path: Path, mode: str, docs: list[str] = DOCS) -> tuple[list[float], dict]:
-    eng = build_engine(PackedEngineConfig(name="p", path=str(path), devices=("cpu",), batch_tokens=200,
-                                          gelu_epilogue=mode))
+    eng = build_engine(
+        PackedEngineConfig(name="p", path=str(path), devices=("cpu",), batch_tokens=200, gelu_epilogue=mode)
+    )
     await eng.start()
     try:
         tok = eng.tokenizer
-        job = ScoreJob(query=Q, instruction="", shared_ids=tok.encode_shared(Q, ""), item_ids=tok.encode_documents(docs))
+        job = ScoreJob(
+            query=Q, instruction="", shared_ids=tok.encode_shared(Q, ""), item_ids=tok.encode_documents(docs)
+        )
         return (await eng.score(job)).scores, eng.stats()
     finally:
         await eng.stop()

@@ -45,7 +45,9 @@ def test_fp8_gemm_equals_the_dequantized_reference(m, k, n):
     torch.manual_seed(m)
     x, w = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16) / k**0.5
     wq = fp8.quantize_weight(w)
-    assert wq.qt.shape == (k, n) and wq.qt.stride() == (1, k) and wq.scale.shape == (1, n)  # column-major, as the kernels want
+    assert (
+        wq.qt.shape == (k, n) and wq.qt.stride() == (1, k) and wq.scale.shape == (1, n)
+    )  # column-major, as the kernels want
     xq, xs = fp8.quantize_rows(x)
     got = fp8.mm_emulated(xq, xs, wq, torch.float32)
     want = _e4m3_reference(x) @ _e4m3_reference(w).T  # per-channel weight scales = rows of (out, in)
@@ -131,15 +133,21 @@ def test_golden_set_is_fixed_and_graded_one_by_one():
     assert a == b and len(a) == gate.GOLDEN_QUERIES and all(len(q.documents) == gate.GOLDEN_DOCS for q in a)
     assert gate.golden_set(5) == a[:5]  # a test's smaller set is the real one's first queries
     for q in a[:20]:
-        topic = q.query.removeprefix("which documents mention ").rstrip("?").replace(",", "").replace(" and ", " ").split()
+        topic = (
+            q.query.removeprefix("which documents mention ").rstrip("?").replace(",", "").replace(" and ", " ").split()
+        )
         assert len(set(topic)) == gate.GRADES
         words = [d.rstrip(".").split() for d in q.documents]
         assert {len(w) for w in words} == {gate.DOC_WORDS}  # relevance is density, not length
         # the 10 best differ one by one (10, 9, ... 1 of the query's words); the rest hold none
-        assert [len(set(w) & set(topic)) for w in words] == [*range(gate.GRADES, 0, -1), *[0] * (gate.GOLDEN_DOCS - gate.GRADES)]
+        assert [len(set(w) & set(topic)) for w in words] == [
+            *range(gate.GRADES, 0, -1),
+            *[0] * (gate.GOLDEN_DOCS - gate.GRADES),
+        ]
 
 
 # -- the engine, end to end on the tiny checkpoint ---------------------------------------------
+
 
 def _cfg(tiny_dir, **kw) -> PackedEngineConfig:
     return PackedEngineConfig(name="p", path=str(tiny_dir), max_length=512, max_query_tokens=64, **kw)
@@ -147,8 +155,12 @@ def _cfg(tiny_dir, **kw) -> PackedEngineConfig:
 
 async def _scores(eng: PackedQwen3Engine, docs: list[str]) -> list[float]:
     tok = eng.tokenizer
-    job = ScoreJob(query="capital?", instruction=DEFAULT_INSTRUCTION, shared_ids=tok.encode_shared("capital?", DEFAULT_INSTRUCTION),
-                   item_ids=tok.encode_documents(docs))
+    job = ScoreJob(
+        query="capital?",
+        instruction=DEFAULT_INSTRUCTION,
+        shared_ids=tok.encode_shared("capital?", DEFAULT_INSTRUCTION),
+        item_ids=tok.encode_documents(docs),
+    )
     return (await eng.score(job)).scores
 
 
@@ -172,12 +184,22 @@ async def test_fp8_engine_scores_near_bf16_and_reports_its_gate(tiny_qwen3_dir, 
     finally:
         await bf16.stop()
     # The operator's own golden set (parity_set), one document far longer than the 512-token window.
-    own = [GoldenQuery(f"capital of country {i}?", [*DOCS, "Click Settings. " * 400, *(f"city {j}" for j in range(8))])
-           for i in range(3)]
+    own = [
+        GoldenQuery(f"capital of country {i}?", [*DOCS, "Click Settings. " * 400, *(f"city {j}" for j in range(8))])
+        for i in range(3)
+    ]
     golden = tmp_path / "golden.jsonl"
     golden.write_text("".join(json.dumps({"query": q.query, "documents": q.documents}) + "\n" for q in own))
-    eng = PackedQwen3Engine(_cfg(tiny_qwen3_dir, precision="fp8", precision_gate="warn", parity_set=str(golden),
-                                 parity_tie=0.01, parity_min_agreement=0.5))
+    eng = PackedQwen3Engine(
+        _cfg(
+            tiny_qwen3_dir,
+            precision="fp8",
+            precision_gate="warn",
+            parity_set=str(golden),
+            parity_tie=0.01,
+            parity_min_agreement=0.5,
+        )
+    )
     await eng.start()
     try:
         got = await _scores(eng, DOCS)
@@ -188,8 +210,16 @@ async def test_fp8_engine_scores_near_bf16_and_reports_its_gate(tiny_qwen3_dir, 
     assert got != want  # the GEMMs really ran in FP8
     assert stats["gemm"].startswith("emulated")
     assert {k: stats["gate"][k] for k in ("golden", "queries", "tie", "min_agreement")} == {
-        "golden": str(golden), "queries": 3, "tie": 0.01, "min_agreement": 0.5}
-    assert {r: v["kernel"] for r, v in stats["quantizing_regions"].items()} == {"norm": "eager", "silu_mul": "eager", "quant": "eager"}
+        "golden": str(golden),
+        "queries": 3,
+        "tie": 0.01,
+        "min_agreement": 0.5,
+    }
+    assert {r: v["kernel"] for r, v in stats["quantizing_regions"].items()} == {
+        "norm": "eager",
+        "silu_mul": "eager",
+        "quant": "eager",
+    }
     assert 0 < stats["gate"]["max_abs_diff"] < 0.05
     print("tiny checkpoint, fp8 gate:", stats["gate"])
 
@@ -212,10 +242,17 @@ async def test_gate_refuses_a_bad_quantization_in_one_line(tiny_qwen3_dir, monke
     await eng.stop()
 
 
-@pytest.mark.parametrize(("content", "says"), [(None, "No such file"), ('{"query": "q"}\n', "expected"),
-                                               ('{"query": "q", "documents": ["a", "b"]}\n', "at least 10")])
-def test_a_bad_parity_set_refuses_the_model_in_one_line_before_it_loads(tiny_qwen3_dir, tmp_path, monkeypatch,
-                                                                     content, says):
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "No such file"),
+        ('{"query": "q"}\n', "expected"),
+        ('{"query": "q", "documents": ["a", "b"]}\n', "at least 10"),
+    ],
+)
+def test_a_bad_parity_set_refuses_the_model_in_one_line_before_it_loads(
+    tiny_qwen3_dir, tmp_path, monkeypatch, content, says
+):
     path = tmp_path / "golden.jsonl"
     if content is not None:
         path.write_text(content)
@@ -249,7 +286,9 @@ def test_the_gate_cuts_a_golden_document_longer_than_the_window(tiny_qwen3_dir, 
     assert max(seen) == 256  # the long document filled the window, no more
 
 
-@pytest.mark.parametrize(("configured", "used"), [(None, DEFAULT_INSTRUCTION), ("Find similar text.", "Find similar text.")])
+@pytest.mark.parametrize(
+    ("configured", "used"), [(None, DEFAULT_INSTRUCTION), ("Find similar text.", "Find similar text.")]
+)
 def test_the_gate_scores_with_the_instruction_a_request_gets(tiny_qwen3_dir, monkeypatch, configured, used):
     from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
     from adapters.runtimes.packed import engine as packed_engine
@@ -285,6 +324,7 @@ def test_fp8_needs_bf16_for_the_rest(tiny_qwen3_dir):
 
 # -- the quantizing regions' kernels: Triton's arithmetic, and which kernel the engine picks ---------
 
+
 @pytest.mark.slow
 def test_triton_kernels_compute_the_torch_regions_bit_for_bit():
     """fp8_triton's kernels under Triton's interpreter (own process: TRITON_INTERPRET must precede the import)."""
@@ -294,8 +334,14 @@ def test_triton_kernels_compute_the_torch_regions_bit_for_bit():
     import sys
 
     pytest.importorskip("triton")
-    p = subprocess.run([sys.executable, "-m", "tests.fp8_triton_check"], capture_output=True, text=True, timeout=300, check=False,
-                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    p = subprocess.run(
+        [sys.executable, "-m", "tests.fp8_triton_check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert set(got) == {"rms_q", "add_rms_q", "silu_mul_q", "quant", "quant_strided"}
@@ -314,8 +360,14 @@ def test_triton_kernels_compile_for_the_h200():
 
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-m", "tests.fp8_triton_check", "--compile-sm90"], capture_output=True, text=True,
-                       timeout=300, check=False, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "tests.fp8_triton_check", "--compile-sm90"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
     if p.returncode != 0 and "ptxas" in p.stderr and "not found" in p.stderr.lower():
         pytest.skip("this Triton wheel has no ptxas")
     assert p.returncode == 0, p.stderr[-2000:]
@@ -337,6 +389,7 @@ def test_pick_regions_takes_the_fastest_kernel_that_computes_the_reference():
         def f(*a):
             calls.append(name)
             return fn(*a)
+
         return f
 
     def wrong_scale(x):  # a kernel that forgot the /448: every value saturates or rounds away
@@ -367,8 +420,13 @@ def test_pick_regions_takes_the_fastest_kernel_that_computes_the_reference():
     # a preferred family wins even when slower; one that has no correct kernel falls back, and says so
     _, info = fp8.pick_regions(cands, _region_inputs(), 1e-6, timer, choice="wrong")
     assert info["quant"]["kernel"] == "ref" and "no correct 'wrong' kernel" in info["quant"]["note"]
-    _, info = fp8.pick_regions({k: v for k, v in cands.items() if k != "norm"} | {"norm": {"ref": fp8.REFERENCE[:2]}},
-                               _region_inputs(), 1e-6, timer, choice="ref")
+    _, info = fp8.pick_regions(
+        {k: v for k, v in cands.items() if k != "norm"} | {"norm": {"ref": fp8.REFERENCE[:2]}},
+        _region_inputs(),
+        1e-6,
+        timer,
+        choice="ref",
+    )
     assert info["quant"]["kernel"] == "ref" and "note" not in info["quant"]
     with pytest.raises(RuntimeError, match="no kernel computes the quant region"):
         fp8.pick_regions({"quant": {"wrong": wrong_scale}}, _region_inputs(), 1e-6, timer)
@@ -481,7 +539,9 @@ def test_fp8_replica_equals_a_dequantized_transformers_reference(spread, one_thr
     for mod in ref_model.model.layers.modules():
         if isinstance(mod, torch.nn.Linear):
             w = _e4m3_reference(mod.weight.data)  # float64, per output channel
-            mod.forward = lambda x, w=w: (_e4m3_reference(x.reshape(-1, x.shape[-1])) @ w.T).reshape(*x.shape[:-1], -1).to(x.dtype)
+            mod.forward = lambda x, w=w: (
+                (_e4m3_reference(x.reshape(-1, x.shape[-1])) @ w.T).reshape(*x.shape[:-1], -1).to(x.dtype)
+            )
     want = _ref_scores(ref_model, tok, prompts)
 
     fp8_vs_ref = max(abs(a - b) for a, b in zip(got, want, strict=True))

@@ -29,8 +29,16 @@ def test_buckets_pad_little_and_always_leave_a_padding_token_and_an_empty_pair()
     from adapters.runtimes.packed.graphs import bucket_key, pow2_bucket, token_bucket
 
     # 16 short of a multiple of the step: never a multiple of 64 (a slower cuBLAS pick, graphs.py)
-    assert [token_bucket(t) for t in (1, 240, 241, 4080, 4081, 16368, 16369, 65520)] == \
-        [240, 240, 496, 4080, 4336, 16368, 16880, 65520]
+    assert [token_bucket(t) for t in (1, 240, 241, 4080, 4081, 16368, 16369, 65520)] == [
+        240,
+        240,
+        496,
+        4080,
+        4336,
+        16368,
+        16880,
+        65520,
+    ]
     assert all(token_bucket(t) % 64 == 48 for t in range(1, 70_000, 7))
     assert [pow2_bucket(x, 16) for x in (1, 16, 17, 101)] == [16, 16, 32, 128]
     for tokens in range(1, 70_000, 97):
@@ -48,8 +56,9 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("packed-graphs")
     out = {kind: build_tiny_cross_encoder(base / kind, kind=kind) for kind in ("xlmr", "bert", "electra")}
     out["modernbert"] = build_tiny_modernbert(base / "modernbert")
-    out["modernbert-mean"] = build_tiny_modernbert(base / "modernbert-mean", pooling="mean",
-                                                   id2label={0: "irrelevant", 1: "relevant"}, seed=1)
+    out["modernbert-mean"] = build_tiny_modernbert(
+        base / "modernbert-mean", pooling="mean", id2label={0: "irrelevant", 1: "relevant"}, seed=1
+    )
     return out
 
 
@@ -103,9 +112,18 @@ def replicas(dirs):
 
     kernels.pick_attention = pick
     try:
-        out = {kind: (make_replica(load_cross_encoder(str(d), None, torch.float32), torch.device("cpu"),
-                                   attention="auto", compile=False), AutoTokenizer.from_pretrained(d))
-               for kind, d in dirs.items()}
+        out = {
+            kind: (
+                make_replica(
+                    load_cross_encoder(str(d), None, torch.float32),
+                    torch.device("cpu"),
+                    attention="auto",
+                    compile=False,
+                ),
+                AutoTokenizer.from_pretrained(d),
+            )
+            for kind, d in dirs.items()
+        }
     finally:
         kernels.pick_attention = real
     for replica, _ in out.values():
@@ -280,11 +298,11 @@ def test_an_idle_step_that_captures_also_captures_the_buckets_above_it(monkeypat
     monkeypatch.setattr(g, "_launch", launch)
     key = graphs.bucket_key(9000, 60, 219)  # (9200, 64, 256): steps of 512 tokens
     g.launch(None, key, 9000, None, idle=True)
-    assert captured == [key, (9712, 64, 256), (10224, 64, 256)][:1 + graphs.HEADROOM]
+    assert captured == [key, (9712, 64, 256), (10224, 64, 256)][: 1 + graphs.HEADROOM]
     assert g.stats()["headroom_captures"] == graphs.HEADROOM
     g.launch(None, key, 9000, None, idle=True)  # replayed: nothing more
     g.launch(None, (11248, 64, 256), 11000, None)  # under load: its own only
-    assert captured[1 + graphs.HEADROOM:] == [(11248, 64, 256)]
+    assert captured[1 + graphs.HEADROOM :] == [(11248, 64, 256)]
 
 
 def test_a_covered_step_scores_as_its_own_bucket(replicas, monkeypatch):
@@ -336,9 +354,13 @@ def test_graphs_stay_off_when_a_replay_is_not_the_eager_forward():
     want = [[0.5], [-2.0], [3.0]]
     close = [[0.5039], [-2.0], [2.9961]]  # what padding's other GEMM kernels give in bf16
     assert replay_mismatch(want, close, close) is None
-    assert replay_mismatch([[40.0], [-1.0]], [[40.3], [-1.0]], [[40.3], [-1.0]]) is None  # relative to the logits' scale
+    assert (
+        replay_mismatch([[40.0], [-1.0]], [[40.3], [-1.0]], [[40.3], [-1.0]]) is None
+    )  # relative to the logits' scale
     wrong = [[0.5], [-2.0], [0.0]]
-    assert replay_mismatch(want, wrong, wrong) == "graph replay differs from the eager forward by 3 (repeat equal: True)"
+    assert (
+        replay_mismatch(want, wrong, wrong) == "graph replay differs from the eager forward by 3 (repeat equal: True)"
+    )
     assert "repeat equal: False" in replay_mismatch(want, close, want)
 
 

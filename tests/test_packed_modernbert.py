@@ -33,8 +33,10 @@ ALL_DOCS = [*DOCS, *LONG]
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("packed-modernbert")
-    return {"cls": build_tiny_modernbert(base / "cls", pooling="cls"),
-            "mean": build_tiny_modernbert(base / "mean", pooling="mean", id2label={0: "irrelevant", 1: "relevant"}, seed=1)}
+    return {
+        "cls": build_tiny_modernbert(base / "cls", pooling="cls"),
+        "mean": build_tiny_modernbert(base / "mean", pooling="mean", id2label={0: "irrelevant", 1: "relevant"}, seed=1),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +48,15 @@ def replicas(dirs):
     from adapters.runtimes.packed.encoder_forward import load_cross_encoder
     from adapters.runtimes.packed.encoder_replicas import make_replica
 
-    return {kind: (make_replica(load_cross_encoder(str(d), None, torch.float32), torch.device("cpu"), attention="auto",
-                                compile=False), AutoTokenizer.from_pretrained(d)) for kind, d in dirs.items()}
+    return {
+        kind: (
+            make_replica(
+                load_cross_encoder(str(d), None, torch.float32), torch.device("cpu"), attention="auto", compile=False
+            ),
+            AutoTokenizer.from_pretrained(d),
+        )
+        for kind, d in dirs.items()
+    }
 
 
 def _pairs(tok, queries, docs) -> list[list[int]]:
@@ -60,7 +69,9 @@ def _padded_logits(path: Path, queries, docs) -> list[list[float]]:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     enc = tok([q for q in queries for _ in docs], [d for _ in queries for d in docs], padding=True, return_tensors="pt")
     with torch.no_grad():
         return model(**enc).logits.tolist()
@@ -68,7 +79,10 @@ def _padded_logits(path: Path, queries, docs) -> list[list[float]]:
 
 def test_the_pairs_outgrow_the_local_window(replicas):
     replica, tok = replicas["cls"]
-    assert replica.window == 8 and replica.attention_name == "sdpa per sequence; local layers: sdpa per sequence, window ±8"
+    assert (
+        replica.window == 8
+        and replica.attention_name == "sdpa per sequence; local layers: sdpa per sequence, window ±8"
+    )
     lens = [len(p) for p in _pairs(tok, [Q], ALL_DOCS)]
     assert max(lens) > 8 * replica.window and sum(n > 2 * replica.window + 1 for n in lens) >= 5, lens
 
@@ -153,18 +167,26 @@ def test_a_varlen_kernel_is_checked_on_the_band_before_it_serves_local_layers(di
     def broken(*args):
         raise RuntimeError("this build has no local attention")
 
-    assert "RuntimeError: this build has no local attention" in picks.window_error(broken, "fake", cpu, torch.float32, 8)
+    assert "RuntimeError: this build has no local attention" in picks.window_error(
+        broken, "fake", cpu, torch.float32, 8
+    )
 
-    def pick(choice, device, kernel="auto", *, causal=True, dtype=None, window=None):  # "auto" -> the fake varlen kernel
+    def pick(
+        choice, device, kernel="auto", *, causal=True, dtype=None, window=None
+    ):  # "auto" -> the fake varlen kernel
         if choice == "sdpa":
             return real_pick(choice, device, kernel, causal=causal, dtype=dtype, window=window)
         return ("fake varlen" + (f", window ±{window}" if window else ""), _unbanded_varlen)
 
     real_pick = kernels.pick_attention
     monkeypatch.setattr(kernels, "pick_attention", pick)
-    replica = make_replica(load_cross_encoder(str(dirs["cls"]), None, torch.float32), cpu, attention="auto", compile=False)
+    replica = make_replica(
+        load_cross_encoder(str(dirs["cls"]), None, torch.float32), cpu, attention="auto", compile=False
+    )
     assert "not the band" in replica.window_error
-    assert replica.attention_name.startswith("fake varlen; local layers: sdpa per sequence, window ±8 (the varlen kernel")
+    assert replica.attention_name.startswith(
+        "fake varlen; local layers: sdpa per sequence, window ±8 (the varlen kernel"
+    )
     from transformers import AutoTokenizer
 
     got = replica.score(_pairs(AutoTokenizer.from_pretrained(dirs["cls"]), [Q], ALL_DOCS))

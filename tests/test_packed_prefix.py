@@ -44,8 +44,12 @@ def replica(tiny_qwen3_dir, tok) -> PackedQwen3Replica:
 def _groups(tok: Qwen3PromptTokenizer) -> list[tuple[list[int], list[list[int]]]]:
     """Three requests of different prefixes (queries, instructions) in one step, and one whole prompt."""
     tails = [[*d, *tok.suffix_ids] for d in tok.encode_documents(DOCS)]
-    out = [(tok.encode_shared(q, instr), tails[i:i + 4])
-           for i, (q, instr) in enumerate(zip(QUERIES, [DEFAULT_INSTRUCTION, "Find the answer.", DEFAULT_INSTRUCTION], strict=True))]
+    out = [
+        (tok.encode_shared(q, instr), tails[i : i + 4])
+        for i, (q, instr) in enumerate(
+            zip(QUERIES, [DEFAULT_INSTRUCTION, "Find the answer.", DEFAULT_INSTRUCTION], strict=True)
+        )
+    ]
     out.append(([], [[*tok.encode_shared(QUERIES[0], "no prefix"), *tails[5]]]))  # a group without a prefix
     return out
 
@@ -61,12 +65,12 @@ def test_pack_layout(replica):
     assert t == 8 and meta["sequences"] == 5 and meta["scored"] == 3 and (meta["max_q"], meta["max_k"]) == (3, 5)
     got = host.tolist()
     assert got[:t] == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert got[t:2 * t] == [0, 1, 2, 3, 4, 3, 0, 1]
+    assert got[t : 2 * t] == [0, 1, 2, 3, 4, 3, 0, 1]
     o = 2 * t
-    assert got[o:o + 6] == [0, 3, 5, 6, 7, 8]  # cu_q: P, T1, T2, P', T1'
-    assert got[o + 6:o + 12] == [0, 3, 8, 12, 13, 15]  # cu_k: P, [P;T1], [P;T2], P', [P';T1']
-    assert got[o + 12:o + 15] == [4, 5, 7]  # the last token of each tail
-    assert got[o + 15:] == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 5, 6, 6, 7]  # key rows, sequence by sequence
+    assert got[o : o + 6] == [0, 3, 5, 6, 7, 8]  # cu_q: P, T1, T2, P', T1'
+    assert got[o + 6 : o + 12] == [0, 3, 8, 12, 13, 15]  # cu_k: P, [P;T1], [P;T2], P', [P';T1']
+    assert got[o + 12 : o + 15] == [4, 5, 7]  # the last token of each tail
+    assert got[o + 15 :] == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 5, 6, 6, 7]  # key rows, sequence by sequence
     assert meta["lens_k"] == [3, 5, 4, 1, 2]
     # without prefixes: whole prompts, no cu_k and no gather index
     host, meta = replica._pack([([], [[1, 2], [3]])])
@@ -91,8 +95,13 @@ def _top_left(q, k, v, cu_q, cu_k, max_q, max_k, lens_q, lens_k):
     """The classic mistake: SDPA's is_causal with fewer queries than keys (the prefix is hidden)."""
     out = []
     for qi, ki, vi in zip(q.split(lens_q), k.split(lens_k), v.split(lens_k), strict=True):
-        o = torch.nn.functional.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None],
-                                                             vi.transpose(0, 1)[None], is_causal=True, enable_gqa=True)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qi.transpose(0, 1)[None],
+            ki.transpose(0, 1)[None],
+            vi.transpose(0, 1)[None],
+            is_causal=True,
+            enable_gqa=True,
+        )
         out.append(o[0].transpose(0, 1))
     return torch.cat(out)
 
@@ -135,6 +144,7 @@ def test_fp8_shared_equals_unshared(tiny_qwen3_dir, tok):
 
 
 # -- the scheduler: budget in computed tokens ----------------------------------------------------
+
 
 class _Recorder:
     """Records each step's groups; scores each prompt by a function of its tokens, so a score

@@ -70,8 +70,12 @@ def test_stage_ranges():
     assert pipeline.stage_ranges(36, 2) == [range(18), range(18, 36)]
     assert pipeline.stage_ranges(28, 3) == [range(10), range(10, 19), range(19, 28)]  # remainder first
     assert pipeline.stage_ranges(4, 3, [1, 2, 1]) == [range(1), range(1, 3), range(3, 4)]
-    for args, match in [((4, 1), "at least 2 devices"), ((2, 3), "3 devices for a model of 2 layers"),
-                        ((4, 2, [1, 2]), r"sums to 3; the model has 4"), ((4, 2, [4]), "1 entries for 2 devices")]:
+    for args, match in [
+        ((4, 1), "at least 2 devices"),
+        ((2, 3), "3 devices for a model of 2 layers"),
+        ((4, 2, [1, 2]), r"sums to 3; the model has 4"),
+        ((4, 2, [4]), "1 entries for 2 devices"),
+    ]:
         with pytest.raises(pipeline.SplitError, match=match) as info:
             pipeline.stage_ranges(*args)
         assert "\n" not in str(info.value)
@@ -88,7 +92,9 @@ def test_split_equals_unsplit_and_reference(tiny4, prompts, want, layers):
     assert len(stages) == n and first.in_flight == n and first.label == ">".join(["cpu"] * n)
     counts = layers or [2, 2]
     assert [len(s.backbone.layers) for s in stages] == counts
-    assert [s["layers"] for s in pipeline.describe(first)] == [[sum(counts[:i]), sum(counts[:i + 1])] for i in range(n)]
+    assert [s["layers"] for s in pipeline.describe(first)] == [
+        [sum(counts[:i]), sum(counts[: i + 1])] for i in range(n)
+    ]
     # every layer in exactly one stage, in order; the embeddings on the first stage only
     assert [id(m) for s in stages for m in s.backbone.layers] == [id(m) for m in backbone.layers]
     assert first.backbone.embed_tokens is not None and all(s.backbone.embed_tokens is None for s in stages[1:])
@@ -118,8 +124,12 @@ def test_split_refuses_modules_mode(tiny4):
 
 
 def _job(tok: Qwen3PromptTokenizer, query: str, docs: list[str]) -> ScoreJob:
-    return ScoreJob(query=query, instruction=DEFAULT_INSTRUCTION, shared_ids=tok.encode_shared(query, DEFAULT_INSTRUCTION),
-                    item_ids=tok.encode_documents(docs))
+    return ScoreJob(
+        query=query,
+        instruction=DEFAULT_INSTRUCTION,
+        shared_ids=tok.encode_shared(query, DEFAULT_INSTRUCTION),
+        item_ids=tok.encode_documents(docs),
+    )
 
 
 def _config(path, **kw) -> PackedEngineConfig:
@@ -130,8 +140,9 @@ def _config(path, **kw) -> PackedEngineConfig:
 @pytest.mark.anyio
 async def test_engine_split_over_cpus_scores_concurrent_requests(tiny4):
     # A 1000-token budget (computed tokens: a request computes ~340): concurrent requests share steps.
-    eng = PackedQwen3Engine(_config(tiny4, devices=("cpu", "cpu", "cpu"), split="pipeline", split_layers=(1, 2, 1),
-                                    batch_tokens=1000))
+    eng = PackedQwen3Engine(
+        _config(tiny4, devices=("cpu", "cpu", "cpu"), split="pipeline", split_layers=(1, 2, 1), batch_tokens=1000)
+    )
     await eng.start()
     try:
         jobs = [(q, _job(eng.tokenizer, q, DOCS)) for q in QUERIES * 2]
@@ -139,9 +150,14 @@ async def test_engine_split_over_cpus_scores_concurrent_requests(tiny4):
         for (q, _), res in zip(jobs, results, strict=True):
             assert res.scores == pytest.approx(reference.score_texts(tiny4, q, DOCS), abs=1e-5)
         stats = eng.stats()
-        assert stats["split"] == {"mode": "pipeline", "stages": [{"device": "cpu", "layers": [0, 1]},
-                                                                 {"device": "cpu", "layers": [1, 3]},
-                                                                 {"device": "cpu", "layers": [3, 4]}]}
+        assert stats["split"] == {
+            "mode": "pipeline",
+            "stages": [
+                {"device": "cpu", "layers": [0, 1]},
+                {"device": "cpu", "layers": [1, 3]},
+                {"device": "cpu", "layers": [3, 4]},
+            ],
+        }
         assert [d["device"] for d in stats["devices"]] == ["cpu>cpu>cpu"]  # one runner, three stages
         assert any(int(k) > 1 for k in stats["steps_by_requests"]), stats["steps_by_requests"]
     finally:
@@ -152,15 +168,23 @@ async def test_engine_split_over_cpus_scores_concurrent_requests(tiny4):
 @pytest.mark.anyio
 async def test_engine_refuses_a_split_the_model_cannot_take(tiny4):
     eng = PackedQwen3Engine(_config(tiny4, devices=("cpu", "cpu"), split="pipeline", split_layers=(1, 1)))
-    with pytest.raises(EngineConfigError, match=r"^model 'p': split_layers \[1, 1\] sums to 2; the model has 4 layers$"):
+    with pytest.raises(
+        EngineConfigError, match=r"^model 'p': split_layers \[1, 1\] sums to 2; the model has 4 layers$"
+    ):
         await eng.start()
 
 
-@pytest.mark.parametrize(("model", "match"), [
-    ({"split": "pipeline"}, r"split = 'pipeline' needs at least 2 devices, got devices = \['auto'\]"),
-    ({"split_layers": [1, 1], "devices": ["cpu", "cpu"]}, "split_layers is only read with split = 'pipeline'"),
-    ({"split": "pipeline", "devices": ["cpu", "cpu"], "split_layers": [4]}, "split_layers has 1 entries for 2 devices"),
-])
+@pytest.mark.parametrize(
+    ("model", "match"),
+    [
+        ({"split": "pipeline"}, r"split = 'pipeline' needs at least 2 devices, got devices = \['auto'\]"),
+        ({"split_layers": [1, 1], "devices": ["cpu", "cpu"]}, "split_layers is only read with split = 'pipeline'"),
+        (
+            {"split": "pipeline", "devices": ["cpu", "cpu"], "split_layers": [4]},
+            "split_layers has 1 entries for 2 devices",
+        ),
+    ],
+)
 def test_config_check_refuses_bad_splits(model, match):
     with pytest.raises(msgspec.ValidationError, match=match + r".*models\[0\]") as info:
         msgspec.convert({"models": [{"name": "p", "engine": "packed", "path": "/m", **model}]}, Settings)
@@ -296,10 +320,14 @@ async def test_split_runner_launched_ahead_keeps_every_score(tiny4):
     first.pipelined = True
     scheduler = PackedScheduler([first], batch_tokens=300, max_items=64)
     try:
-        reqs = [(q, scheduler.submit(tok.encode_shared(q, DEFAULT_INSTRUCTION), tok.encode_documents(DOCS), tok.suffix_ids))
-                for q in QUERIES * 2]
+        reqs = [
+            (q, scheduler.submit(tok.encode_shared(q, DEFAULT_INSTRUCTION), tok.encode_documents(DOCS), tok.suffix_ids))
+            for q in QUERIES * 2
+        ]
         for q, req in reqs:
-            assert await asyncio.wait_for(req.future, 30) == pytest.approx(reference.score_texts(tiny4, q, DOCS), abs=1e-5)
+            assert await asyncio.wait_for(req.future, 30) == pytest.approx(
+                reference.score_texts(tiny4, q, DOCS), abs=1e-5
+            )
         assert scheduler.stats()["steps"] > len(reqs)  # requests spanned several steps
     finally:
         scheduler.stop()
@@ -314,5 +342,6 @@ def test_stage_with_per_prompt_attention_after_a_varlen_one(tiny4, prompts, want
     first = pipeline.build_pipeline(backbone, head, [CPU, CPU], attention="sdpa", compile=False)
     first._per_prompt = False  # as on CUDA: launch passes no lengths
     first._attend = lambda q, k, v, cu_q, cu_k, max_q, max_k, lens_q, lens_k: kernels.sdpa_per_prompt(
-        q, k, v, cu_q, cu_k, max_q, max_k, cu_q.diff().tolist(), cu_k.diff().tolist())
+        q, k, v, cu_q, cu_k, max_q, max_k, cu_q.diff().tolist(), cu_k.diff().tolist()
+    )
     assert first.score(prompts) == pytest.approx(want, abs=1e-5)

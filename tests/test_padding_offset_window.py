@@ -16,16 +16,19 @@ from adapters.families.layout import checkpoint_window
 _NO_LIMIT = SimpleNamespace(model_max_length=10**30)  # a tokenizer_config.json without model_max_length
 
 
-@pytest.mark.parametrize(("model_type", "pad", "window"), [
-    ("roberta", 1, 512),
-    ("xlm-roberta", 1, 512),
-    ("mpnet", 1, 512),
-    ("mpnet", 0, 512),  # MPNet's padding index is 1 in transformers whatever pad_token_id says
-    ("xlm-roberta-xl", 1, 512),
-    ("data2vec-text", 1, 512),
-    ("roberta-prelayernorm", 1, 512),
-    ("bert", 0, 514),
-])
+@pytest.mark.parametrize(
+    ("model_type", "pad", "window"),
+    [
+        ("roberta", 1, 512),
+        ("xlm-roberta", 1, 512),
+        ("mpnet", 1, 512),
+        ("mpnet", 0, 512),  # MPNet's padding index is 1 in transformers whatever pad_token_id says
+        ("xlm-roberta-xl", 1, 512),
+        ("data2vec-text", 1, 512),
+        ("roberta-prelayernorm", 1, 512),
+        ("bert", 0, 514),
+    ],
+)
 def test_position_offset_of_padding_numbered_encoders(model_type, pad, window):
     files = ModelFiles(path="m", config={"model_type": model_type, "max_position_embeddings": 514, "pad_token_id": pad})
     assert checkpoint_window(files, _NO_LIMIT) == window
@@ -52,8 +55,16 @@ def test_a_tiny_mpnet_never_runs_past_its_positions(tmp_path):
     tc["model_input_names"] = ["input_ids", "attention_mask"]
     (out / "tokenizer_config.json").write_text(json.dumps(tc))
     torch.manual_seed(0)
-    cfg = MPNetConfig(vocab_size=400, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                      max_position_embeddings=514, pad_token_id=0, num_labels=1)
+    cfg = MPNetConfig(
+        vocab_size=400,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=514,
+        pad_token_id=0,
+        num_labels=1,
+    )
     MPNetForSequenceClassification(cfg).save_pretrained(out)
     family = create_family(OpenVinoEngineConfig(name="m", path=str(out)), "openvino")
     tok = family.load_tokenizer()

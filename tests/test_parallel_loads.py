@@ -62,18 +62,38 @@ def test_ten_models_load_on_their_first_attempt(checkpoints):
     # Every family on transformers (Qwen3 twice), and Qwen3 on the packed runtime (the pair seen
     # racing on the GPU machine).
     models = [
-        {"name": f"m{i}", "engine": "transformers", "path": str(checkpoints[i % len(checkpoints)]),
-         "device": "cpu", "dtype": "float32", "max_length": 512, "max_query_tokens": 64}
+        {
+            "name": f"m{i}",
+            "engine": "transformers",
+            "path": str(checkpoints[i % len(checkpoints)]),
+            "device": "cpu",
+            "dtype": "float32",
+            "max_length": 512,
+            "max_query_tokens": 64,
+        }
         for i in range(9)
     ]
-    models.append({"name": "packed", "engine": "packed", "path": str(checkpoints[3]), "devices": ["cpu"],
-                   "dtype": "float32", "max_length": 512, "max_query_tokens": 64})
+    models.append(
+        {
+            "name": "packed",
+            "engine": "packed",
+            "path": str(checkpoints[3]),
+            "devices": ["cpu"],
+            "dtype": "float32",
+            "max_length": 512,
+            "max_query_tokens": 64,
+        }
+    )
     # A retry would come 60 s later: the wait below ends long before, so a failed first attempt shows.
     settings = {"models": models, "server": {"load_retry_initial_s": 60}}
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, json.dumps(settings), "50"],
-        check=False, cwd=root, capture_output=True, text=True, timeout=180,
+        check=False,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=180,
         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

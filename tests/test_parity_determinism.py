@@ -88,8 +88,15 @@ def _fresh_process(path: Path, threads: int, hash_seed: int) -> dict[str, Any]:
     import os
 
     env = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
-    proc = subprocess.run([sys.executable, "-c", _START, str(path), str(threads), json.dumps(SMALL)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", _START, str(path), str(threads), json.dumps(SMALL)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("PARITY ")]
     assert proc.returncode == 0 and len(lines) == 1, proc.stderr[-2000:]
     parity: dict[str, Any] = json.loads(lines[0].removeprefix("PARITY "))
@@ -101,8 +108,9 @@ async def test_the_same_model_gets_the_same_verdict_on_every_start(model: Path) 
     with _busy():
         starts["beside a busy process, 1 thread"] = await _in_process(model, 1)
         starts["fresh process (another hash seed, 2 threads) beside a busy one"] = _fresh_process(model, 2, hash_seed=7)
-    figures = {name: (p["kept"], p["queries"], p["mean_shared"], p["max_score_change"], p["tie"])
-               for name, p in starts.items()}
+    figures = {
+        name: (p["kept"], p["queries"], p["mean_shared"], p["max_score_change"], p["tie"]) for name, p in starts.items()
+    }
     assert len(set(figures.values())) == 1, figures
     first = next(iter(starts.values()))
     # Admitted at the default tie, on the gate's own thread count every time.

@@ -29,7 +29,10 @@ from tests.fake_dashscope import fake_score
 from tests.loopback import LoopbackServer
 
 Q = "which document talks about rivers?"
-DOCS = [f"document {i} about {w}" for i, w in enumerate(["rivers", "water", "lakes", "cities", "mountains", "roads", "sea", "sand"])]
+DOCS = [
+    f"document {i} about {w}"
+    for i, w in enumerate(["rivers", "water", "lakes", "cities", "mountains", "roads", "sea", "sand"])
+]
 
 
 class RankingUpstream(LoopbackServer):
@@ -56,8 +59,10 @@ class RankingUpstream(LoopbackServer):
                 time.sleep(fake.delay_s)
                 docs = body["documents"]
                 ranked = sorted(
-                    ({"index": i, "relevance_score": fake_score(body["query"], d, body.get("instruction"))}
-                     for i, d in enumerate(docs)),
+                    (
+                        {"index": i, "relevance_score": fake_score(body["query"], d, body.get("instruction"))}
+                        for i, d in enumerate(docs)
+                    ),
                     key=lambda r: -r["relevance_score"],
                 )[: body.get("top_n") or len(docs)]
                 self._send(200, fake.answer(ranked, len(docs)))
@@ -210,7 +215,9 @@ def test_transport_failures_map_to_the_error_table(upstream):
 
 # -- several workers on one port ----------------------------------------------------------------
 def _requests_total(text: str) -> float:
-    return sum(float(m) for m in re.findall(r'^rerank_requests_total\{[^}]*status="200"[^}]*\} (\S+)$', text, re.MULTILINE))
+    return sum(
+        float(m) for m in re.findall(r'^rerank_requests_total\{[^}]*status="200"[^}]*\} (\S+)$', text, re.MULTILINE)
+    )
 
 
 def _post_fresh(url: str) -> int:

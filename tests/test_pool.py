@@ -107,9 +107,13 @@ def vllm_client(vllm_replicas, tiny_qwen3_dir):
     urls = tuple(s.url for s in vllm_replicas)
     settings = Settings(
         models=(
-            PoolEngineConfig(name="pool", protocol="vllm", urls=urls, model="tiny", eject_after_failures=2, cooldown_s=60),
+            PoolEngineConfig(
+                name="pool", protocol="vllm", urls=urls, model="tiny", eject_after_failures=2, cooldown_s=60
+            ),
             PoolEngineConfig(name="pool-score", protocol="vllm-score", urls=urls, model="tiny"),
-            TransformersEngineConfig(name="local", path=str(tiny_qwen3_dir), dtype="float32", max_length=512, max_query_tokens=64),
+            TransformersEngineConfig(
+                name="local", path=str(tiny_qwen3_dir), dtype="float32", max_length=512, max_query_tokens=64
+            ),
         )
     )
     app = create_app(settings, configure_logs=False)
@@ -125,7 +129,7 @@ def in_process_vllm(tiny_qwen3_dir, tmp_path_factory):
 
     server = ServerProcess(
         f'[[models]]\nname = "local-vllm"\nengine = "vllm-score"\npath = "{tiny_qwen3_dir}"\n'
-        "dtype = \"float32\"\nmax_length = 512\nmax_query_tokens = 64\n"
+        'dtype = "float32"\nmax_length = 512\nmax_query_tokens = 64\n'
         "enforce_eager = true\ngpu_memory_utilization = 0.1\n",
         tmp_path_factory.mktemp("in-process-vllm"),
     )
@@ -330,7 +334,9 @@ def test_infinity_protocol_and_passive_health(replicas):
         assert not {s["url"]: s for s in engine.replica_stats()}[a.url]["admitted"]
         clock.now += 20  # that cooldown is over: the next request probes a, which passes
         ask()
-        assert {s["url"]: s for s in engine.replica_stats()}[a.url]["admitted"], "a was not readmitted after a passing probe"
+        assert {s["url"]: s for s in engine.replica_stats()}[a.url]["admitted"], (
+            "a was not readmitted after a passing probe"
+        )
         for _ in range(4):
             ask()
         assert len(a.calls) > calls_to_a  # least-outstanding spreads load to it again

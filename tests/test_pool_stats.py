@@ -138,7 +138,11 @@ def test_redact_url(url: str, shown: str) -> None:
 @pytest.mark.parametrize(
     ("url", "extra", "message"),
     [
-        ("http://h:8000?token=t0k3n", {}, "'http://h:8000?token=t0k3n' has a query string or fragment; the pool appends"),
+        (
+            "http://h:8000?token=t0k3n",
+            {},
+            "'http://h:8000?token=t0k3n' has a query string or fragment; the pool appends",
+        ),
         ("http://h:8000/#x", {}, "has a query string or fragment"),
         ("http://alice:s3cr3t-pw@h:8000", {"api_key": "k"}, "'http://***@h:8000' holds credentials and api_key"),
         ("http://alice:s3cr3t-pw@h:8000", {"api_key_env": "K"}, "holds credentials and api_key / api_key_env is set"),
@@ -153,6 +157,8 @@ def test_a_pool_url_the_pool_cannot_call_is_refused_at_load(url, extra, message)
     import msgspec
 
     with pytest.raises(msgspec.ValidationError) as info:
-        msgspec.convert({"models": [{"name": "p", "engine": "pool", "protocol": "vllm", "urls": [url], **extra}]}, Settings)
+        msgspec.convert(
+            {"models": [{"name": "p", "engine": "pool", "protocol": "vllm", "urls": [url], **extra}]}, Settings
+        )
     text = str(info.value)
     assert message in text and "\n" not in text and "s3cr3t" not in text

@@ -69,18 +69,25 @@ def test_the_set_and_its_refusals(tmp_path: Path) -> None:
         read_qrels_set("m", str(root), "dev")
 
 
-@pytest.mark.parametrize(("extra", "error"), [
-    ({"dtype": "bfloat16", "parity_set": "p.jsonl"}, "parity_set and qrels_set are two rules of the same gate"),
-    ({"dtype": "float32"}, "qrels_set judges dtype = 'bfloat16' / 'float16' on a CPU against fp32"),
-    ({"dtype": "bfloat16", "qrels_tolerance": 1.0}, "Expected `float` < 1.0 - at `$.models[0].qrels_tolerance`"),
-])
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        ({"dtype": "bfloat16", "parity_set": "p.jsonl"}, "parity_set and qrels_set are two rules of the same gate"),
+        ({"dtype": "float32"}, "qrels_set judges dtype = 'bfloat16' / 'float16' on a CPU against fp32"),
+        ({"dtype": "bfloat16", "qrels_tolerance": 1.0}, "Expected `float` < 1.0 - at `$.models[0].qrels_tolerance`"),
+    ],
+)
 def test_config_refusals(extra: dict[str, object], error: str) -> None:
     model = {"name": "m", "engine": "transformers", "path": "/x", "qrels_set": "/beir", **extra}
-    with pytest.raises(msgspec.ValidationError, match=error.replace("(", r"\(").replace("$", r"\$").replace("[", r"\[")):
+    with pytest.raises(
+        msgspec.ValidationError, match=error.replace("(", r"\(").replace("$", r"\$").replace("[", r"\[")
+    ):
         msgspec.convert({"models": [model]}, Settings)
     with pytest.raises(msgspec.ValidationError, match="qrels_set is read by the transformers and openvino gates"):
-        msgspec.convert({"models": [{"name": "m", "engine": "packed", "path": "/x", "precision": "fp8",
-                                     "qrels_set": "/beir"}]}, Settings)
+        msgspec.convert(
+            {"models": [{"name": "m", "engine": "packed", "path": "/x", "precision": "fp8", "qrels_set": "/beir"}]},
+            Settings,
+        )
     with pytest.raises(msgspec.ValidationError, match="qrels_set judges precision = 'bf16' / 'int8' against fp32"):
         msgspec.convert({"models": [{"name": "m", "engine": "openvino", "path": "/x", "qrels_set": "/beir"}]}, Settings)
 
@@ -99,8 +106,11 @@ async def test_bf16_within_the_tolerance_is_admitted_and_beyond_it_refused(judge
     from schemas.config import TransformersEngineConfig
 
     def engine(**kw: object) -> TransformersEngine:
-        return TransformersEngine(TransformersEngineConfig(name="m", path=str(minilm_dir()), device="cpu",
-                                                           dtype="bfloat16", qrels_set=str(judged), **kw))
+        return TransformersEngine(
+            TransformersEngineConfig(
+                name="m", path=str(minilm_dir()), device="cpu", dtype="bfloat16", qrels_set=str(judged), **kw
+            )
+        )
 
     admitted = engine()
     await admitted.start()
@@ -120,10 +130,14 @@ async def test_bf16_within_the_tolerance_is_admitted_and_beyond_it_refused(judge
     await refused.stop()
     line = str(info.value)
     assert "\n" not in line
-    assert line.startswith(f"model 'm': precision 'bfloat16' scores nDCG@10 {figures['ndcg@10']:.4f} on the 8 judged "
-                           f"queries of qrels_set {judged}, fp32 {figures['ndcg@10_reference']:.4f} (-0.")
-    assert line.endswith("qrels_tolerance 0.10%); refused: use dtype = \"float32\" on a CPU, a larger qrels_tolerance, "
-                         "or precision_gate = \"warn\"")
+    assert line.startswith(
+        f"model 'm': precision 'bfloat16' scores nDCG@10 {figures['ndcg@10']:.4f} on the 8 judged "
+        f"queries of qrels_set {judged}, fp32 {figures['ndcg@10_reference']:.4f} (-0."
+    )
+    assert line.endswith(
+        'qrels_tolerance 0.10%); refused: use dtype = "float32" on a CPU, a larger qrels_tolerance, '
+        'or precision_gate = "warn"'
+    )
 
 
 def test_check_config_reads_the_set_as_the_gate_will(tmp_path: Path) -> None:
@@ -131,11 +145,27 @@ def test_check_config_reads_the_set_as_the_gate_will(tmp_path: Path) -> None:
 
     root = write_beir(tmp_path / "beir", queries=2, documents=12)
     (root / "queries.jsonl").write_text('{"_id": "q0", "text": ""}\n{"_id": "q1", "text": "x"}\n')
-    settings = msgspec.convert({"models": [{"name": "m", "engine": "transformers", "path": str(tmp_path),
-                                            "dtype": "bfloat16", "qrels_set": str(root)}]}, Settings)
+    settings = msgspec.convert(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "engine": "transformers",
+                    "path": str(tmp_path),
+                    "dtype": "bfloat16",
+                    "qrels_set": str(root),
+                }
+            ]
+        },
+        Settings,
+    )
     found = [f.message for f in preflight(settings).findings if "qrels_set" in f.message]
-    assert found == [(f"models[0].qrels_set (env RERANK_MODELS__0__QRELS_SET): {root}/queries.jsonl:1: query 'q0' is "
-                     "empty (it is judged in test.tsv)")]
+    assert found == [
+        (
+            f"models[0].qrels_set (env RERANK_MODELS__0__QRELS_SET): {root}/queries.jsonl:1: query 'q0' is "
+            "empty (it is judged in test.tsv)"
+        )
+    ]
 
 
 @pytest.mark.slow
@@ -148,8 +178,15 @@ async def test_openvino_admits_bf16_and_refuses_int8_on_the_judgements(judged: P
     from schemas.config import OpenVinoEngineConfig
 
     def engine(precision: str) -> OpenVinoEngine:
-        return OpenVinoEngine(OpenVinoEngineConfig(name="m", path=str(minilm_dir()), precision=precision,
-                                                   qrels_set=str(judged), cache_dir=str(tmp_path / "ov")))
+        return OpenVinoEngine(
+            OpenVinoEngineConfig(
+                name="m",
+                path=str(minilm_dir()),
+                precision=precision,
+                qrels_set=str(judged),
+                cache_dir=str(tmp_path / "ov"),
+            )
+        )
 
     bf16 = engine("bf16")
     await bf16.start()
@@ -165,4 +202,4 @@ async def test_openvino_admits_bf16_and_refuses_int8_on_the_judgements(judged: P
     await int8.stop()
     line = str(info.value)
     assert "\n" not in line and line.startswith("model 'm': precision 'int8' scores nDCG@10 ")
-    assert line.endswith("qrels_tolerance 0.50%); refused, use precision = \"fp32\" or a larger qrels_tolerance")
+    assert line.endswith('qrels_tolerance 0.50%); refused, use precision = "fp32" or a larger qrels_tolerance')

@@ -102,8 +102,19 @@ def test_keys_create_writes_quotas_and_the_admin_flag_as_valid_toml(capsys: pyte
 
     from gateway.cli import main
 
-    argv = ["keys", "create", "--name", "ops", "--models", "*", "--tokens-per-month", "9", "--search-units-per-day", "3",
-            "--admin"]
+    argv = [
+        "keys",
+        "create",
+        "--name",
+        "ops",
+        "--models",
+        "*",
+        "--tokens-per-month",
+        "9",
+        "--search-units-per-day",
+        "3",
+        "--admin",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     key, _, entry = out.partition("\n\n")

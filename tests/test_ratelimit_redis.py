@@ -66,9 +66,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _config(redis_url: str) -> str:
     keys = "".join(
         f'[[auth.keys]]\nid = "{name}"\nhash = "{hash_key(key)}"\nmodels = ["*"]\n{limit}\n'
-        for (name, key), limit in zip(
-            KEYS.items(), (f"rpm = {RPM}", "tpm = 10", "max_concurrent = 1"), strict=True
-        )
+        for (name, key), limit in zip(KEYS.items(), (f"rpm = {RPM}", "tpm = 10", "max_concurrent = 1"), strict=True)
     )
     return (
         f'[limits]\nredis_url = "{redis_url}"\n'
@@ -223,8 +221,11 @@ def test_redis_timeout_bounds_the_wait(tmp_path: Path):
         )
         result: list[httpx.Response] = []
         with TestClient(create_app(settings, configure_logs=False)) as client:
-            asker = threading.Thread(target=lambda: result.append(
-                client.post("/v1/rerank", json=_body(), headers={"X-API-Key": KEYS["burst"]})))
+            asker = threading.Thread(
+                target=lambda: result.append(
+                    client.post("/v1/rerank", json=_body(), headers={"X-API-Key": KEYS["burst"]})
+                )
+            )
             asker.start()
             asker.join(60)
             assert result, "the request hung on an unanswering Redis"

@@ -86,9 +86,7 @@ def test_served_schema_is_the_one_fuzzed(server):
 @schema.parametrize()
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 def test_schemathesis(case, server):
-    if isinstance(case.body, dict) and any(
-        isinstance(v, list) and len(v) > MAX_DOCUMENTS for v in case.body.values()
-    ):
+    if isinstance(case.body, dict) and any(isinstance(v, list) and len(v) > MAX_DOCUMENTS for v in case.body.values()):
         # Over limits.max_documents is the documented 413 (the schema's maxItems says the same
         # bound); schemathesis counts only 400/422-like statuses as a rejection of invalid data.
         # The hostile cases check the 413 itself (10,001 documents).
@@ -162,5 +160,7 @@ def test_server_healthy_and_no_5xx_after_everything(server):
     assert statuses and not [s for s in statuses if s.startswith("5")], statuses
     log = server.output()
     assert "Traceback" not in log
-    logged = [json.loads(line)["status"] for line in log.splitlines() if line.startswith('{"') and '"event":"request"' in line]
+    logged = [
+        json.loads(line)["status"] for line in log.splitlines() if line.startswith('{"') and '"event":"request"' in line
+    ]
     assert logged and max(logged) < 500, sorted(set(logged))

@@ -175,7 +175,15 @@ def test_the_bracket_bound_counts_every_opening_bracket():
     assert not _few_brackets(b"[" * 40 + b"{" * 25, 64)
     assert not _few_brackets(b'{"a": "x"}' * 65, 64)
     # Past the bound the full check runs: brackets spread through a long body still count.
-    deep = b'{"x": ' + b'"' + b"y" * 50_000 + b'", "d": ' + b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1) + b"}"
+    deep = (
+        b'{"x": '
+        + b'"'
+        + b"y" * 50_000
+        + b'", "d": '
+        + b"[" * (MAX_JSON_DEPTH + 1)
+        + b"]" * (MAX_JSON_DEPTH + 1)
+        + b"}"
+    )
     with pytest.raises(MalformedRequestError, match="nested too deeply"):
         check_depth(deep)
     check_depth(b'{"x": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}")

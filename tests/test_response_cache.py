@@ -46,7 +46,9 @@ class Counting:
 
 
 @contextmanager
-def gateway(cache: CacheConfig | None = None, *, keys: bool = False, **limits: Any) -> Iterator[tuple[TestClient, Counting]]:
+def gateway(
+    cache: CacheConfig | None = None, *, keys: bool = False, **limits: Any
+) -> Iterator[tuple[TestClient, Counting]]:
     auth = AuthConfig()
     if keys:
         auth = AuthConfig(

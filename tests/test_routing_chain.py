@@ -50,8 +50,14 @@ def _settings(url: str, **chain: Any) -> Settings:
         models=(
             ChainEngineConfig(name="chained", targets=("primary", "fallback"), **{"accepts": "other-models", **chain}),
             # read_timeout_s below timeout_s: a slow replica is a timeout of its own (504 -> next target).
-            PoolEngineConfig(name="primary", protocol="cohere", urls=(url,), timeout_s=2.0, read_timeout_s=0.5,
-                             max_concurrent_requests=4),
+            PoolEngineConfig(
+                name="primary",
+                protocol="cohere",
+                urls=(url,),
+                timeout_s=2.0,
+                read_timeout_s=0.5,
+                max_concurrent_requests=4,
+            ),
             StaticEngineConfig(name="fallback", score=FALLBACK_SCORE),
         ),
         **extra,
@@ -179,9 +185,12 @@ def test_the_chain_deadline_holds_across_targets(upstream):
 def test_every_target_failing_is_a_503_naming_what_each_did(upstream):
     upstream.set("503")
     settings = _settings(upstream.url)
-    settings = Settings(models=(
-        ChainEngineConfig(name="chained", targets=("primary",), accepts="replicas"), settings.models[1],
-    ))
+    settings = Settings(
+        models=(
+            ChainEngineConfig(name="chained", targets=("primary",), accepts="replicas"),
+            settings.models[1],
+        )
+    )
     with TestClient(create_app(settings)) as client:
         response = client.post("/v2/rerank", json=BODY)
         assert response.status_code == 503 and "Retry-After" in response.headers
@@ -190,12 +199,15 @@ def test_every_target_failing_is_a_503_naming_what_each_did(upstream):
 
 def test_keys_scoped_to_the_chain_or_to_a_target(upstream):
     chain_key, target_key = generate_key(), generate_key()
-    auth = AuthConfig(keys=(
-        ApiKeyConfig(id="chain-only", hash=hash_key(chain_key), models=("chained",)),
-        ApiKeyConfig(id="primary-only", hash=hash_key(target_key), models=("primary",)),
-    ))
+    auth = AuthConfig(
+        keys=(
+            ApiKeyConfig(id="chain-only", hash=hash_key(chain_key), models=("chained",)),
+            ApiKeyConfig(id="primary-only", hash=hash_key(target_key), models=("primary",)),
+        )
+    )
     upstream.set("500")
     with TestClient(create_app(_settings(upstream.url, auth=auth))) as client:
+
         def post(key: str, model: str) -> Any:
             return client.post("/v2/rerank", json={**BODY, "model": model}, headers={"Authorization": f"Bearer {key}"})
 
@@ -260,17 +272,25 @@ def _chain(targets: str, name: str = "c", extra: str = "") -> str:
 @pytest.mark.parametrize(
     ("text", "wanted"),
     [
-        (_chain('["a", "nope"]') + STATIC.format(name="a"),
-         "models[0].targets[1]: 'nope' is not a configured model name or alias"),
+        (
+            _chain('["a", "nope"]') + STATIC.format(name="a"),
+            "models[0].targets[1]: 'nope' is not a configured model name or alias",
+        ),
         (_chain('["a", "c"]') + STATIC.format(name="a"), "models[0].targets[1]: chain 'c' names itself"),
         (_chain('["a", "a"]') + STATIC.format(name="a"), "models[0].targets[1]: 'a' names 'a' a second time"),
-        (_chain('["d"]') + _chain('["c"]', name="d") , "names form a cycle (c -> d -> c)"),
-        (_chain('["a"]', extra='mode = "spillover"\n') + STATIC.format(name="a"),
-         'mode = "spillover" needs spill_queue_depth or spill_wait_s'),
-        (_chain('["a"]', extra="spill_queue_depth = 4\n") + STATIC.format(name="a"),
-         'apply to mode = "spillover" only'),
-        ('[[models]]\nname = "c"\nengine = "chain"\ntargets = ["a"]\n' + STATIC.format(name="a"),
-         "models[0].accepts is required"),
+        (_chain('["d"]') + _chain('["c"]', name="d"), "names form a cycle (c -> d -> c)"),
+        (
+            _chain('["a"]', extra='mode = "spillover"\n') + STATIC.format(name="a"),
+            'mode = "spillover" needs spill_queue_depth or spill_wait_s',
+        ),
+        (
+            _chain('["a"]', extra="spill_queue_depth = 4\n") + STATIC.format(name="a"),
+            'apply to mode = "spillover" only',
+        ),
+        (
+            '[[models]]\nname = "c"\nengine = "chain"\ntargets = ["a"]\n' + STATIC.format(name="a"),
+            "models[0].accepts is required",
+        ),
     ],
 )
 def test_config_errors_name_the_field(tmp_path: Path, text: str, wanted: str) -> None:
@@ -293,7 +313,9 @@ def test_a_target_may_be_named_by_its_alias(tmp_path: Path) -> None:
 def test_the_tei_and_vllm_dialects_name_the_target_too(upstream):
     upstream.set("500")
     with TestClient(create_app(_settings(upstream.url), configure_logs=False)) as client:
-        tei = client.post("/rerank", json={"query": "rivers", "texts": ["a river", "a road"]})  # TEI's body: the first model
+        tei = client.post(
+            "/rerank", json={"query": "rivers", "texts": ["a river", "a road"]}
+        )  # TEI's body: the first model
         assert tei.status_code == 200 and tei.headers["x-rerank-target"] == "fallback"
         assert {r["score"] for r in tei.json()} == {FALLBACK_SCORE}
         score = client.post("/score", json={"model": "chained", "text_1": "rivers", "text_2": ["a river", "a road"]})
@@ -305,17 +327,25 @@ def test_a_spilled_target_is_tried_last_when_every_other_target_fails(upstream):
     try:
         upstream.set("hold")
         fallback.set("500")
-        settings = Settings(models=(
-            ChainEngineConfig(name="chained", targets=("primary", "fallback"), accepts="other-models",
-                              mode="spillover", spill_queue_depth=1),
-            PoolEngineConfig(name="primary", protocol="cohere", urls=(upstream.url,), timeout_s=20.0),
-            PoolEngineConfig(name="fallback", protocol="cohere", urls=(fallback.url,)),
-        ))
+        settings = Settings(
+            models=(
+                ChainEngineConfig(
+                    name="chained",
+                    targets=("primary", "fallback"),
+                    accepts="other-models",
+                    mode="spillover",
+                    spill_queue_depth=1,
+                ),
+                PoolEngineConfig(name="primary", protocol="cohere", urls=(upstream.url,), timeout_s=20.0),
+                PoolEngineConfig(name="fallback", protocol="cohere", urls=(fallback.url,)),
+            )
+        )
         app = create_app(settings, configure_logs=False)
         with TestClient(app) as client:
             answers: list[Any] = []
-            threads = [threading.Thread(target=lambda: answers.append(client.post("/v2/rerank", json=BODY)))
-                       for _ in range(2)]
+            threads = [
+                threading.Thread(target=lambda: answers.append(client.post("/v2/rerank", json=BODY))) for _ in range(2)
+            ]
             threads[0].start()
             assert upstream.state.arrived.wait(10)  # the primary holds one: saturated at the bound
             threads[1].start()  # spilled, the fallback fails: back to the primary, tried last
@@ -345,8 +375,12 @@ def test_the_cache_key_follows_every_targets_config_and_ready_follows_the_target
     # A restart with a target's scoring changed must not be answered from the old entries (Redis outlives it).
     assert fingerprint(FALLBACK_SCORE) == fingerprint(FALLBACK_SCORE)
     assert fingerprint(FALLBACK_SCORE) != fingerprint(0.5)
-    settings = Settings(models=(ChainEngineConfig(name="chained", targets=("primary",), accepts="replicas"),
-                                _settings(upstream.url).models[1]))
+    settings = Settings(
+        models=(
+            ChainEngineConfig(name="chained", targets=("primary",), accepts="replicas"),
+            _settings(upstream.url).models[1],
+        )
+    )
     with TestClient(create_app(settings, configure_logs=False)) as client:
         assert client.get("/ready").json()["models"][0]["state"] == "ready"
         upstream.set("down")  # its only target's replica fails its health check: the chain cannot serve

@@ -28,8 +28,20 @@ CLIENTS = 32
 CHAOS_S = 60.0
 # (what the primary does, for how long): each failure kind twice, with healthy spells between.
 SCHEDULE = [
-    ("ok", 4), ("kill", 5), ("ok", 4), ("slow", 5), ("500", 4), ("ok", 4), ("503", 4), ("429", 4),
-    ("kill", 5), ("ok", 4), ("slow", 4), ("500", 4), ("429", 5), ("ok", 5),
+    ("ok", 4),
+    ("kill", 5),
+    ("ok", 4),
+    ("slow", 5),
+    ("500", 4),
+    ("ok", 4),
+    ("503", 4),
+    ("429", 4),
+    ("kill", 5),
+    ("ok", 4),
+    ("slow", 4),
+    ("500", 4),
+    ("429", 5),
+    ("ok", 5),
 ]
 
 CONFIG = """
@@ -70,8 +82,18 @@ class Primary:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fake_cohere_upstream", "--port", str(self.port), "--score", str(PRIMARY_SCORE)],
-            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "tests.fake_cohere_upstream",
+                "--port",
+                str(self.port),
+                "--score",
+                str(PRIMARY_SCORE),
+            ],
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         wait_http_ok(f"{self.url}/health", self.proc, deadline=time.monotonic() + 30, what="primary upstream")
 

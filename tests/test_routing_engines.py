@@ -43,11 +43,13 @@ def hosted() -> Iterator[CohereUpstream]:
 
 
 def _settings(local_dir: Path, url: str, **chain: Any) -> Settings:
-    return Settings(models=(
-        ChainEngineConfig(name="rerank", targets=("local", "hosted"), accepts="other-models", **chain),
-        TransformersEngineConfig(name="local", path=str(local_dir), device="cpu", dtype="float32"),
-        PoolEngineConfig(name="hosted", protocol="cohere", urls=(url,)),
-    ))
+    return Settings(
+        models=(
+            ChainEngineConfig(name="rerank", targets=("local", "hosted"), accepts="other-models", **chain),
+            TransformersEngineConfig(name="local", path=str(local_dir), device="cpu", dtype="float32"),
+            PoolEngineConfig(name="hosted", protocol="cohere", urls=(url,)),
+        )
+    )
 
 
 def _served(response: Any) -> str:
@@ -171,12 +173,20 @@ def test_a_local_model_chained_to_a_hosted_cohere_model_serves_through_the_resta
 
     key = "cohere-secret-key-0123456789abcdef"
     with FakeProviders({"cohere": key}) as fake:
-        settings = Settings(models=(
-            ChainEngineConfig(name="rerank", targets=("local", "cohere"), accepts="other-models"),
-            TransformersEngineConfig(name="local", path=str(local_dir), device="cpu", dtype="float32"),
-            CohereEngineConfig(name="cohere", model="rerank-v3.5", base_url=fake.base_url("cohere"), api_key=key,
-                               api_key_env=None, retries=0),
-        ))
+        settings = Settings(
+            models=(
+                ChainEngineConfig(name="rerank", targets=("local", "cohere"), accepts="other-models"),
+                TransformersEngineConfig(name="local", path=str(local_dir), device="cpu", dtype="float32"),
+                CohereEngineConfig(
+                    name="cohere",
+                    model="rerank-v3.5",
+                    base_url=fake.base_url("cohere"),
+                    api_key=key,
+                    api_key_env=None,
+                    retries=0,
+                ),
+            )
+        )
         app = create_app(settings, configure_logs=False)
         with TestClient(app) as client:
             wait_loaded(client)
@@ -186,7 +196,8 @@ def test_a_local_model_chained_to_a_hosted_cohere_model_serves_through_the_resta
             assert hosted.status_code == 200 and hosted.headers["x-rerank-target"] == "cohere"
             # The hosted model's own scores (the fake's), not the local model's 0.5.
             assert {r["index"]: r["relevance_score"] for r in hosted.json()["results"]} == pytest.approx(
-                {i: fake_score(BODY["query"], d) for i, d in enumerate(BODY["documents"])})
+                {i: fake_score(BODY["query"], d) for i, d in enumerate(BODY["documents"])}
+            )
             # Rate limited too while the local engine is down: no target can take it, 503 with Retry-After.
             fake.fail_next("cohere", Fault(status=429, message="rate limited", headers={"Retry-After": "3"}))
             limited = client.post("/v2/rerank", json=BODY)

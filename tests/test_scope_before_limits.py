@@ -45,7 +45,11 @@ def test_tei_out_of_scope_is_403_before_texts_checks(client, path, texts):
 
 @pytest.mark.parametrize(
     "sides",
-    [{"text_1": "q", "text_2": TOO_MANY}, {"text_1": ["q", "r"], "text_2": ["a", "b", "c"]}, {"text_1": [], "text_2": ["a"]}],
+    [
+        {"text_1": "q", "text_2": TOO_MANY},
+        {"text_1": ["q", "r"], "text_2": ["a", "b", "c"]},
+        {"text_1": [], "text_2": ["a"]},
+    ],
     ids=["too-many", "bad-pairing", "empty"],
 )
 def test_vllm_out_of_scope_is_403_before_pair_checks(client, sides):

@@ -91,8 +91,9 @@ def test_one_log_line_per_request_without_text_or_credentials(server):
         headers={"x-request-id": "log-test-1", "authorization": "Bearer sk-very-secret-key-value"},
     )
     assert resp.status_code == 200
-    bad = httpx.post(f"{server.url}/v1/rerank", json={"query": "", "documents": [SECRET_DOC]},
-                     headers={"x-request-id": "log-test-2"})
+    bad = httpx.post(
+        f"{server.url}/v1/rerank", json={"query": "", "documents": [SECRET_DOC]}, headers={"x-request-id": "log-test-2"}
+    )
     assert bad.status_code == 422
     deadline = time.monotonic() + 10
     while '"log-test-2"' not in server.output() and time.monotonic() < deadline:
@@ -140,14 +141,26 @@ def test_default_config_without_weights_serves_503_with_hint(gateway_server, tmp
 def test_check_config_reports_one_clear_line(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[server]\nport = "eighty"\n[[models]]\nname = "x"\nengine = "static"\n')
-    run = subprocess.run([sys.executable, "-m", "gateway", "check-config", "--config", str(bad)],
-                         check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", "--config", str(bad)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0 and "server.port: expected an integer" in run.stderr
     good = tmp_path / "good.toml"
     good.write_text('[[models]]\nname = "x"\nengine = "static"\n')
-    run = subprocess.run([sys.executable, "-m", "gateway", "check-config", "--config", str(good)],
-                         check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", "--config", str(good)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0 and "config OK" in run.stdout
 
 
@@ -191,15 +204,27 @@ print(pinned, first >= 4 << 20, second >= 4 << 20)
 @pytest.mark.skipif(not sys.platform.startswith("linux") or "musl" in " ".join(os.uname()), reason="glibc only")
 @pytest.mark.parametrize(
     ("engine", "env", "expected"),
-    [("static", {}, "True True True"),
-     ("transformers", {}, "False True False"),  # torch in this process: its tensors keep glibc's default
-     ("static", {"MALLOC_MMAP_THRESHOLD_": str(8 << 20)}, "False False False")],  # the user's own setting wins
+    [
+        ("static", {}, "True True True"),
+        ("transformers", {}, "False True False"),  # torch in this process: its tensors keep glibc's default
+        ("static", {"MALLOC_MMAP_THRESHOLD_": str(8 << 20)}, "False False False"),
+    ],  # the user's own setting wins
 )
 def test_serving_processes_keep_large_bodies_out_of_the_heap(tmp_path, engine, env, expected):
     config = tmp_path / "g.toml"
-    config.write_text(f'[[models]]\nname = "m"\nengine = "{engine}"\npath = "x"\n' if engine != "static"
-                      else '[[models]]\nname = "m"\nengine = "static"\n')
-    run = subprocess.run([sys.executable, "-c", _MAPPED_TWICE, str(config)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60, env={**os.environ, **env}, check=False)
+    config.write_text(
+        f'[[models]]\nname = "m"\nengine = "{engine}"\npath = "x"\n'
+        if engine != "static"
+        else '[[models]]\nname = "m"\nengine = "static"\n'
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", _MAPPED_TWICE, str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+        check=False,
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split()[-3:] == expected.split()

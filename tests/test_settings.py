@@ -145,9 +145,16 @@ def test_a_quoted_number_in_the_file_is_refused(tmp_path, line):
 def test_environment_values_are_converted_to_the_field_type(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(STATIC)
-    s = load_settings(path, environ={"RERANK_SERVER__PORT": "8001", "RERANK_SERVER__WORKERS": "2",
-                                     "RERANK_SERVER__SHUTDOWN_TIMEOUT_S": "5", "RERANK_AUTH__OPEN": "true",
-                                     "RERANK_MODELS__0__SCORES": '{"doc": 0.5}'})
+    s = load_settings(
+        path,
+        environ={
+            "RERANK_SERVER__PORT": "8001",
+            "RERANK_SERVER__WORKERS": "2",
+            "RERANK_SERVER__SHUTDOWN_TIMEOUT_S": "5",
+            "RERANK_AUTH__OPEN": "true",
+            "RERANK_MODELS__0__SCORES": '{"doc": 0.5}',
+        },
+    )
     assert (s.server.port, s.server.workers, s.server.shutdown_timeout_s, s.auth.open) == (8001, 2, 5.0, True)
     assert s.models[0].scores == {"doc": 0.5}
     # A string field keeps its text, even text that looks like JSON.
@@ -159,22 +166,36 @@ def test_environment_values_are_converted_to_the_field_type(tmp_path):
 @pytest.mark.parametrize(
     ("text", "wanted"),
     [
-        ('[[models]]\nname = "a"\nengine = "transfomers"\npath = "/m"\n',
-         ("models[0].engine: unknown engine 'transfomers'; the engines are 'bedrock', 'cascade', 'chain', 'cohere', 'dashscope', 'gguf', 'jina', "
-          "'mixedbread', 'nvidia', 'openvino', 'packed', 'pool', 'static', 'together', 'transformers', 'vllm-generate', "
-          "'vllm-score', 'voyage'")),
-        (f'[logging]\nlevel = "VERBOSE"\n{STATIC}',
-         "logging.level: invalid value 'VERBOSE'; allowed: 'DEBUG', 'ERROR', 'INFO', 'WARNING'"),
-        ('[[models]]\nname = "my model"\nengine = "static"\n',
-         "models[0].name: must be a name without spaces, tabs or line breaks"),
+        (
+            '[[models]]\nname = "a"\nengine = "transfomers"\npath = "/m"\n',
+            (
+                "models[0].engine: unknown engine 'transfomers'; the engines are 'bedrock', 'cascade', 'chain', 'cohere', 'dashscope', 'gguf', 'jina', "
+                "'mixedbread', 'nvidia', 'openvino', 'packed', 'pool', 'static', 'together', 'transformers', 'vllm-generate', "
+                "'vllm-score', 'voyage'"
+            ),
+        ),
+        (
+            f'[logging]\nlevel = "VERBOSE"\n{STATIC}',
+            "logging.level: invalid value 'VERBOSE'; allowed: 'DEBUG', 'ERROR', 'INFO', 'WARNING'",
+        ),
+        (
+            '[[models]]\nname = "my model"\nengine = "static"\n',
+            "models[0].name: must be a name without spaces, tabs or line breaks",
+        ),
         # A regex `$` matches before a final line break: the name must end where the text ends.
-        ('[[models]]\nname = "static\\n"\nengine = "static"\n',
-         "models[0].name: must be a name without spaces, tabs or line breaks"),
-        ('[[models]]\nname = "a"\naliases = ["rerank-v3.5\\n"]\nengine = "static"\n',
-         "models[0].aliases[0]: must be a name without spaces, tabs or line breaks"),
+        (
+            '[[models]]\nname = "static\\n"\nengine = "static"\n',
+            "models[0].name: must be a name without spaces, tabs or line breaks",
+        ),
+        (
+            '[[models]]\nname = "a"\naliases = ["rerank-v3.5\\n"]\nengine = "static"\n',
+            "models[0].aliases[0]: must be a name without spaces, tabs or line breaks",
+        ),
         (f'[dialects]\ntei_model = "a\\n"\n{STATIC}', "dialects.tei_model: must be a name without spaces"),
-        (f'[[auth.keys]]\nid = "a b"\nhash = "sha256:{"0" * 64}"\nmodels = ["*"]\n{STATIC}',
-         "auth.keys[0].id: must be 1-64 letters, digits"),
+        (
+            f'[[auth.keys]]\nid = "a b"\nhash = "sha256:{"0" * 64}"\nmodels = ["*"]\n{STATIC}',
+            "auth.keys[0].id: must be 1-64 letters, digits",
+        ),
         (f"[server]\nprot = 1\n{STATIC}", "server has no field 'prot' (did you mean 'port'?)"),
     ],
 )

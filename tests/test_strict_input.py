@@ -134,8 +134,15 @@ def test_out_of_range_integers_are_422(client, field, value):
 
 # -- integral numbers: JSON Schema's `integer` includes 148.0, so the gateway takes it ----------
 
-INTEGRAL = [("top_n", "1.0", 1), ("top_n", "1e0", 1), ("priority", "148.0", 148), ("priority", "0.0", 0),
-            ("max_tokens_per_doc", "2.0", 2), ("max_chunks_per_doc", "3E0", 3), ("top_n", "-0.0e5", None)]
+INTEGRAL = [
+    ("top_n", "1.0", 1),
+    ("top_n", "1e0", 1),
+    ("priority", "148.0", 148),
+    ("priority", "0.0", 0),
+    ("max_tokens_per_doc", "2.0", 2),
+    ("max_chunks_per_doc", "3E0", 3),
+    ("top_n", "-0.0e5", None),
+]
 
 
 @pytest.mark.parametrize("path", ROUTES)
@@ -154,10 +161,18 @@ def test_integral_floats_are_integers(client, path, field, raw, value):
 
 @pytest.mark.parametrize("path", ROUTES)
 def test_integral_floats_keep_ranges_and_leave_documents_alone(client, path):
-    _assert_error(_post(client, '{"model":"static","query":"q","documents":["a"],"top_n":1e10}', path),
-                  422, "$.top_n", "<= 2147483647")
-    _assert_error(_post(client, '{"model":"static","query":"q","documents":["a"],"priority":1e400}', path),
-                  422, "$.priority", "out of range")
+    _assert_error(
+        _post(client, '{"model":"static","query":"q","documents":["a"],"top_n":1e10}', path),
+        422,
+        "$.top_n",
+        "<= 2147483647",
+    )
+    _assert_error(
+        _post(client, '{"model":"static","query":"q","documents":["a"],"priority":1e400}', path),
+        422,
+        "$.priority",
+        "out of range",
+    )
     # A float inside a document is the client's data, echoed as sent: 2.0 stays 2.0.
     body = '{"model":"static","query":"q","documents":[{"text":"a","n":2.0}],"top_n":1.0,"return_documents":true}'
     resp = _post(client, body, path)
@@ -173,7 +188,9 @@ def test_integral_floats_in_vllm_score_and_decode_builtins(client):
     assert resp.status_code == 400 and "max_tokens_per_doc" in resp.text
     from gateway.http.decoding import _integral, _type_info
 
-    fixed = _integral({"query": "q", "documents": [{"n": 1.0}], "top_n": 2.0, "priority": None}, _type_info(RerankRequest))
+    fixed = _integral(
+        {"query": "q", "documents": [{"n": 1.0}], "top_n": 2.0, "priority": None}, _type_info(RerankRequest)
+    )
     assert fixed == {"query": "q", "documents": [{"n": 1.0}], "top_n": 2, "priority": None}
     assert type(fixed["top_n"]) is int and type(fixed["documents"][0]["n"]) is float
 
@@ -193,8 +210,10 @@ def _integer_fields(openapi: dict, schema: dict) -> dict[str, int]:
 def test_every_integer_of_the_openapi_takes_an_integral_float(client):
     # The wire must take what the served schema promises: JSON Schema's integer includes 1.0.
     openapi = client.get("/schema/openapi.json").json()
-    bases = {"RerankRequest": {"model": "static", "query": "q", "documents": ["a", "b"]},
-             "VllmScoreRequest": {"model": "static", "text_1": "q", "text_2": ["a", "b"]}}
+    bases = {
+        "RerankRequest": {"model": "static", "query": "q", "documents": ["a", "b"]},
+        "VllmScoreRequest": {"model": "static", "text_1": "q", "text_2": ["a", "b"]},
+    }
     tried = set()
     for path, ops in openapi["paths"].items():
         request = ops.get("post", {}).get("requestBody")

@@ -46,7 +46,7 @@ ZONE = _zone()
 def _config(redis: str) -> str:
     return (
         f'[limits]\nredis_url = "{redis}"\nquota_timezone = "{ZONE}"\n'
-        '[auth]\nsync_interval_s = 0.25\n'
+        "[auth]\nsync_interval_s = 0.25\n"
         '[[models]]\nname = "m"\nengine = "static"\ndelay_s = 0.02\n'
         '[[models]]\nname = "other"\nengine = "static"\n'
         f'[[auth.keys]]\nid = "root"\nhash = "{hash_key(ROOT)}"\nmodels = ["*"]\nadmin = true\n'
@@ -158,7 +158,11 @@ def test_admin_api_changes_reach_the_other_replica_and_revoked_keys_are_refused_
     # Listed on either replica, with its source, never a hash or a secret.
     listed = _keep(httpx.get(f"{b}/admin/v1/keys", headers=admin)).json()["data"]
     assert {k["id"]: k["source"] for k in listed} == {
-        "root": "file", "daily": "file", "tokens": "file", "plain": "file", "team-x": "admin"
+        "root": "file",
+        "daily": "file",
+        "tokens": "file",
+        "plain": "file",
+        "team-x": "admin",
     }
     # The file owns its keys.
     assert _keep(httpx.delete(f"{a}/admin/v1/keys/plain", headers=admin)).status_code == 409
@@ -180,7 +184,9 @@ def test_admin_api_changes_reach_the_other_replica_and_revoked_keys_are_refused_
     audit = [line for line in replicas[0].output().splitlines() if '"admin_audit"' in line]
     assert len(audit) == 3 and all('"actor": "root"' in line or '"actor":"root"' in line for line in audit), audit
     assert [a for line in audit for a in ("create", "change", "revoke") if f'"{a}"' in line] == [
-        "create", "change", "revoke"
+        "create",
+        "change",
+        "revoke",
     ]
     _no_secrets(replicas, [ROOT, DAILY, TOKENS, PLAIN, secret])
 
@@ -190,4 +196,4 @@ def _no_secrets(replicas: list[ServerProcess], secrets: list[str]) -> None:
     assert "admin_audit" in written and "request" in written  # the logs are really there
     for secret in secrets:
         assert secret not in written
-        assert hash_key(secret)[len("sha256:"):] not in written
+        assert hash_key(secret)[len("sha256:") :] not in written

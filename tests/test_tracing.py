@@ -49,7 +49,9 @@ class Upstream(BaseHTTPRequestHandler):
             self._answer(500, b'{"message": "boom"}')
             return
         results = [{"index": i, "relevance_score": 1 / (i + 1)} for i in range(len(body["documents"]))]
-        self._answer(200, json.dumps({"id": "u", "results": results, "meta": {"billed_units": {"search_units": 1}}}).encode())
+        self._answer(
+            200, json.dumps({"id": "u", "results": results, "meta": {"billed_units": {"search_units": 1}}}).encode()
+        )
 
     def _answer(self, status: int, body: bytes) -> None:
         self.send_response(status)
@@ -85,8 +87,12 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         f'[[models]]\nname = "ce"\nengine = "transformers"\npath = "{checkpoint}"\ndevice = "cpu"\n'
         'dtype = "float32"\n'
     )
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "gw-test",
-           "DS_TEST_KEY": "sk-ds-test"}
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+        "OTEL_SERVICE_NAME": "gw-test",
+        "DS_TEST_KEY": "sk-ds-test",
+    }
     server = ServerProcess(config, tmp_path_factory.mktemp("traced"), env=env)
     try:
         server.wait_ready()
@@ -209,7 +215,8 @@ def test_a_chain_has_one_span_per_attempt_with_its_target_and_outcome(traced) ->
     root = receiver.trace(trace_id, "POST /v2/rerank")
     attempts = [s for s in root.children if s.name == "route.attempt"]
     assert [(a.attributes["rerank.target"], a.attributes["rerank.chain"]) for a in attempts] == [
-        ("broken", "chain"), ("m", "chain")
+        ("broken", "chain"),
+        ("m", "chain"),
     ]
     assert attempts[0].attributes["rerank.outcome"] != "served" and attempts[1].attributes["rerank.outcome"] == "served"
     assert [c.name for c in attempts[0].children] == ["engine"]  # the failed call to the replica under it

@@ -56,7 +56,7 @@ async def test_bf16_that_moves_the_ranking_is_refused_in_one_line(cross_encoder)
         await engine.start()
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith("model 'm': precision 'bfloat16' keeps the fp32 top-10 order of ")
-    assert "below parity_min_agreement 99%; refused: use dtype = \"float32\"" in msg
+    assert 'below parity_min_agreement 99%; refused: use dtype = "float32"' in msg
     await engine.stop()
 
 
@@ -113,8 +113,9 @@ async def test_a_listwise_family_is_gated_through_its_blocks(tmp_path_factory):
     from tests.tiny_jina import build_tiny_jina
 
     path = build_tiny_jina(tmp_path_factory.mktemp("tiny-jina"))
-    engine = await _started(_cfg(path, dtype="bfloat16", precision_gate="warn", parity_queries=3, block_size=5,
-                                   trust_remote_code=True))
+    engine = await _started(
+        _cfg(path, dtype="bfloat16", precision_gate="warn", parity_queries=3, block_size=5, trust_remote_code=True)
+    )
     try:
         parity = engine.stats()["parity"]
     finally:
@@ -125,12 +126,11 @@ async def test_a_listwise_family_is_gated_through_its_blocks(tmp_path_factory):
 async def test_a_bad_parity_set_refuses_before_any_weights_load(cross_encoder, tmp_path, monkeypatch):
     golden = tmp_path / "golden.jsonl"
     golden.write_text("not json\n")
-    monkeypatch.setattr("adapters.families.encoder.EncoderFamily.load_torch",
-                        lambda *a: pytest.fail("weights loaded"))
+    monkeypatch.setattr("adapters.families.encoder.EncoderFamily.load_torch", lambda *a: pytest.fail("weights loaded"))
     engine = TransformersEngine(_cfg(cross_encoder, dtype="bfloat16", parity_set=str(golden)))
     with pytest.raises(EngineConfigError) as info:
         await engine.start()
-    assert str(info.value) == f"model 'm': parity_set: {golden}:1: expected {{\"query\": ..., \"documents\": [...]}}"
+    assert str(info.value) == f'model \'m\': parity_set: {golden}:1: expected {{"query": ..., "documents": [...]}}'
 
 
 def test_a_parity_set_with_fp32_is_refused_at_config_load(cross_encoder):

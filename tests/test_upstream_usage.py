@@ -40,16 +40,25 @@ class Upstream(LoopbackServer):
                 if "input" in body:  # DashScope native
                     n = len(body["input"]["documents"])
                     res = [{"index": i, "relevance_score": 0.5} for i in range(n)]
-                    return self._send(200, {}, json.dumps({"output": {"results": res}, "usage": {"total_tokens": t}}).encode())
+                    return self._send(
+                        200, {}, json.dumps({"output": {"results": res}, "usage": {"total_tokens": t}}).encode()
+                    )
                 if "texts" in body:  # TEI: bare list, count in a header
                     n = len(body["texts"])
-                    return self._send(200, {"x-compute-tokens": str(t)},
-                                      json.dumps([{"index": i, "score": 0.5} for i in range(n)]).encode())
+                    return self._send(
+                        200,
+                        {"x-compute-tokens": str(t)},
+                        json.dumps([{"index": i, "score": 0.5} for i in range(n)]).encode(),
+                    )
                 n = len(body["documents"])
                 res = [{"index": i, "relevance_score": 0.5} for i in range(n)]
                 if self.path == "/v2/rerank":  # Cohere
-                    return self._send(200, {}, json.dumps({"results": res, "meta": {"tokens": {"input_tokens": t}}}).encode())
-                self._send(200, {}, json.dumps({"results": res, "usage": {"prompt_tokens": t, "total_tokens": t}}).encode())
+                    return self._send(
+                        200, {}, json.dumps({"results": res, "meta": {"tokens": {"input_tokens": t}}}).encode()
+                    )
+                self._send(
+                    200, {}, json.dumps({"results": res, "usage": {"prompt_tokens": t, "total_tokens": t}}).encode()
+                )
 
             def _send(self, status: int, headers: dict[str, str], data: bytes) -> None:
                 self.send_response(status)

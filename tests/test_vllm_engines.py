@@ -68,7 +68,7 @@ VLLM_TEST_KEYS = "enforce_eager = true\ngpu_memory_utilization = 0.1\n"
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    config = "[logging]\nlevel = \"INFO\"\n\n" + "\n".join(
+    config = '[logging]\nlevel = "INFO"\n\n' + "\n".join(
         [
             _model_toml("tf", "transformers", tiny_qwen3_dir),
             _model_toml("vs", "vllm-score", tiny_qwen3_dir, VLLM_TEST_KEYS),
@@ -158,7 +158,9 @@ def test_engine_args_from_config() -> None:
 def test_config_kinds_decode() -> None:
     import msgspec
 
-    raw = {"models": [{"name": "a", "engine": "vllm-score"}, {"name": "b", "engine": "vllm-generate", "dtype": "bfloat16"}]}
+    raw = {
+        "models": [{"name": "a", "engine": "vllm-score"}, {"name": "b", "engine": "vllm-generate", "dtype": "bfloat16"}]
+    }
     settings = msgspec.convert(raw, Settings)
     assert [type(m) for m in settings.models] == [VllmScoreEngineConfig, VllmGenerateEngineConfig]
     with pytest.raises(msgspec.ValidationError, match="unknown field `gpu_util`"):
@@ -174,7 +176,9 @@ def test_p_yes_is_softmax_over_yes_and_no() -> None:
 # -- the real engines --------------------------------------------------------------------------
 def test_long_document_is_really_chunked(tiny_qwen3_dir: Path) -> None:
     """Guard for the parity test: the long document must span several chunks."""
-    prompt = Qwen3PromptTokenizer(load_hf_tokenizer(str(tiny_qwen3_dir)), max_length=MAX_LENGTH, max_query_tokens=MAX_QUERY_TOKENS)
+    prompt = Qwen3PromptTokenizer(
+        load_hf_tokenizer(str(tiny_qwen3_dir)), max_length=MAX_LENGTH, max_query_tokens=MAX_QUERY_TOKENS
+    )
     room = MAX_LENGTH - len(prompt.encode_shared(QUERY, "x")) - prompt.suffix_length
     (long_ids,) = prompt.encode_documents([DOCS[4]])
     assert len(long_ids) > 2 * room
@@ -306,8 +310,11 @@ def test_client_disconnect_aborts_the_vllm_requests(server: ServerProcess) -> No
     body = json.dumps({"model": "vs", "query": QUERY, "documents": docs}).encode()
     before = _model_status(server.url, "vs")["engine_stats"]["requests"]
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    sock.sendall(b"POST /v1/rerank HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-                 + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+    sock.sendall(
+        b"POST /v1/rerank HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+        + f"content-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     deadline = time.monotonic() + 60
     while _model_status(server.url, "vs")["engine_stats"]["requests"] == before:
         assert time.monotonic() < deadline, "vLLM never started on the request"
@@ -326,7 +333,9 @@ def test_engine_death_gives_503_then_recovers(server: ServerProcess) -> None:
     """Runs last: kills the engine-core processes of both vLLM models under load."""
     expected = {m: _scores(_rerank(server.url, m, DOCS)) for m in ENGINES}
     cores = [
-        p for p in psutil.Process(server.proc.pid).children(recursive=True) if "EngineCore" in " ".join([p.name(), *p.cmdline()])
+        p
+        for p in psutil.Process(server.proc.pid).children(recursive=True)
+        if "EngineCore" in " ".join([p.name(), *p.cmdline()])
     ]
     assert len(cores) == 2, cores
 
@@ -391,6 +400,7 @@ def test_sigterm_exits_promptly_and_cleanly(server: ServerProcess) -> None:
     assert rc == 0, after[-3000:]
     assert "EngineDeadError" not in after and "Traceback" not in after, after[-3000:]
     assert '"gateway_stopped"' in after or "gateway_stopped" in after
+
     def running(p: psutil.Process) -> bool:
         try:
             return p.is_running() and p.status() != psutil.STATUS_ZOMBIE

@@ -56,7 +56,9 @@ def _model(name: str, engine: str, path: Path, extra: str = "") -> str:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     base = tmp_path_factory.mktemp("vllm-families")
     bert = build_tiny_cross_encoder(base / "bert")
-    multi = build_tiny_cross_encoder(base / "multi", kind="xlmr", id2label={0: "irrelevant", 1: "relevant", 2: "neutral"})
+    multi = build_tiny_cross_encoder(
+        base / "multi", kind="xlmr", id2label={0: "irrelevant", 1: "relevant", 2: "neutral"}
+    )
     known = build_tiny_cross_encoder(base / "known", kind="xlmr")
     set_known_logit(known, 2.0)
     config = "\n".join(

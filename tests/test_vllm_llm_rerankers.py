@@ -95,8 +95,11 @@ def test_vllm_and_transformers_equal_the_card(server, dirs, name):
 @pytest.mark.parametrize("name", ["gemma", "mxbai"])
 def test_vllm_takes_the_request_instruction_as_the_card_does(server, dirs, name):
     asked = "Is the passage about a capital city?"
-    ref = (card.gemma_scores(dirs[name], QUERY, DOCS[:3], prompt=asked) if name == "gemma"
-           else card.mxbai_scores(dirs[name], QUERY, DOCS[:3], instruction=asked))
+    ref = (
+        card.gemma_scores(dirs[name], QUERY, DOCS[:3], prompt=asked)
+        if name == "gemma"
+        else card.mxbai_scores(dirs[name], QUERY, DOCS[:3], instruction=asked)
+    )
     assert _scores(server.url, f"vs-{name}", DOCS[:3], instruction=asked) == pytest.approx(ref, abs=1e-4)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-CONFIG_PY = '''
+CONFIG_PY = """
 from transformers import PretrainedConfig
 
 
@@ -29,9 +29,9 @@ class TinyJinaConfig(PretrainedConfig):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         super().__init__(**kwargs)
-'''
+"""
 
-MODELING_PY = '''
+MODELING_PY = """
 import zlib
 
 import torch
@@ -68,7 +68,7 @@ class JinaForRanking(PreTrainedModel):
             out.append({"document": doc, "relevance_score": score, "index": i})
         out.sort(key=lambda r: r["relevance_score"], reverse=True)
         return out[:top_n] if top_n else out
-'''
+"""
 
 
 def build_tiny_jina(out_dir: str | Path, *, seed: int = 0) -> Path:

@@ -70,8 +70,11 @@ class SingleTokenizer(EncoderTokenizer):
         return list(ids)
 
     def encode_shared(self, query: str, instruction: str) -> list[int]:
-        return [*self.layout.prefix, *self._query_ids(self._query_prompt + query, self._max_query_tokens),
-                *self.layout.tail]
+        return [
+            *self.layout.prefix,
+            *self._query_ids(self._query_prompt + query, self._max_query_tokens),
+            *self.layout.tail,
+        ]
 
     def item_room(self, shared_ids: Sequence[int]) -> int:
         return self._room

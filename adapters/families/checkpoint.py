@@ -15,7 +15,14 @@ from typing import Any
 
 from adapters.base import EngineConfigError
 
-__all__ = ("CheckpointMismatchError", "cached_hub_config", "check_window", "is_hub_id", "local_checkpoint_config", "missing_local_path")
+__all__ = (
+    "CheckpointMismatchError",
+    "cached_hub_config",
+    "check_window",
+    "is_hub_id",
+    "local_checkpoint_config",
+    "missing_local_path",
+)
 
 # A Hugging Face repo id: "name" or "namespace/name", letters, digits, '-', '_', '.', at most 96
 # characters a part (huggingface_hub's validate_repo_id, minus its rarer rules).

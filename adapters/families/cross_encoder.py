@@ -52,8 +52,11 @@ class PairTokenizer(EncoderTokenizer):
         return self._max_query_tokens
 
     def encode_shared(self, query: str, instruction: str) -> list[int]:
-        return [*self.layout.prefix, *self._query_ids(self._query_prompt + query, self._max_query_tokens),
-                *self.layout.middle]
+        return [
+            *self.layout.prefix,
+            *self._query_ids(self._query_prompt + query, self._max_query_tokens),
+            *self.layout.middle,
+        ]
 
     def item_room(self, shared_ids: Sequence[int]) -> int:
         return self._window - len(shared_ids) - len(self.layout.tail)
@@ -136,8 +139,9 @@ class CrossEncoderFamily(EncoderFamily):
 
     def load_tokenizer(self) -> PairTokenizer:
         tok = self._load_fast_tokenizer()
-        self._pair = PairTokenizer(tok, window=self._window, max_query_tokens=self.config.max_query_tokens,
-                                   query_prompt=self.query_prompt)
+        self._pair = PairTokenizer(
+            tok, window=self._window, max_query_tokens=self.config.max_query_tokens, query_prompt=self.query_prompt
+        )
         return self._pair
 
     def rows(self, job: ScoreJob) -> list[Row]:

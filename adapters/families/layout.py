@@ -28,8 +28,20 @@ __all__ = (
 _UNSET_LENGTH = 1_000_000
 # Encoders whose positions start at the config's pad_token_id + 1 (transformers'
 # create_position_ids_from_input_ids); MPNet's too, from a padding index fixed at 1.
-_PAD_NUMBERED = frozenset({"roberta", "xlm-roberta", "camembert", "xlm-roberta-xl", "roberta-prelayernorm",
-                           "data2vec-text", "ibert", "xmod", "longformer", "luke"})
+_PAD_NUMBERED = frozenset(
+    {
+        "roberta",
+        "xlm-roberta",
+        "camembert",
+        "xlm-roberta-xl",
+        "roberta-prelayernorm",
+        "data2vec-text",
+        "ibert",
+        "xmod",
+        "longformer",
+        "luke",
+    }
+)
 
 
 @dataclass(frozen=True)

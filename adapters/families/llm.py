@@ -246,8 +246,9 @@ class LlmRerankerFamily(Family):
         from transformers import AutoModelForCausalLM
 
         cfg, prompt = self.config, self.tokenizer
-        model = AutoModelForCausalLM.from_pretrained(cfg.path, revision=cfg.revision, dtype=dtype,
-                                                     **attention_override(device, dtype))
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.path, revision=cfg.revision, dtype=dtype, **attention_override(device, dtype)
+        )
         model.eval()
         lm_head = model.get_output_embeddings().weight
         # Keep the rows the score needs, in fp32 (the head is tiny; fp32 keeps scores stable).

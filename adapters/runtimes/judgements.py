@@ -51,7 +51,7 @@ def _jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
         except ValueError:
             raise JudgementError(f"{path}:{n}: not a JSON object") from None
         if not isinstance(item, dict) or not isinstance(item.get("_id"), str | int):
-            raise JudgementError(f"{path}:{n}: expected an object with an \"_id\" (BEIR layout)")
+            raise JudgementError(f'{path}:{n}: expected an object with an "_id" (BEIR layout)')
         out.append((n, item))
     return out
 
@@ -61,7 +61,7 @@ def read_corpus(path: Path) -> dict[str, str]:
     for n, item in _jsonl(path):
         title, text = item.get("title") or "", item.get("text")
         if not isinstance(text, str) or not isinstance(title, str):
-            raise JudgementError(f"{path}:{n}: \"text\" (and \"title\", if any) must be strings")
+            raise JudgementError(f'{path}:{n}: "text" (and "title", if any) must be strings')
         corpus[str(item["_id"])] = f"{title} {text}".strip() if title else text
     if not corpus:
         raise JudgementError(f"{path}: no documents")
@@ -73,7 +73,7 @@ def _read_queries(path: Path) -> dict[str, tuple[int, str]]:
     for n, item in _jsonl(path):
         text = item.get("text")
         if not isinstance(text, str):
-            raise JudgementError(f"{path}:{n}: \"text\" must be a string")
+            raise JudgementError(f'{path}:{n}: "text" must be a string')
         queries[str(item["_id"])] = (n, text)
     return queries
 
@@ -99,8 +99,10 @@ def read_qrels(path: Path) -> list[tuple[int, str, str, int]]:
         elif len(cols) == 4:
             qid, _, did, grade = cols
         else:
-            raise JudgementError(f"{path}:{n}: expected 'query-id corpus-id grade' (BEIR) or "
-                                 f"'qid iter docid grade' (TREC), got {len(cols)} columns")
+            raise JudgementError(
+                f"{path}:{n}: expected 'query-id corpus-id grade' (BEIR) or "
+                f"'qid iter docid grade' (TREC), got {len(cols)} columns"
+            )
         try:
             value = int(grade)
         except ValueError:
@@ -159,7 +161,9 @@ def read_run(path: str | Path, judgements: Judgements) -> dict[str, dict[str, fl
         if not cols:
             continue
         if len(cols) != 6:
-            raise JudgementError(f"{run_p}:{n}: expected 'qid Q0 docid rank score tag' (TREC run), got {len(cols)} columns")
+            raise JudgementError(
+                f"{run_p}:{n}: expected 'qid Q0 docid rank score tag' (TREC run), got {len(cols)} columns"
+            )
         qid, _, did, _, score, _ = cols
         try:
             value = float(score)

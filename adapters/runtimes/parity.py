@@ -105,7 +105,9 @@ def generate_golden_set(vocab: dict[str, int], *, queries: int, documents: int, 
         stripped = (t.lstrip("▁Ġ#") for t in vocab)
         pieces = sorted({p for p in stripped if p.isalpha() and p.isascii()})
         if len(pieces) < 20:
-            raise ValueError(f"the tokenizer has only {len(pieces)} alphabetic tokens; set parity_set to a file of real queries")
+            raise ValueError(
+                f"the tokenizer has only {len(pieces)} alphabetic tokens; set parity_set to a file of real queries"
+            )
         words = sorted({"".join(rng.choices(pieces, k=rng.randint(2, 3))) for _ in range(500)})
     out = []
     for _ in range(queries):
@@ -172,19 +174,22 @@ def read_golden_set(path: str | Path) -> list[GoldenQuery]:
             item: Any = json.loads(line)
             query, docs = item["query"], item["documents"]
         except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}:{n}: expected {{\"query\": ..., \"documents\": [...]}}") from exc
+            raise ValueError(f'{path}:{n}: expected {{"query": ..., "documents": [...]}}') from exc
         if not isinstance(query, str) or not isinstance(docs, list) or not all(isinstance(d, str) for d in docs):
             raise ValueError(f"{path}:{n}: query must be a string and documents a list of strings")
         if len(docs) < TOP_K:
-            raise ValueError(f"{path}:{n}: {len(docs)} documents; the gate compares top-{TOP_K}, so give at least {TOP_K}")
+            raise ValueError(
+                f"{path}:{n}: {len(docs)} documents; the gate compares top-{TOP_K}, so give at least {TOP_K}"
+            )
         out.append(GoldenQuery(query, list(docs)))
     if not out:
         raise ValueError(f"{path}: no queries")
     return out
 
 
-def golden_set_or_refuse(model: str, parity_set: str | None,
-                         generate: Callable[[], list[GoldenQuery]]) -> list[GoldenQuery]:
+def golden_set_or_refuse(
+    model: str, parity_set: str | None, generate: Callable[[], list[GoldenQuery]]
+) -> list[GoldenQuery]:
     """The operator's ``parity_set``, else ``generate()``. Engines call it before loading any
     weights: a bad file is the model's one-line refusal (the line ``check-config`` prints)."""
     if parity_set is None:

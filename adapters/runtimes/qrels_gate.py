@@ -69,8 +69,9 @@ def read_qrels_set(model: str, path: str, split: str = "test") -> QrelsSet:
         queries.append(GoldenQuery(judged.queries[qid], [judged.corpus[d] for d in order]))
         grades.append([docs.get(d, 0) for d in order])
     if not queries:
-        raise EngineConfigError(f"model {model!r}: qrels_set: {path}: no judged query has a relevant document "
-                                "(grade 1 or more)")
+        raise EngineConfigError(
+            f"model {model!r}: qrels_set: {path}: no judged query has a relevant document (grade 1 or more)"
+        )
     return QrelsSet(source=path, queries=queries, grades=grades)
 
 
@@ -102,19 +103,28 @@ class QrelsVerdict:
         return self.change >= -self.tolerance
 
     def line(self, precision: str, reference: str = "fp32") -> str:
-        return (f"precision {precision!r} scores nDCG@10 {self.reduced:.4f} on the {self.queries} judged queries of "
-                f"qrels_set {self.source}, {reference} {self.reference:.4f} ({self.change:+.2%}; qrels_tolerance "
-                f"{self.tolerance:.2%})")
+        return (
+            f"precision {precision!r} scores nDCG@10 {self.reduced:.4f} on the {self.queries} judged queries of "
+            f"qrels_set {self.source}, {reference} {self.reference:.4f} ({self.change:+.2%}; qrels_tolerance "
+            f"{self.tolerance:.2%})"
+        )
 
     def figures(self) -> dict[str, Any]:
         """For ``/ready`` (engine_stats) and the log."""
-        return {"qrels_set": self.source, "qrels_queries": self.queries, "ndcg@10_reference": round(self.reference, 6),
-                "ndcg@10": round(self.reduced, 6), "ndcg@10_change": round(self.change, 6),
-                "qrels_tolerance": self.tolerance, "admitted": self.admitted}
+        return {
+            "qrels_set": self.source,
+            "qrels_queries": self.queries,
+            "ndcg@10_reference": round(self.reference, 6),
+            "ndcg@10": round(self.reduced, 6),
+            "ndcg@10_change": round(self.change, 6),
+            "qrels_tolerance": self.tolerance,
+            "admitted": self.admitted,
+        }
 
 
-def judge(qrels: QrelsSet, reference: Sequence[Sequence[float]], reduced: Sequence[Sequence[float]], *,
-          tolerance: float) -> QrelsVerdict:
+def judge(
+    qrels: QrelsSet, reference: Sequence[Sequence[float]], reduced: Sequence[Sequence[float]], *, tolerance: float
+) -> QrelsVerdict:
     """Mean nDCG@10 of both precisions' scores of ``qrels.queries`` (in order) and the verdict."""
     n = len(qrels.grades)
     ref = sum(ndcg_at_10(g, s) for g, s in zip(qrels.grades, reference, strict=True)) / n

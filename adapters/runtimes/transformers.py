@@ -223,18 +223,31 @@ class TransformersEngine:
             family.load_tokenizer()
             # A window over the checkpoint's positions would score positions the model never saw;
             # encoder families cap theirs at the checkpoint's, so this bites Qwen3 configs.
-            check_window(cfg.name, family.window(),
-                         max_position_embeddings(cfg.path, cfg.revision, trust_remote_code=cfg.trust_remote_code))
+            check_window(
+                cfg.name,
+                family.window(),
+                max_position_embeddings(cfg.path, cfg.revision, trust_remote_code=cfg.trust_remote_code),
+            )
         reduced = device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
         # The operator's judgements, when given, decide instead of the order rule (read before the weights).
         qrels = read_qrels_set(cfg.name, cfg.qrels_set, cfg.qrels_split) if reduced and cfg.qrels_set else None
-        golden = golden_set_or_refuse(cfg.name, cfg.parity_set, lambda: graded_golden_set(
-            queries=cfg.parity_queries, documents=cfg.parity_documents)) if reduced and qrels is None else []
+        golden = (
+            golden_set_or_refuse(
+                cfg.name,
+                cfg.parity_set,
+                lambda: graded_golden_set(queries=cfg.parity_queries, documents=cfg.parity_documents),
+            )
+            if reduced and qrels is None
+            else []
+        )
         with WEIGHTS_LOCK:
             family.load_torch(device, torch.float32 if reduced else dtype)
         if reduced:
-            self.parity = (_parity_gate(family, cfg, device, dtype, golden) if qrels is None
-                           else _qrels_gate(family, cfg, device, dtype, qrels))
+            self.parity = (
+                _parity_gate(family, cfg, device, dtype, golden)
+                if qrels is None
+                else _qrels_gate(family, cfg, device, dtype, qrels)
+            )
         self._device, self._dtype, self._loaded = device, dtype, True
 
     def _leave_queue(self, waiting: list[bool]) -> None:
@@ -264,8 +277,9 @@ class TransformersEngine:
         return list(family.forward(rows).float().cpu())
 
 
-def _parity_gate(family: Family, cfg: TransformersEngineConfig, device: torch.device, dtype: torch.dtype,
-                 golden: list[GoldenQuery]) -> dict[str, Any]:
+def _parity_gate(
+    family: Family, cfg: TransformersEngineConfig, device: torch.device, dtype: torch.dtype, golden: list[GoldenQuery]
+) -> dict[str, Any]:
     """Score ``golden`` with the fp32 weights ``family`` holds, reload them in ``dtype``, score
     again; refuse (or warn) unless the reduced precision keeps fp32's top-10 order. Both passes
     take the path requests take (the family's prompts, batches and score rule), on the gate's fixed
@@ -279,17 +293,27 @@ def _parity_gate(family: Family, cfg: TransformersEngineConfig, device: torch.de
         reduced = _golden_scores(family, cfg, golden)
     report = compare_rankings(reference, reduced, tie=cfg.parity_tie)
     name = str(dtype).removeprefix("torch.")
-    parity = {"precision": name, "golden": cfg.parity_set or "generated", "queries": report.queries,
-              "kept": report.kept, "agreement": round(report.agreement, 4), "mean_shared": round(report.mean_shared, 2),
-              "max_score_change": report.max_delta, "tie": cfg.parity_tie, "min_agreement": cfg.parity_min_agreement,
-              "threads": threads}
+    parity = {
+        "precision": name,
+        "golden": cfg.parity_set or "generated",
+        "queries": report.queries,
+        "kept": report.kept,
+        "agreement": round(report.agreement, 4),
+        "mean_shared": round(report.mean_shared, 2),
+        "max_score_change": report.max_delta,
+        "tie": cfg.parity_tie,
+        "min_agreement": cfg.parity_min_agreement,
+        "threads": threads,
+    }
     if report.agreement >= cfg.parity_min_agreement:
         return parity
     line = f"model {cfg.name!r}: {report.line(name)}, below parity_min_agreement {cfg.parity_min_agreement:.0%}"
     if cfg.precision_gate == "refuse":
         family.unload()
-        raise EngineConfigError(f"{line}; refused: use dtype = \"float32\" on a CPU, or precision_gate = \"warn\" "
-                                "after checking the ranking on your own data")
+        raise EngineConfigError(
+            f'{line}; refused: use dtype = "float32" on a CPU, or precision_gate = "warn" '
+            "after checking the ranking on your own data"
+        )
     log.warning("parity_gate_failed", model=cfg.name, detail=line, precision_gate="warn")
     return parity
 
@@ -302,27 +326,38 @@ def _golden_scores(family: Family, cfg: TransformersEngineConfig, golden: list[G
     for g in golden:
         if family.takes_texts:  # listwise (jina-v3): blocks of documents, as _score_texts sends them
             size = family.block_size  # type: ignore[attr-defined]
-            out.append([s for i in range(0, len(g.documents), size)
-                        for s in family.score_block(g.query, g.documents[i:i + size], raw=False)])  # type: ignore[attr-defined]
+            out.append(
+                [
+                    s
+                    for i in range(0, len(g.documents), size)
+                    for s in family.score_block(g.query, g.documents[i : i + size], raw=False)
+                ]
+            )  # type: ignore[attr-defined]
             continue
         tok = family.tokenizer
         instruction = cfg.instruction if cfg.instruction is not None else getattr(tok, "default_instruction", "")
         shared = tok.encode_shared(g.query, instruction)
         room = tok.item_room(shared)
-        job = ScoreJob(query=g.query, instruction=instruction, shared_ids=shared,
-                       item_ids=[ids[:room] for ids in tok.encode_documents(g.documents)])
+        job = ScoreJob(
+            query=g.query,
+            instruction=instruction,
+            shared_ids=shared,
+            item_ids=[ids[:room] for ids in tok.encode_documents(g.documents)],
+        )
         rows = family.rows(job)
         outputs: list[Any] = [None] * len(rows)
-        for batch in plan_batches([len(r.ids) for r in rows], batch_tokens=cfg.batch_tokens,
-                                  max_batch_size=cfg.max_batch_size):
+        for batch in plan_batches(
+            [len(r.ids) for r in rows], batch_tokens=cfg.batch_tokens, max_batch_size=cfg.max_batch_size
+        ):
             for i, vec in zip(batch, TransformersEngine._forward(family, [rows[i] for i in batch]), strict=True):
                 outputs[i] = vec
         out.append(family.scores(job, torch.stack(outputs)))
     return out
 
 
-def _qrels_gate(family: Family, cfg: TransformersEngineConfig, device: torch.device, dtype: torch.dtype,
-                qrels: QrelsSet) -> dict[str, Any]:
+def _qrels_gate(
+    family: Family, cfg: TransformersEngineConfig, device: torch.device, dtype: torch.dtype, qrels: QrelsSet
+) -> dict[str, Any]:
     """The gate on the operator's judgements (``qrels_set``, adapters/runtimes/qrels_gate.py): fp32
     and ``dtype`` score its queries through the request path, as ``_parity_gate``'s passes do;
     refused (or warned) unless ``dtype``'s nDCG@10 is within ``qrels_tolerance`` of fp32's."""
@@ -339,8 +374,9 @@ def _qrels_gate(family: Family, cfg: TransformersEngineConfig, device: torch.dev
     line = f"model {cfg.name!r}: {verdict.line(name)}"
     if cfg.precision_gate == "refuse":
         family.unload()
-        raise EngineConfigError(f"{line}; refused: use dtype = \"float32\" on a CPU, a larger qrels_tolerance, or "
-                                "precision_gate = \"warn\"")
+        raise EngineConfigError(
+            f'{line}; refused: use dtype = "float32" on a CPU, a larger qrels_tolerance, or precision_gate = "warn"'
+        )
     log.warning("qrels_gate_failed", model=cfg.name, detail=line, precision_gate="warn")
     return figures
 

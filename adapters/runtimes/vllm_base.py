@@ -71,7 +71,14 @@ from adapters.runtimes.vllm_support import (
 )
 from schemas.config import VllmEngineConfig
 
-__all__ = ("BatchStats", "VllmEngine", "VllmQwen3Engine", "build_engine_args", "engine_prompt", "spawn_if_cuda_initialized")
+__all__ = (
+    "BatchStats",
+    "VllmEngine",
+    "VllmQwen3Engine",
+    "build_engine_args",
+    "engine_prompt",
+    "spawn_if_cuda_initialized",
+)
 
 
 def spawn_if_cuda_initialized(environ: Any = None) -> bool:
@@ -87,7 +94,9 @@ def spawn_if_cuda_initialized(environ: Any = None) -> bool:
     if torch is None or not torch.cuda.is_initialized() or environ.get("VLLM_WORKER_MULTIPROC_METHOD"):
         return False
     environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-    logging.getLogger(__name__).info("CUDA is already initialised in the gateway process: vLLM's engine core is spawned")
+    logging.getLogger(__name__).info(
+        "CUDA is already initialised in the gateway process: vLLM's engine core is spawned"
+    )
     return True
 
 
@@ -234,9 +243,7 @@ class VllmEngine(abc.ABC):
     async def _run_all(self, engine: AsyncLLM, rows: Sequence[Row]) -> list[list[float]]:
         # One vLLM request per row, all in flight at once: the scheduler batches them with
         # each other and with other HTTP requests' rows.
-        tasks = [
-            asyncio.ensure_future(self.run_row(engine, r, f"{self._id_prefix}-{next(self._ids)}")) for r in rows
-        ]
+        tasks = [asyncio.ensure_future(self.run_row(engine, r, f"{self._id_prefix}-{next(self._ids)}")) for r in rows]
         try:
             return list(await asyncio.gather(*tasks))
         except VllmEngineDeadError as exc:
@@ -266,8 +273,9 @@ class VllmEngine(abc.ABC):
         if instruction is None:
             instruction = getattr(tok, "default_instruction", "")
         shared = tok.encode_shared("warm-up", instruction)
-        job = ScoreJob(query="warm-up", instruction=instruction, shared_ids=shared,
-                       item_ids=tok.encode_documents(["warm-up"]))
+        job = ScoreJob(
+            query="warm-up", instruction=instruction, shared_ids=shared, item_ids=tok.encode_documents(["warm-up"])
+        )
         (score,) = self.finish(family, job, await self._run_all(self._engine, family.rows(job)))
         if not 0.0 <= score <= 1.0:
             raise EngineError(f"warm-up score {score} is outside [0, 1]")

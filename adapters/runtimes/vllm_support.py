@@ -96,7 +96,9 @@ def _on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-def build_engine_args(config: VllmEngineConfig, runner_args: dict[str, Any], *, max_length: int | None = None) -> dict[str, Any]:
+def build_engine_args(
+    config: VllmEngineConfig, runner_args: dict[str, Any], *, max_length: int | None = None
+) -> dict[str, Any]:
     """AsyncEngineArgs keywords from the model config; ``runner_args`` are the engine kind's own.
 
     Raises ValueError naming any key the installed vLLM does not know, so a typo or a

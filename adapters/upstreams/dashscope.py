@@ -188,7 +188,10 @@ class DashScopeEngine:
         self, client: httpx.AsyncClient, job: ScoreJob, texts: Sequence[str]
     ) -> tuple[list[float], int | None]:
         response, content = await post_bounded(
-            client, self._path, self._body(job, texts), upstream=self._upstream,
+            client,
+            self._path,
+            self._body(job, texts),
+            upstream=self._upstream,
             read_timeout_s=self._config.read_timeout_s,
         )
         if response.status_code == 200:
@@ -217,7 +220,9 @@ class DashScopeEngine:
         if code in _ACCOUNT_CODES:
             # 400s about the operator's account or model, not the request: nothing the client can change.
             log.error("dashscope_account_refused", **fields, message=message)
-            return EngineAccountError(f"{self._upstream} refused the gateway's account ({code}: {_ACCOUNT_CODES[code]})")
+            return EngineAccountError(
+                f"{self._upstream} refused the gateway's account ({code}: {_ACCOUNT_CODES[code]})"
+            )
         if status in (400, 413):
             log.info("dashscope_rejected_input", **fields, message=message)
             return EngineInputError(f"DashScope rejected the request ({code or status}): {message}")
@@ -229,7 +234,9 @@ class DashScopeEngine:
             log.warning("dashscope_retryable_error", **fields, message=message)
             wait = parse_retry_after(response.headers.get("retry-after"))
             reason = f"HTTP {status} {code}" if code else f"HTTP {status}"
-            return RetryableUpstreamError(f"DashScope is unavailable or rate limited ({reason}); retry later", wait_hint=wait)
+            return RetryableUpstreamError(
+                f"DashScope is unavailable or rate limited ({reason}); retry later", wait_hint=wait
+            )
         log.error("dashscope_unexpected_status", **fields, message=message)
         return EngineError(f"{self._upstream} answered HTTP {status} ({code}): {message}")
 

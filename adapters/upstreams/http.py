@@ -92,7 +92,9 @@ def make_client(
         base_url=base_url,
         headers=headers,
         # pool: how long a call may wait for a free connection; a full pool is an overload.
-        timeout=httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s),
+        timeout=httpx.Timeout(
+            connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s
+        ),
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         follow_redirects=False,
     )
@@ -116,7 +118,9 @@ def make_session(
     return aiohttp.ClientSession(
         connector=connector,
         headers=headers,
-        timeout=aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s),
+        timeout=aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+        ),
         auto_decompress=True,
         trust_env=False,
         raise_for_status=False,

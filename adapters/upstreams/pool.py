@@ -73,6 +73,7 @@ __all__ = ("PoolEngine", "Replica", "cooldown_for", "rendezvous_order")  # the l
 
 log = structlog.get_logger("adapters.upstreams.pool")
 
+
 class PoolEngine:
     """:class:`adapters.base.RerankEngine` over a list of upstream replicas."""
 
@@ -182,7 +183,9 @@ class PoolEngine:
             # One call holds the whole job: the upstream may rank and cut it (several calls
             # would each need all their scores for the merge).
             top_n = job.top_n if self._protocol.supports_top_n and job.top_n and job.top_n < len(texts) else None
-            part = await self._forward(key, UpstreamCall(job.query, job.instruction, texts, job.max_tokens_per_doc, top_n))
+            part = await self._forward(
+                key, UpstreamCall(job.query, job.instruction, texts, job.max_tokens_per_doc, top_n)
+            )
             return ScoreResult(scores=part.scores, input_tokens=part.tokens, indices=part.indices)
         texts = list(texts)
         calls = [
@@ -245,8 +248,10 @@ class PoolEngine:
         assert self._client is not None
         upstream = f"replica {replica.shown}"
         # Each replica tried is one client span; the replica gets this span as its traceparent.
-        span = tracing.start("upstream.call", {"rerank.model": self._config.name, "rerank.target": replica.shown,
-                                                "http.request.body.size": len(body)})
+        span = tracing.start(
+            "upstream.call",
+            {"rerank.model": self._config.name, "rerank.target": replica.shown, "http.request.body.size": len(body)},
+        )
         replica.outstanding += 1
         try:
             async with self._client.post(
@@ -280,8 +285,13 @@ class PoolEngine:
         if status == 504:
             raise EngineTimeoutError(f"{upstream} timed out (HTTP 504: a limit of its own)")
         error = refusal_error(
-            status, content, model=self._config.name, replica=replica.shown, upstream_model=self._protocol.model,
-            protocol=self._config.protocol, path=self._protocol.path,
+            status,
+            content,
+            model=self._config.name,
+            replica=replica.shown,
+            upstream_model=self._protocol.model,
+            protocol=self._config.protocol,
+            path=self._protocol.path,
         )
         if isinstance(error, EngineMisconfiguredError) and len(self._replicas) > 1:
             # Its /health passes, but it cannot answer any request: out of rotation (under the

@@ -120,8 +120,7 @@ class WireProtocol(abc.ABC):
         return _encoder.encode(self.body(call))
 
     @abc.abstractmethod
-    def body(self, call: UpstreamCall) -> dict[str, Any]:
-        ...
+    def body(self, call: UpstreamCall) -> dict[str, Any]: ...
 
     @abc.abstractmethod
     def decode(self, content: bytes, headers: Mapping[str, str], call: UpstreamCall, body_bytes: int) -> UpstreamAnswer:
@@ -218,7 +217,9 @@ class VllmScore(WireProtocol):
 
     def decode(self, content: bytes, headers: Mapping[str, str], call: UpstreamCall, body_bytes: int) -> UpstreamAnswer:
         scored = _decode(content, _Scored, self.name)
-        return UpstreamAnswer(_in_order(scored.data, len(call.texts), self.name), _usage_tokens(scored.usage, call, body_bytes))
+        return UpstreamAnswer(
+            _in_order(scored.data, len(call.texts), self.name), _usage_tokens(scored.usage, call, body_bytes)
+        )
 
 
 class TeiRerank(WireProtocol):

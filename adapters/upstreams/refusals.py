@@ -113,6 +113,4 @@ def _misconfigured(
         status=status,
         message=message,
     )
-    return EngineMisconfiguredError(
-        f"model '{model}' is misconfigured: {what} (retrying will not help)"
-    )
+    return EngineMisconfiguredError(f"model '{model}' is misconfigured: {what} (retrying will not help)")

@@ -71,8 +71,9 @@ def place_scores(results: Iterable[tuple[int, float]], size: int, upstream: str)
         if 0 <= index < size and math.isfinite(score):
             scores[index] = score
     if count != size or any(math.isnan(s) for s in scores):
-        raise EngineError(f"{upstream} returned {count} results (or a repeated, out-of-range or non-finite one) "
-                          f"for {size} documents")
+        raise EngineError(
+            f"{upstream} returned {count} results (or a repeated, out-of-range or non-finite one) for {size} documents"
+        )
     return scores
 
 

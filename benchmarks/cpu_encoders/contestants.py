@@ -23,18 +23,37 @@ GATEWAY_VARIANTS = {  # contestant -> extra TOML lines of its model entry
     "gateway transformers (fp32)": ['engine = "transformers"', 'device = "cpu"', 'dtype = "float32"'],
     "gateway openvino fp32": ['engine = "openvino"', 'precision = "fp32"'],
     # The same with batches that never mix requests: what shared batches gain at 4 clients.
-    "gateway openvino fp32 (per-request batches)": ['engine = "openvino"', 'precision = "fp32"', 'batching = "per-request"'],
+    "gateway openvino fp32 (per-request batches)": [
+        'engine = "openvino"',
+        'precision = "fp32"',
+        'batching = "per-request"',
+    ],
     # Reduced precisions serve whatever the gate measures (parity_min_agreement lowered), so
     # their speed is reported beside the verdict the default gate (99 %) gives ("gate" column).
     "gateway openvino bf16": ['engine = "openvino"', 'precision = "bf16"', "parity_min_agreement = 0.001"],
     "gateway openvino int8": ['engine = "openvino"', 'precision = "int8"', "parity_min_agreement = 0.001"],
     # bf16 / int8 for every document, fp32 re-scoring the ones they cannot order in the top-10.
-    "gateway openvino bf16 refine10": ['engine = "openvino"', 'precision = "bf16"', "refine_top = 10", "parity_min_agreement = 0.001"],
+    "gateway openvino bf16 refine10": [
+        'engine = "openvino"',
+        'precision = "bf16"',
+        "refine_top = 10",
+        "parity_min_agreement = 0.001",
+    ],
     # The same re-scoring both sides of every open pair at once (refine_rounds = 2, the default
     # above, re-scores one side first and looks again): what the rounds save.
-    "gateway openvino bf16 refine10 (one round)": ['engine = "openvino"', 'precision = "bf16"', "refine_top = 10",
-                                                   "refine_rounds = 1", "parity_min_agreement = 0.001"],
-    "gateway openvino int8 refine10": ['engine = "openvino"', 'precision = "int8"', "refine_top = 10", "parity_min_agreement = 0.001"],
+    "gateway openvino bf16 refine10 (one round)": [
+        'engine = "openvino"',
+        'precision = "bf16"',
+        "refine_top = 10",
+        "refine_rounds = 1",
+        "parity_min_agreement = 0.001",
+    ],
+    "gateway openvino int8 refine10": [
+        'engine = "openvino"',
+        'precision = "int8"',
+        "refine_top = 10",
+        "parity_min_agreement = 0.001",
+    ],
 }
 BASELINE = "gateway transformers (fp32)"
 ScoreFn = Callable[[str, list[str]], list[float]]
@@ -52,7 +71,13 @@ class Gateway:
             model = f"m{i}"
             self.models[name] = model
             # A long timeout: 4 clients of 50 documents queue for minutes on a loaded 2-core machine.
-            lines += ["[[models]]", f'name = "{model}"', f'path = "{model_dir}"', "timeout_s = 1800.0", *GATEWAY_VARIANTS[name]]
+            lines += [
+                "[[models]]",
+                f'name = "{model}"',
+                f'path = "{model_dir}"',
+                "timeout_s = 1800.0",
+                *GATEWAY_VARIANTS[name],
+            ]
             if "openvino" in name:
                 lines.append(f'cache_dir = "{work / "ov-cache"}"')
             if gate and "parity_min_agreement" in " ".join(GATEWAY_VARIANTS[name]):
@@ -62,8 +87,12 @@ class Gateway:
         config = work / "gateway.toml"
         config.write_text("\n".join(lines))
         self.log = (work / "gateway.log").open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config),
-                                      "--port", str(self.port)], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(self.port)],
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.client = httpx.Client(base_url=self.url, timeout=600.0, limits=httpx.Limits(max_connections=16))
 
     def wait(self, timeout: float = 1800.0) -> dict[str, str]:
@@ -78,7 +107,10 @@ class Gateway:
                 time.sleep(1)
                 continue
             states = {m["name"]: m for m in models}
-            if all(s["state"] == "ready" or s.get("load_attempts", 0) >= 3 and s["state"] == "failed" for s in states.values()):
+            if all(
+                s["state"] == "ready" or s.get("load_attempts", 0) >= 3 and s["state"] == "failed"
+                for s in states.values()
+            ):
                 return {n: states[m].get("error", "") for n, m in self.models.items() if states[m]["state"] != "ready"}
             time.sleep(1)
         raise TimeoutError("gateway models did not load")
@@ -138,8 +170,16 @@ def export_onnx(model_dir: Path, int8: bool) -> Path:
         model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
         names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.type_vocab_size > 1 else [])
         example = tuple(torch.ones((2, 8), dtype=torch.long) for _ in names)
-        torch.onnx.export(model, example, str(fp32), input_names=names, output_names=["logits"], opset_version=17,
-                          dynamic_axes={n: {0: "batch", 1: "length"} for n in names}, dynamo=False)
+        torch.onnx.export(
+            model,
+            example,
+            str(fp32),
+            input_names=names,
+            output_names=["logits"],
+            opset_version=17,
+            dynamic_axes={n: {0: "batch", 1: "length"} for n in names},
+            dynamo=False,
+        )
     if int8:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -159,7 +199,9 @@ def ort_scorer(model_dir: Path, int8: bool) -> ScoreFn:
     def score(query: str, docs: list[str]) -> list[float]:
         out: list[float] = []
         for i in range(0, len(docs), 32):  # sentence-transformers' batch, in input order, padded
-            enc = tok([query] * len(docs[i : i + 32]), docs[i : i + 32], padding=True, truncation=True, return_tensors="np")
+            enc = tok(
+                [query] * len(docs[i : i + 32]), docs[i : i + 32], padding=True, truncation=True, return_tensors="np"
+            )
             logits = session.run(None, {k: v.astype(np.int64) for k, v in enc.items() if k in names})[0]
             out += (1 / (1 + np.exp(-logits[:, 0]))).tolist()
         return out
@@ -184,7 +226,9 @@ def flashrank_scorer(model_dir: Path) -> ScoreFn:
     cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
     if not (model_dir / "special_tokens_map.json").exists():
         keys = ("cls_token", "sep_token", "pad_token", "unk_token", "mask_token", "bos_token", "eos_token")
-        (local / "special_tokens_map.json").write_text(json.dumps({k: cfg[k] for k in keys if isinstance(cfg.get(k), str)}))
+        (local / "special_tokens_map.json").write_text(
+            json.dumps({k: cfg[k] for k in keys if isinstance(cfg.get(k), str)})
+        )
     else:
         shutil.copy(model_dir / "special_tokens_map.json", local / "special_tokens_map.json")
     config = json.loads((local / "config.json").read_text())

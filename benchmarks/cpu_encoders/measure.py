@@ -30,6 +30,7 @@ def _cpu_s(pid: int) -> float:
 
 def measure(fn: ScoreFn, requests: list[tuple[str, list[str]]], clients: int, pid: int) -> tuple[float, float]:
     """(docs/s over the wall clock, docs per CPU-second of process ``pid``) of one timed run."""
+
     def run(mine: list[tuple[str, list[str]]]) -> None:
         for q, d in mine:
             fn(q, d)
@@ -52,23 +53,34 @@ def _engine_delta(before: dict[str, Any], after: dict[str, Any], wall: float) ->
     clock (1.0: every stream always inferring), the padding share, rows per batch."""
     batches = after["batches"] - before["batches"]
     padded = after["padded_tokens"] - before["padded_tokens"]
-    return {"streams_busy": (after["busy_s"] - before["busy_s"]) / (wall * after["streams"]),
-            "padding": 1 - (after["tokens"] - before["tokens"]) / padded if padded else 0.0,
-            "rows_per_batch": (after["rows"] - before["rows"]) / batches if batches else 0.0}
+    return {
+        "streams_busy": (after["busy_s"] - before["busy_s"]) / (wall * after["streams"]),
+        "padding": 1 - (after["tokens"] - before["tokens"]) / padded if padded else 0.0,
+        "rows_per_batch": (after["rows"] - before["rows"]) / batches if batches else 0.0,
+    }
 
 
 def agreement(ref: list[list[float]], got: list[list[float]], tie: float = 1e-3) -> dict[str, float]:
     from adapters.runtimes.parity import compare_rankings
 
     report = compare_rankings(ref, got, tie=tie)
-    return {"queries_kept": report.kept, "queries": report.queries, "mean_shared_top10": report.mean_shared,
-            "max_abs_delta": report.max_delta}
+    return {
+        "queries_kept": report.kept,
+        "queries": report.queries,
+        "mean_shared_top10": report.mean_shared,
+        "max_abs_delta": report.max_delta,
+    }
 
 
 def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     model_dir, note = SHAPES[shape](work / shape)
-    spec = WorkloadSpec(requests=args.requests + args.agree, documents=DOCS, doc_tokens=DOC_TOKENS, query_tokens="10", seed=7)
-    reqs = [(b["query"], b["documents"]) for b in (msgspec.json.decode(r.body) for r in build_workload(spec, load_token_counter(str(model_dir))))]
+    spec = WorkloadSpec(
+        requests=args.requests + args.agree, documents=DOCS, doc_tokens=DOC_TOKENS, query_tokens="10", seed=7
+    )
+    reqs = [
+        (b["query"], b["documents"])
+        for b in (msgspec.json.decode(r.body) for r in build_workload(spec, load_token_counter(str(model_dir))))
+    ]
     timed, agree_reqs = reqs[: args.requests], reqs[args.requests :]
     wanted = args.contestants.split(";") if args.contestants else list(GATEWAY_VARIANTS) + list(IN_PROCESS) + PEERS
     fns: dict[str, ScoreFn] = {}
@@ -94,7 +106,9 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
                 skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         for name in (n for n in wanted if n in PEERS):
             if not args.peers_python:
-                skipped[name] = "needs --peers-python (a venv with infinity-emb and ctranslate2, see docs/benchmarks.md)"
+                skipped[name] = (
+                    "needs --peers-python (a venv with infinity-emb and ctranslate2, see docs/benchmarks.md)"
+                )
                 continue
             try:  # one at a time: each server loads while the machine is otherwise idle
                 peers[name], fns[name] = start_peer(name, model_dir, work / shape, args.peers_python)
@@ -123,8 +137,11 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
                 if "busy_s" in s0:  # the openvino batcher: streams busy, padding, requests per batch
                     row[name]["engine_1"] = _engine_delta(s0, s1, t1 - t0)
                     row[name]["engine_4"] = _engine_delta(s1, s2, t2 - t1)
-                print(f"[{shape}] round {r} {name}: {one:.1f} docs/s 1 client, {four:.1f} at {CLIENTS} ({four / one:.2f}x), "
-                      f"{cpu:.1f} / {cpu4:.1f} docs per CPU-second, load {os.getloadavg()[0]:.2f}", flush=True)
+                print(
+                    f"[{shape}] round {r} {name}: {one:.1f} docs/s 1 client, {four:.1f} at {CLIENTS} ({four / one:.2f}x), "
+                    f"{cpu:.1f} / {cpu4:.1f} docs per CPU-second, load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
             row["load_after"] = os.getloadavg()[0]
             rounds.append(row)
     finally:
@@ -151,11 +168,17 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
             entry["cpu_vs_transformers"] = statistics.median(rd[name]["cpu"] / rd[BASELINE]["cpu"] for rd in rounds)
             entry["agreement"] = agreement(scores[BASELINE], scores[name])
         if all("engine_1" in rd[name] for rd in rounds):
-            entry["engine"] = {f"{k}_{c}": statistics.median(rd[name][f"engine_{c}"][k] for rd in rounds)
-                               for k in ("streams_busy", "padding", "rows_per_batch") for c in ("1", "4")}
+            entry["engine"] = {
+                f"{k}_{c}": statistics.median(rd[name][f"engine_{c}"][k] for rd in rounds)
+                for k in ("streams_busy", "padding", "rows_per_batch")
+                for c in ("1", "4")
+            }
         if name in peers:
             entry["setup"] = peers[name].setup
         if name in described:
-            entry["gateway_model"] = {k: described[name].get(k) for k in ("precision", "inference_precision", "threads", "streams", "parity_kept", "refined_share")}
+            entry["gateway_model"] = {
+                k: described[name].get(k)
+                for k in ("precision", "inference_precision", "threads", "streams", "parity_kept", "refined_share")
+            }
         table.append(entry)
     return {"shape": shape, "checkpoint": note, "table": table, "skipped": skipped, "rounds": rounds}

@@ -8,35 +8,59 @@ from benchmarks.cpu_encoders.measure import DOC_TOKENS, DOCS
 
 
 def markdown(report: dict[str, Any]) -> str:
-    out = [f"# CPU encoder rerankers, {report['date']}", "", report["command"], "",
-           (f"Machine: {report['machine']}. Workload: 1 query x {DOCS} documents of {DOC_TOKENS} tokens; "
-           f"{report['rounds']} interleaved rounds; docs/s medians over rounds; ratios are medians of per-round ratios "
-           f"to the gateway's transformers engine; top-10 order vs that engine's fp32 scores."), ""]
+    out = [
+        f"# CPU encoder rerankers, {report['date']}",
+        "",
+        report["command"],
+        "",
+        (
+            f"Machine: {report['machine']}. Workload: 1 query x {DOCS} documents of {DOC_TOKENS} tokens; "
+            f"{report['rounds']} interleaved rounds; docs/s medians over rounds; ratios are medians of per-round ratios "
+            f"to the gateway's transformers engine; top-10 order vs that engine's fp32 scores."
+        ),
+        "",
+    ]
     for shape in report["shapes"]:
         loads = [rd["load_before"] for rd in shape["rounds"]] + [rd["load_after"] for rd in shape["rounds"]]
-        out += [f"## {shape['shape']} ({shape['checkpoint']})", "",
-                f"Load average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}.", "",
-                "Per round (1-minute load average before / after): " + ", ".join(
-                    f"{rd['round']}: {rd['load_before']:.2f} / {rd['load_after']:.2f}" for rd in shape["rounds"]) + ".", "",
-                "| contestant | docs/s, 1 client | vs transformers | docs/s, 4 clients | 4 clients vs 1 | docs per CPU-s | vs transformers (CPU) | docs per CPU-s, 4 clients | 4 vs 1 (CPU) | top-10 order kept | top-10 shared | max abs Δ | parity gate (golden set) |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            f"## {shape['shape']} ({shape['checkpoint']})",
+            "",
+            f"Load average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}.",
+            "",
+            "Per round (1-minute load average before / after): "
+            + ", ".join(f"{rd['round']}: {rd['load_before']:.2f} / {rd['load_after']:.2f}" for rd in shape["rounds"])
+            + ".",
+            "",
+            "| contestant | docs/s, 1 client | vs transformers | docs/s, 4 clients | 4 clients vs 1 | docs per CPU-s | vs transformers (CPU) | docs per CPU-s, 4 clients | 4 vs 1 (CPU) | top-10 order kept | top-10 shared | max abs Δ | parity gate (golden set) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for e in shape["table"]:
             a = e.get("agreement", {})
             kept = f"{a['queries_kept']}/{a['queries']}" if a else "-"
             cpu = f"{e['docs_per_cpu_s']:.1f} | {e.get('cpu_vs_transformers', float('nan')):.2f}x"
-            out.append(f"| {e['contestant']} | {e['docs_s_1']:.1f} | {e.get('vs_transformers', float('nan')):.2f}x | "
-                       f"{e['docs_s_4']:.1f} | {e['four_vs_one']:.2f}x | {cpu} | {e['docs_per_cpu_s_4']:.1f} | {e['four_vs_one_cpu']:.2f}x | {kept} | {a.get('mean_shared_top10', float('nan')):.1f} | "
-                       f"{a.get('max_abs_delta', float('nan')):.1e} | {_gate(e)} |")
+            out.append(
+                f"| {e['contestant']} | {e['docs_s_1']:.1f} | {e.get('vs_transformers', float('nan')):.2f}x | "
+                f"{e['docs_s_4']:.1f} | {e['four_vs_one']:.2f}x | {cpu} | {e['docs_per_cpu_s_4']:.1f} | {e['four_vs_one_cpu']:.2f}x | {kept} | {a.get('mean_shared_top10', float('nan')):.1f} | "
+                f"{a.get('max_abs_delta', float('nan')):.1e} | {_gate(e)} |"
+            )
         engines = [e for e in shape["table"] if "engine" in e]
         if engines:
-            out += ["", ("Inside the openvino engine (medians over rounds): the streams' busy share of the wall clock, "
-                    "the padding share of the computed tokens, rows per batch."), "",
-                    "| contestant | streams busy, 1 client | 4 clients | padding, 1 client | 4 clients | rows per batch, 1 client | 4 clients |",
-                    "|---|---|---|---|---|---|---|"]
+            out += [
+                "",
+                (
+                    "Inside the openvino engine (medians over rounds): the streams' busy share of the wall clock, "
+                    "the padding share of the computed tokens, rows per batch."
+                ),
+                "",
+                "| contestant | streams busy, 1 client | 4 clients | padding, 1 client | 4 clients | rows per batch, 1 client | 4 clients |",
+                "|---|---|---|---|---|---|---|",
+            ]
             for e in engines:
                 g = e["engine"]
-                out.append(f"| {e['contestant']} | {g['streams_busy_1']:.0%} | {g['streams_busy_4']:.0%} | {g['padding_1']:.1%} | "
-                           f"{g['padding_4']:.1%} | {g['rows_per_batch_1']:.1f} | {g['rows_per_batch_4']:.1f} |")
+                out.append(
+                    f"| {e['contestant']} | {g['streams_busy_1']:.0%} | {g['streams_busy_4']:.0%} | {g['padding_1']:.1%} | "
+                    f"{g['padding_4']:.1%} | {g['rows_per_batch_1']:.1f} | {g['rows_per_batch_4']:.1f} |"
+                )
         for e in (e for e in shape["table"] if "setup" in e):
             out.append(f"\n{e['contestant']}: {e['setup']}.")
         for name, why in shape["skipped"].items():

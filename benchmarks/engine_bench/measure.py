@@ -53,8 +53,14 @@ def matmul_tflops() -> tuple[float, str]:
 
 
 async def bench_variant(
-    name: str, score: ScoreFn, requests: dict[str, list[Request]], lengths: PromptLengths,
-    cfg: dict[str, Any], tflops: float, small: bool = False, batch_score: ScoreFn | None = None,
+    name: str,
+    score: ScoreFn,
+    requests: dict[str, list[Request]],
+    lengths: PromptLengths,
+    cfg: dict[str, Any],
+    tflops: float,
+    small: bool = False,
+    batch_score: ScoreFn | None = None,
     batch_many: Callable[[list[Request]], Awaitable[None]] | None = None,
 ) -> list[dict[str, Any]]:
     """Alone (sequential) and 16 clients, per workload. ``batch_many`` replaces concurrent
@@ -93,6 +99,7 @@ async def bench_variant(
                 clat += [time.perf_counter() - t] * CLIENTS
             mode = f"{CLIENTS} requests per call"
         else:
+
             async def client(mine: list[Request], out: list[float]) -> None:
                 for r in mine:
                     t = time.perf_counter()
@@ -101,34 +108,62 @@ async def bench_variant(
 
             await asyncio.gather(*(client(conc[i::CLIENTS], clat) for i in range(CLIENTS)))
             mode = f"{CLIENTS} clients"
-        rows.append(_row(name, wl, mode, conc, clat, time.perf_counter() - t0, lengths, cfg, tflops)
-                    | {"service_split": split(mark)})
-        print(json.dumps({k: rows[-2][k] for k in ("variant", "workload", "load", "docs_per_s", "p50_ms")}),
-              json.dumps({k: rows[-1][k] for k in ("variant", "workload", "load", "docs_per_s", "mfu")}), flush=True)
+        rows.append(
+            _row(name, wl, mode, conc, clat, time.perf_counter() - t0, lengths, cfg, tflops)
+            | {"service_split": split(mark)}
+        )
+        print(
+            json.dumps({k: rows[-2][k] for k in ("variant", "workload", "load", "docs_per_s", "p50_ms")}),
+            json.dumps({k: rows[-1][k] for k in ("variant", "workload", "load", "docs_per_s", "mfu")}),
+            flush=True,
+        )
     return rows
 
 
-def _row(name: str, wl: str, load: str, reqs: list[Request], lat: list[float], wall: float,
-         lengths: PromptLengths, cfg: dict[str, Any], tflops: float) -> dict[str, Any]:
+def _row(
+    name: str,
+    wl: str,
+    load: str,
+    reqs: list[Request],
+    lat: list[float],
+    wall: float,
+    lengths: PromptLengths,
+    cfg: dict[str, Any],
+    tflops: float,
+) -> dict[str, Any]:
     prompt_lens = [n for r in reqs for n in lengths.of(r)]
     flops = sum(flops_per_prompt(n, cfg) for n in prompt_lens)
     lat_ms = sorted(x * 1e3 for x in lat)
     return {
-        "variant": name, "workload": wl, "load": load, "requests": len(reqs), "wall_s": wall,
-        "docs_per_s": sum(len(r[1]) for r in reqs) / wall, "tokens_per_s": sum(prompt_lens) / wall,
-        "tflop_per_s": flops / wall / 1e12, "mfu": flops / wall / 1e12 / tflops,
-        "p50_ms": percentile(lat_ms, 50), "p99_ms": percentile(lat_ms, 99), "max_ms": lat_ms[-1],
-        "prompt_tokens_per_request": sum(prompt_lens) / len(reqs), "shared_prefix_tokens": lengths.shared(reqs[0]),
+        "variant": name,
+        "workload": wl,
+        "load": load,
+        "requests": len(reqs),
+        "wall_s": wall,
+        "docs_per_s": sum(len(r[1]) for r in reqs) / wall,
+        "tokens_per_s": sum(prompt_lens) / wall,
+        "tflop_per_s": flops / wall / 1e12,
+        "mfu": flops / wall / 1e12 / tflops,
+        "p50_ms": percentile(lat_ms, 50),
+        "p99_ms": percentile(lat_ms, 99),
+        "max_ms": lat_ms[-1],
+        "prompt_tokens_per_request": sum(prompt_lens) / len(reqs),
+        "shared_prefix_tokens": lengths.shared(reqs[0]),
     }
 
 
 def markdown(rows: list[dict[str, Any]], tflops: float, device: str) -> str:
-    lines = [f"Matmul rate measured here: {tflops:,.2f} TFLOP/s ({device}); MFU = model FLOPs / that rate.", "",
-             "| variant | workload | load | docs/s | tokens/s | MFU | p50 ms | p99 ms | prompt tokens/request | tokenize / engine ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Matmul rate measured here: {tflops:,.2f} TFLOP/s ({device}); MFU = model FLOPs / that rate.",
+        "",
+        "| variant | workload | load | docs/s | tokens/s | MFU | p50 ms | p99 ms | prompt tokens/request | tokenize / engine ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         sp = r.get("service_split")
         split = f"{sp['tokenize_ms']:.1f} / {sp['inference_ms']:.1f}" if sp else "–"
-        lines.append(f"| {r['variant']} | {r['workload']} | {r['load']} | {r['docs_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | "
-                     f"{100 * r['mfu']:.1f} % | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['prompt_tokens_per_request']:,.0f} | {split} |")
+        lines.append(
+            f"| {r['variant']} | {r['workload']} | {r['load']} | {r['docs_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | "
+            f"{100 * r['mfu']:.1f} % | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['prompt_tokens_per_request']:,.0f} | {split} |"
+        )
     return "\n".join(lines) + "\n"

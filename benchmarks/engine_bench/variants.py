@@ -15,12 +15,17 @@ import msgspec
 from benchmarks.engine_bench.workload import Request, ScoreFn
 from schemas.config import DEFAULT_INSTRUCTION
 
-HF_OVERRIDES = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"],
-                "is_original_qwen3_reranker": True}
+HF_OVERRIDES = {
+    "architectures": ["Qwen3ForSequenceClassification"],
+    "classifier_from_token": ["no", "yes"],
+    "is_original_qwen3_reranker": True,
+}
 
 
 # -- our engines through the gateway's service -----------------------------------------------------
-async def gateway_service_variant(kind: str, model_dir: str, extra: dict[str, Any]) -> tuple[Any, ScoreFn, Callable[[], Awaitable[None]]]:
+async def gateway_service_variant(
+    kind: str, model_dir: str, extra: dict[str, Any]
+) -> tuple[Any, ScoreFn, Callable[[], Awaitable[None]]]:
     from gateway.serving.models import ModelRegistry
     from gateway.serving.service import RerankService
     from schemas.config import Settings
@@ -42,8 +47,11 @@ def service_score(service: Any, model: str, request_type: Any) -> ScoreFn:
     timings: list[tuple[float, float]] = []
 
     async def score(req: Request) -> list[float]:
-        out = await service.rerank(request_type(query=req[0], documents=req[1], model=model),
-                                   api_version="2", request_id=f"bench-{next(counter)}")
+        out = await service.rerank(
+            request_type(query=req[0], documents=req[1], model=model),
+            api_version="2",
+            request_id=f"bench-{next(counter)}",
+        )
         timings.append((out.tokenize_ms, out.inference_ms))
         by_index = {r.index: r.relevance_score for r in out.response.results}
         return [by_index[i] for i in range(len(req[1]))]
@@ -56,8 +64,15 @@ def service_score(service: Any, model: str, request_type: Any) -> ScoreFn:
 def raw_llm(model_dir: str, small: bool, gpu_util: float) -> Any:
     from vllm import LLM
 
-    kw: dict[str, Any] = {"model": model_dir, "max_model_len": 2048, "seed": 0, "enable_prefix_caching": True,
-                              "gpu_memory_utilization": gpu_util, "runner": "pooling", "hf_overrides": HF_OVERRIDES}
+    kw: dict[str, Any] = {
+        "model": model_dir,
+        "max_model_len": 2048,
+        "seed": 0,
+        "enable_prefix_caching": True,
+        "gpu_memory_utilization": gpu_util,
+        "runner": "pooling",
+        "hf_overrides": HF_OVERRIDES,
+    }
     if small:
         kw.update(enforce_eager=True, dtype="float32")
     else:

@@ -25,8 +25,13 @@ ScoreFn = Callable[[Request], Awaitable[list[float]]]
 def make_requests(model_dir: str, name: str, count: int, small: bool = False, salt: int = 0) -> list[Request]:
     """Fresh requests per ``salt``: each variant gets its own, so no prefix cache carries over."""
     docs, doc_tokens, _, _ = (SMALL_WORKLOADS if small else WORKLOADS)[name]
-    spec = WorkloadSpec(requests=count, documents=docs, doc_tokens=doc_tokens, query_tokens="10",
-                        seed={"d100": 100, "d300": 300}[name] + 7919 * salt)
+    spec = WorkloadSpec(
+        requests=count,
+        documents=docs,
+        doc_tokens=doc_tokens,
+        query_tokens="10",
+        seed={"d100": 100, "d300": 300}[name] + 7919 * salt,
+    )
     out = []
     for r in build_workload(spec, load_token_counter(model_dir)):
         body = msgspec.json.decode(r.body)
@@ -41,7 +46,6 @@ def flops_per_prompt(length: int, cfg: dict[str, Any]) -> float:
     h, f, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     per_layer = h * d_attn + 2 * h * d_kv + d_attn * h + 3 * h * f
     return 2 * per_layer * layers * length + 2 * d_attn * length * (length + 1) * layers
-
 
 
 class PromptLengths:

@@ -51,11 +51,12 @@ def main(out: Path) -> None:
     cross = build_minilm_reranker(out / "cross-encoder")
     (out / "gateway.toml").write_text(
         f'[[models]]\nname = "fast"\nengine = "transformers"\npath = {json.dumps(str(real))}\ndevice = "cpu"\n'
-        'max_length = 64\nmax_chunks_per_doc = 1\n'
+        "max_length = 64\nmax_chunks_per_doc = 1\n"
         f'[[models]]\nname = "slow"\nengine = "transformers"\npath = {json.dumps(str(cross))}\ndevice = "cpu"\n'
-        'max_length = 256\n'
+        "max_length = 256\n"
         f'[[models]]\nname = "cascade"\nengine = "cascade"\nstages = [{{model = "fast", keep = {KEEP}}}, '
-        '{model = "slow"}]\n')
+        '{model = "slow"}]\n'
+    )
     print(f"wrote {beir}, {cross}, {out / 'gateway.toml'}")
 
 

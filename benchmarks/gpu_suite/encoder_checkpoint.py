@@ -35,18 +35,35 @@ __all__ = (
 
 # XLMRobertaForSequenceClassification, bge-reranker-v2-m3's config.json (XLM-R large, 8k positions).
 REAL_CONFIG: dict[str, Any] = {
-    "vocab_size": 250002, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
-    "intermediate_size": 4096, "hidden_act": "gelu", "max_position_embeddings": 8194, "type_vocab_size": 1,
-    "layer_norm_eps": 1e-5, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "num_labels": 1,
+    "vocab_size": 250002,
+    "hidden_size": 1024,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "intermediate_size": 4096,
+    "hidden_act": "gelu",
+    "max_position_embeddings": 8194,
+    "type_vocab_size": 1,
+    "layer_norm_eps": 1e-5,
+    "pad_token_id": 1,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "num_labels": 1,
     "initializer_range": 0.02,
 }
-TINY_CONFIG: dict[str, Any] = {**REAL_CONFIG, "vocab_size": 2000, "hidden_size": 128, "num_hidden_layers": 2,
-                               "num_attention_heads": 2, "intermediate_size": 256, "max_position_embeddings": 514,
-                               "initializer_range": 0.2}
+TINY_CONFIG: dict[str, Any] = {
+    **REAL_CONFIG,
+    "vocab_size": 2000,
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 256,
+    "max_position_embeddings": 514,
+    "initializer_range": 0.2,
+}
 DOC_TOKENS, QUERY_TOKENS, DOCS = "60-200", "15", 100
 
 
-_BUILD = r'''
+_BUILD = r"""
 import itertools, json, string, sys, time
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -117,13 +134,14 @@ if on_gpu:  # the bf16 matmul rate MFU is measured against: square, and the mode
     rates["model_gemms_each"] = per
     rates["device"] = torch.cuda.get_device_name(0)
 print("RATES " + json.dumps(rates))
-'''
+"""
 
 
 def build(out: Path, cfg: dict[str, Any], device: str) -> dict[str, Any]:
     """Tokenizer + checkpoint (+ matmul rates on CUDA), written by a child process."""
-    proc = subprocess.run([sys.executable, "-c", _BUILD, str(out), json.dumps(cfg), device],
-                          check=True, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _BUILD, str(out), json.dumps(cfg), device], check=True, capture_output=True, text=True
+    )
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RATES "))
     return json.loads(line[6:])
 
@@ -156,7 +174,7 @@ def probe_request(model_dir: Path) -> tuple[str, list[str]]:
     return body["query"], body["documents"]
 
 
-_REFERENCE = r'''
+_REFERENCE = r"""
 import json, sys
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -170,11 +188,15 @@ with torch.no_grad():
         enc = tok([query] * len(docs[i:i + 25]), docs[i:i + 25], padding=True, return_tensors="pt").to(device)
         scores += torch.sigmoid(model(**enc).logits[:, 0].float()).tolist()
 print("SCORES " + json.dumps(scores))
-'''
+"""
 
 
 def reference_scores(model_dir: Path, device: str, query: str, docs: list[str]) -> list[float]:
     """fp32 scores of the probe request, plain transformers (padded pairs, the tokenizer's own pair encoding)."""
-    proc = subprocess.run([sys.executable, "-c", _REFERENCE, str(model_dir), device, query, json.dumps(docs)],
-                          check=True, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _REFERENCE, str(model_dir), device, query, json.dumps(docs)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("SCORES "))[7:])

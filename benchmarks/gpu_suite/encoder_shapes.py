@@ -16,15 +16,36 @@ from typing import Any
 __all__ = ("MODERNBERT_CONFIG", "MODERNBERT_TINY", "flops_per_request", "pair_specials")
 
 MODERNBERT_CONFIG: dict[str, Any] = {
-    "model_type": "modernbert", "vocab_size": 50368, "hidden_size": 768, "num_hidden_layers": 22,
-    "num_attention_heads": 12, "intermediate_size": 1152, "hidden_activation": "gelu", "max_position_embeddings": 8192,
-    "global_attn_every_n_layers": 3, "local_attention": 128, "global_rope_theta": 160000.0, "local_rope_theta": 10000.0,
-    "norm_eps": 1e-5, "norm_bias": False, "classifier_pooling": "cls", "num_labels": 1, "initializer_range": 0.02,
+    "model_type": "modernbert",
+    "vocab_size": 50368,
+    "hidden_size": 768,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 12,
+    "intermediate_size": 1152,
+    "hidden_activation": "gelu",
+    "max_position_embeddings": 8192,
+    "global_attn_every_n_layers": 3,
+    "local_attention": 128,
+    "global_rope_theta": 160000.0,
+    "local_rope_theta": 10000.0,
+    "norm_eps": 1e-5,
+    "norm_bias": False,
+    "classifier_pooling": "cls",
+    "num_labels": 1,
+    "initializer_range": 0.02,
 }
 # A CPU check of the script (not a measurement): 3 layers, a 16-token window the pairs outgrow.
-MODERNBERT_TINY: dict[str, Any] = {**MODERNBERT_CONFIG, "vocab_size": 2000, "hidden_size": 128, "num_hidden_layers": 3,
-                                   "num_attention_heads": 2, "intermediate_size": 192, "max_position_embeddings": 1024,
-                                   "local_attention": 16, "initializer_range": 0.2}
+MODERNBERT_TINY: dict[str, Any] = {
+    **MODERNBERT_CONFIG,
+    "vocab_size": 2000,
+    "hidden_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 2,
+    "intermediate_size": 192,
+    "max_position_embeddings": 1024,
+    "local_attention": 16,
+    "initializer_range": 0.2,
+}
 
 
 def pair_specials(cfg: dict[str, Any]) -> int:

@@ -90,14 +90,24 @@ def log(*a: Any) -> None:
 
 def forward_probe(model_dir: Path, device: str, lens: list[list[int]], timeout: float) -> dict[str, Any]:
     """The packed replica alone, no gateway and no HTTP: one d100 step and one of four (child process)."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_suite.forward_probe", str(model_dir), device, json.dumps(lens[:4])],
-                          check=True, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_suite.forward_probe", str(model_dir), device, json.dumps(lens[:4])],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("FORWARD "))[8:])
 
 
 def rerank(url: str, model: str, query: str, docs: list[str]) -> list[float]:
-    req = urllib.request.Request(url + "/v1/rerank", method="POST", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"model": model, "query": query, "documents": docs}).encode())
+    req = urllib.request.Request(
+        url + "/v1/rerank",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": model, "query": query, "documents": docs}).encode(),
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         results = json.loads(r.read())["results"]
     by_index = {x["index"]: x["relevance_score"] for x in results}
@@ -107,9 +117,12 @@ def rerank(url: str, model: str, query: str, docs: list[str]) -> list[float]:
 def agreement(got: list[float], want: list[float]) -> dict[str, Any]:
     """max |score difference| and how many of the reference's top 10 are in the runtime's top 10 (and in order)."""
     top = lambda xs: sorted(range(len(xs)), key=lambda i: -xs[i])[:10]
-    return {"max_abs_diff": max(abs(a - b) for a, b in zip(got, want, strict=True)),
-            "top10_shared": len(set(top(got)) & set(top(want))), "top10_same_order": top(got) == top(want),
-            "spread": max(want) - min(want)}
+    return {
+        "max_abs_diff": max(abs(a - b) for a, b in zip(got, want, strict=True)),
+        "top10_shared": len(set(top(got)) & set(top(want))),
+        "top10_same_order": top(got) == top(want),
+        "spread": max(want) - min(want),
+    }
 
 
 # gateway bench's --warmup per level (--warmup), and requests of a separate unmeasured pass of the
@@ -137,17 +150,56 @@ def watch(gw: Gateway, model: str, probe: dict[str, Any], idle: list[float], sto
             continue
         diffs.append(max(abs(a - b) for a, b in zip(got, idle, strict=True)))
         orders += int(got.index(max(got)) != top)
-    return {"answers": len(diffs), "errors": errors, "max_abs_diff": max(diffs, default=None),
-            "over_1e-2": sum(d > 1e-2 for d in diffs), "top1_changed": orders}
+    return {
+        "answers": len(diffs),
+        "errors": errors,
+        "max_abs_diff": max(diffs, default=None),
+        "over_1e-2": sum(d > 1e-2 for d in diffs),
+        "top1_changed": orders,
+    }
 
 
-def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int, out: Path, gpu: bool,
-          probe: tuple[dict[str, Any], list[float]] | None = None) -> dict[str, Any]:
+def bench(
+    gw: Gateway,
+    model: str,
+    model_dir: Path,
+    clients: int,
+    requests: int,
+    out: Path,
+    gpu: bool,
+    probe: tuple[dict[str, Any], list[float]] | None = None,
+) -> dict[str, Any]:
     def run(n: int, seed: int, warmup: int, folder: Path) -> None:
-        args = [sys.executable, "-m", "gateway", "bench", gw.url, "--model", model, "--tokenizer", str(model_dir),
-                "--documents", str(DOCS), "--doc-tokens", DOC_TOKENS, "--query-tokens", QUERY_TOKENS,
-                "--concurrency", str(clients), "--requests", str(n), "--warmup", str(warmup), "--seed", str(seed),
-                "--title", f"{model} d100 {clients} clients", "--no-progress", "--out", str(folder)]
+        args = [
+            sys.executable,
+            "-m",
+            "gateway",
+            "bench",
+            gw.url,
+            "--model",
+            model,
+            "--tokenizer",
+            str(model_dir),
+            "--documents",
+            str(DOCS),
+            "--doc-tokens",
+            DOC_TOKENS,
+            "--query-tokens",
+            QUERY_TOKENS,
+            "--concurrency",
+            str(clients),
+            "--requests",
+            str(n),
+            "--warmup",
+            str(warmup),
+            "--seed",
+            str(seed),
+            "--title",
+            f"{model} d100 {clients} clients",
+            "--no-progress",
+            "--out",
+            str(folder),
+        ]
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
 
     watched: dict[str, Any] = {}
@@ -155,7 +207,9 @@ def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int,
     def watching(*a: Any) -> None:
         """``run(*a)`` with the probe request sent again and again beside it (``watch``)."""
         stop = threading.Event()
-        watcher = threading.Thread(target=lambda: watched.update(watch(gw, model, probe[0], probe[1], stop)), daemon=True)
+        watcher = threading.Thread(
+            target=lambda: watched.update(watch(gw, model, probe[0], probe[1], stop)), daemon=True
+        )
         watcher.start()
         try:
             run(*a)
@@ -177,13 +231,30 @@ def bench(gw: Gateway, model: str, model_dir: Path, clients: int, requests: int,
     covered = after.get("covered_steps", 0) - before.get("covered_steps", 0) if before and after else None
     (s,) = json.loads((out / "bench.json").read_text())["summaries"]
     lat = s["latency_ms"]
-    row = {"clients": clients, "requests": requests, "docs_per_s": s["docs_per_s"], "p50_ms": lat["p50"],
-           "p99_ms": lat["p99"], "max_ms": lat["max"], "errors": s["errors"], "first_error": s.get("first_error"),
-           "server_timing_ms": s.get("server_timing_ms"), "server_timing_pct_ms": s.get("server_timing_pct_ms"), "gpu_mib": gpu_mem_mib() - gw.base_mib if gpu else None,
-           "graph_captures": captures, "covered_steps": covered, "warm_pass_requests": WARMUP["pass"],
-           "probe_under_load": {**watched, "during": "warm pass" if WARMUP["pass"] else "measured run"} if watched else None}
-    log(f"{model} d100 x{clients}: {row['docs_per_s']:.0f} docs/s, p50 {row['p50_ms']:.1f}, p99 {row['p99_ms']:.1f}, "
-        f"max {row['max_ms']:.1f} ms, errors {row['errors']}" + (f"; probe under load {json.dumps(watched)}" if watched else ""))
+    row = {
+        "clients": clients,
+        "requests": requests,
+        "docs_per_s": s["docs_per_s"],
+        "p50_ms": lat["p50"],
+        "p99_ms": lat["p99"],
+        "max_ms": lat["max"],
+        "errors": s["errors"],
+        "first_error": s.get("first_error"),
+        "server_timing_ms": s.get("server_timing_ms"),
+        "server_timing_pct_ms": s.get("server_timing_pct_ms"),
+        "gpu_mib": gpu_mem_mib() - gw.base_mib if gpu else None,
+        "graph_captures": captures,
+        "covered_steps": covered,
+        "warm_pass_requests": WARMUP["pass"],
+        "probe_under_load": {**watched, "during": "warm pass" if WARMUP["pass"] else "measured run"}
+        if watched
+        else None,
+    }
+    log(
+        f"{model} d100 x{clients}: {row['docs_per_s']:.0f} docs/s, p50 {row['p50_ms']:.1f}, p99 {row['p99_ms']:.1f}, "
+        f"max {row['max_ms']:.1f} ms, errors {row['errors']}"
+        + (f"; probe under load {json.dumps(watched)}" if watched else "")
+    )
     return row
 
 
@@ -194,8 +265,16 @@ def _graph_stats(gw: Gateway) -> dict[str, Any] | None:
     return graphs if isinstance(graphs, dict) else None
 
 
-def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Path, levels: dict[int, int],
-                deadline: float, results: dict[str, Any], gpu: bool) -> None:
+def run_runtime(
+    label: str,
+    model_cfg: dict[str, Any],
+    model_dir: Path,
+    work: Path,
+    levels: dict[int, int],
+    deadline: float,
+    results: dict[str, Any],
+    gpu: bool,
+) -> None:
     need = NEEDS.get(label, 90)
     if deadline - time.time() < need:
         results["skipped"].append(f"{label}: {deadline - time.time():.0f}s left, needs ~{need}s")
@@ -218,21 +297,35 @@ def run_runtime(label: str, model_cfg: dict[str, Any], model_dir: Path, work: Pa
         (status,) = body["models"]
         entry["engine_stats"] = status.get("engine_stats")
         entry["describe"] = {k: status.get(k) for k in ("runtime", "device", "dtype", "family")}
-        log(f"{label}: ready in {entry['start_s']:.0f}s; {json.dumps(entry['describe'])}; "
-            f"attention {(entry['engine_stats'] or {}).get('attention')}")
+        log(
+            f"{label}: ready in {entry['start_s']:.0f}s; {json.dumps(entry['describe'])}; "
+            f"attention {(entry['engine_stats'] or {}).get('attention')}"
+        )
         probe = results.get("probe")
         if probe:  # the same request twice: scores against the fp32 reference, and repeatability
             first = rerank(gw.url, label, probe["query"], probe["documents"])
             again = rerank(gw.url, label, probe["query"], probe["documents"])
-            entry["probe"] = {**agreement(first, probe["reference"]),
-                              "repeat_max_abs_diff": max(abs(a - b) for a, b in zip(first, again, strict=True))}
+            entry["probe"] = {
+                **agreement(first, probe["reference"]),
+                "repeat_max_abs_diff": max(abs(a - b) for a, b in zip(first, again, strict=True)),
+            }
             log(f"{label}: probe vs fp32 reference {json.dumps(entry['probe'])}")
         for clients, n in levels.items():
             if deadline - time.time() < 15:
                 results["skipped"].append(f"{label} x{clients}: deadline")
                 continue
-            entry["rows"].append(bench(gw, label, model_dir, clients, n, work / f"{label}-{clients}", gpu,
-                                       (probe, first) if probe else None))
+            entry["rows"].append(
+                bench(
+                    gw,
+                    label,
+                    model_dir,
+                    clients,
+                    n,
+                    work / f"{label}-{clients}",
+                    gpu,
+                    (probe, first) if probe else None,
+                )
+            )
         entry["engine_stats_after"] = (gw.status() or {}).get("models", [{}])[0].get("engine_stats")
     except Exception as exc:  # one runtime failing must not lose the others' figures  # noqa: BLE001
         entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
@@ -248,15 +341,26 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="CPU check of this script: tiny model, cpu devices")
     ap.add_argument("--model", choices=sorted(MODELS), default="xlmr-large", help="the checkpoint's shape")
     ap.add_argument("--pooling", choices=("cls", "mean"), help="ModernBERT's classifier_pooling (default: cls)")
-    ap.add_argument("--forward-only", action="store_true",
-                    help="no gateways: the packed replica alone, timed and compared with transformers' padded model")
+    ap.add_argument(
+        "--forward-only",
+        action="store_true",
+        help="no gateways: the packed replica alone, timed and compared with transformers' padded model",
+    )
     ap.add_argument("--idle-requests", type=int, default=40)
     ap.add_argument("--load-requests", type=int, default=160, help="requests at 16 clients")
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--warmup", type=int, default=4,
-                    help="requests before each level's measured ones (CUDA graphs are captured on a bucket's first step)")
-    ap.add_argument("--warm-pass", type=int, default=0,
-                    help="before each level, this many requests of the same traffic with other documents, not measured")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=4,
+        help="requests before each level's measured ones (CUDA graphs are captured on a bucket's first step)",
+    )
+    ap.add_argument(
+        "--warm-pass",
+        type=int,
+        default=0,
+        help="before each level, this many requests of the same traffic with other documents, not measured",
+    )
     ap.add_argument("--budget", type=float, default=480, help="seconds from now, when RR_DEADLINE is not set")
     ap.add_argument("--no-forward-probe", action="store_true", help="skip timing the packed replica alone (no HTTP)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-out/encoders"))
@@ -272,9 +376,14 @@ def main() -> None:
     cfg = dict(tiny if args.tiny else real)
     if args.pooling:
         cfg["classifier_pooling"] = args.pooling
-    results: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": {}, "skipped": [],
-                               "config": cfg, "title": title,
-                               "workload": {"documents": DOCS, "doc_tokens": DOC_TOKENS, "query_tokens": QUERY_TOKENS}}
+    results: dict[str, Any] = {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runs": {},
+        "skipped": [],
+        "config": cfg,
+        "title": title,
+        "workload": {"documents": DOCS, "doc_tokens": DOC_TOKENS, "query_tokens": QUERY_TOKENS},
+    }
 
     def save() -> None:
         (out / "encoders_results.json").write_text(json.dumps(results, indent=1, default=str))
@@ -294,17 +403,23 @@ def main() -> None:
     flop = sum(flops_per_request(cfg, x) for x in lens) / len(lens)
     floor: dict[str, Any] = {"tokens_per_request": tokens, "tflop_per_request": flop / 1e12}
     if rates.get("square_8192_tflops"):
-        floor.update(square_tflops=rates["square_8192_tflops"], gemm_tflops=rates["model_gemms_tflops"],
-                     gemm_each_tflops=rates["model_gemms_each"],
-                     ms_at_100pct_square=1e3 * flop / (rates["square_8192_tflops"] * 1e12),
-                     ms_at_100pct_gemms=1e3 * flop / (rates["model_gemms_tflops"] * 1e12),
-                     docs_per_s_at_100pct=DOCS * rates["square_8192_tflops"] * 1e12 / flop)
+        floor.update(
+            square_tflops=rates["square_8192_tflops"],
+            gemm_tflops=rates["model_gemms_tflops"],
+            gemm_each_tflops=rates["model_gemms_each"],
+            ms_at_100pct_square=1e3 * flop / (rates["square_8192_tflops"] * 1e12),
+            ms_at_100pct_gemms=1e3 * flop / (rates["model_gemms_tflops"] * 1e12),
+            docs_per_s_at_100pct=DOCS * rates["square_8192_tflops"] * 1e12 / flop,
+        )
     results["floor"] = floor
     log(f"checkpoint + rates in {time.time() - t:.0f}s: {json.dumps(floor)}")
     if labels:  # the HTTP probe's fp32 reference (the forward probe has its own)
         query, docs = probe_request(model_dir)
-        results["probe"] = {"query": query, "documents": docs,
-                            "reference": reference_scores(model_dir, "cpu" if args.tiny else "cuda", query, docs)}
+        results["probe"] = {
+            "query": query,
+            "documents": docs,
+            "reference": reference_scores(model_dir, "cpu" if args.tiny else "cuda", query, docs),
+        }
     save()
     levels = {1: args.idle_requests, args.clients: args.load_requests}
     for label in labels:
@@ -330,8 +445,11 @@ def main() -> None:
                 # the FLOPs of the step timed: the probe's first one / four requests (lens[:4]), not
                 # the mean request (lens[0] is 14,043 tokens against a 14,770 mean: +5 % MFU at x1)
                 step = sum(flops_per_request(cfg, x) for x in lens[: int(k[1:])])
-                fwd[k]["mfu"] = (step / (fwd[k]["ms_median"] / 1e3) / (rates["square_8192_tflops"] * 1e12)
-                                 if rates.get("square_8192_tflops") else None)
+                fwd[k]["mfu"] = (
+                    step / (fwd[k]["ms_median"] / 1e3) / (rates["square_8192_tflops"] * 1e12)
+                    if rates.get("square_8192_tflops")
+                    else None
+                )
             results["forward_probe"] = fwd
             log(f"forward probe (packed replica, no HTTP): {json.dumps(fwd)}")
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
@@ -342,4 +460,3 @@ def main() -> None:
         results["skipped"].append("forward probe: deadline")
     save()
     log("done")
-

@@ -13,72 +13,144 @@ __all__ = ("summary",)
 
 def summary(results: dict[str, Any]) -> str:
     floor = results.get("floor") or {}
-    lines = [f"# {results.get('title', MODELS['xlmr-large'][3])}, d100, over HTTP: {results.get('device', '?')} ({results['date_utc']})", "",
-             (f"Workload: 1 query x {DOCS} documents of U[{DOC_TOKENS.replace('-', ',')}] tokens, query {QUERY_TOKENS} tokens: "
-             f"{floor.get('tokens_per_request', 0):,.0f} tokens and {floor.get('tflop_per_request', 0):.2f} TFLOP per request. "
-             f"Gateway event loop: {results.get('event_loop', 'asyncio (not recorded before 2026-12-02)')}."), ""]
+    lines = [
+        f"# {results.get('title', MODELS['xlmr-large'][3])}, d100, over HTTP: {results.get('device', '?')} ({results['date_utc']})",
+        "",
+        (
+            f"Workload: 1 query x {DOCS} documents of U[{DOC_TOKENS.replace('-', ',')}] tokens, query {QUERY_TOKENS} tokens: "
+            f"{floor.get('tokens_per_request', 0):,.0f} tokens and {floor.get('tflop_per_request', 0):.2f} TFLOP per request. "
+            f"Gateway event loop: {results.get('event_loop', 'asyncio (not recorded before 2026-12-02)')}."
+        ),
+        "",
+    ]
     if floor.get("ms_at_100pct_square"):
-        lines += [(f"Compute floor: bf16 matmul {floor['square_tflops']:.0f} TFLOP/s (8192^3), {floor['gemm_tflops']:.0f} TFLOP/s "
-                  f"(the model's GEMMs at 16k tokens) -> {floor['ms_at_100pct_square']:.1f} ms per request at 100 % "
-                  f"({floor['docs_per_s_at_100pct']:,.0f} docs/s)."), ""]
+        lines += [
+            (
+                f"Compute floor: bf16 matmul {floor['square_tflops']:.0f} TFLOP/s (8192^3), {floor['gemm_tflops']:.0f} TFLOP/s "
+                f"(the model's GEMMs at 16k tokens) -> {floor['ms_at_100pct_square']:.1f} ms per request at 100 % "
+                f"({floor['docs_per_s_at_100pct']:,.0f} docs/s)."
+            ),
+            "",
+        ]
     fwd = results.get("forward_probe") or {}
     if fwd.get("x1"):
-        lines += [(f"Packed replica alone (no gateway, no HTTP; {fwd.get('attention')}, compiled {fwd.get('compiled')}): "
-                  f"one d100 step ({fwd['x1']['tokens']:,} tokens) {fwd['x1']['ms_median']:.1f} ms (MFU {_pct(fwd['x1'].get('mfu'))}), "
-                  f"four ({fwd['x4']['tokens']:,} tokens) {fwd['x4']['ms_median']:.1f} ms "
-                  f"= {400 / fwd['x4']['ms_median'] * 1e3:,.0f} docs/s (MFU {_pct(fwd['x4'].get('mfu'))})."), ""]
+        lines += [
+            (
+                f"Packed replica alone (no gateway, no HTTP; {fwd.get('attention')}, compiled {fwd.get('compiled')}): "
+                f"one d100 step ({fwd['x1']['tokens']:,} tokens) {fwd['x1']['ms_median']:.1f} ms (MFU {_pct(fwd['x1'].get('mfu'))}), "
+                f"four ({fwd['x4']['tokens']:,} tokens) {fwd['x4']['ms_median']:.1f} ms "
+                f"= {400 / fwd['x4']['ms_median'] * 1e3:,.0f} docs/s (MFU {_pct(fwd['x4'].get('mfu'))})."
+            ),
+            "",
+        ]
         for ref in ("vs_transformers_same_dtype", "vs_transformers_fp32", "transformers_same_dtype_vs_fp32"):
             c = fwd.get(ref)  # the replica's logits against transformers' padded model (and that model's dtype noise)
             if c:
-                lines += [(f"{('packed ' if ref.startswith('vs') else '') + ref.replace('_', ' ')}, padded, first request's pairs: max |logit "
-                          f"difference| {c['max_abs_logit_diff']:.2e} (spread {c['logit_spread']:.2e}), top-10 shared "
-                          f"{c['top10_shared']}, same order {c['top10_same_order']}."), ""]
+                lines += [
+                    (
+                        f"{('packed ' if ref.startswith('vs') else '') + ref.replace('_', ' ')}, padded, first request's pairs: max |logit "
+                        f"difference| {c['max_abs_logit_diff']:.2e} (spread {c['logit_spread']:.2e}), top-10 shared "
+                        f"{c['top10_shared']}, same order {c['top10_same_order']}."
+                    ),
+                    "",
+                ]
     if fwd.get("graph_x1_ms") or fwd.get("graph_error") or fwd.get("tokenize_d100"):
-        g = {k: fwd.get(k) for k in ("eager_x1_ms", "graph_x1_ms", "eager_x4_ms", "graph_x4_ms", "padded_own_bucket_ms",
-                                     "padded_pairs2048_len8192_ms", "graph_vs_eager_max_abs", "graph_vs_eager_unwarmed_buckets_max_abs",
-                                     "graph_pipelined_equal", "capture_during_x4_step",
-                                     "gelu_epilogue", "graph_stats", "graph_error", "use_graphs_s", "tokenize_d100")}
-        lines += [("Replica alone, eager launches vs one CUDA graph per step (wall ms incl. scores home, p50 / p99 / max): "
-                  f"`{json.dumps(g)}`"), ""]
-    lines += ["| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        g = {
+            k: fwd.get(k)
+            for k in (
+                "eager_x1_ms",
+                "graph_x1_ms",
+                "eager_x4_ms",
+                "graph_x4_ms",
+                "padded_own_bucket_ms",
+                "padded_pairs2048_len8192_ms",
+                "graph_vs_eager_max_abs",
+                "graph_vs_eager_unwarmed_buckets_max_abs",
+                "graph_pipelined_equal",
+                "capture_during_x4_step",
+                "gelu_epilogue",
+                "graph_stats",
+                "graph_error",
+                "use_graphs_s",
+                "tokenize_d100",
+            )
+        }
+        lines += [
+            (
+                "Replica alone, eager launches vs one CUDA graph per step (wall ms incl. scores home, p50 / p99 / max): "
+                f"`{json.dumps(g)}`"
+            ),
+            "",
+        ]
+    lines += [
+        "| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for label, e in results["runs"].items():
         rows = {r["clients"]: r for r in e.get("rows", [])}
         one, many = rows.get(1), rows.get(16) or rows.get(max(rows) if rows else 0)
         stats = e.get("engine_stats") or {}
         idle = f"{one['p50_ms']:.1f} / {one['p99_ms']:.1f} / {one['max_ms']:.1f}" if one else "-"
-        lines.append(f"| {label} | {e.get('start_s', 0):.0f} | {stats.get('attention', '-')} | {e.get('gpu_ready_mib') or '-'} | {idle} | "
-                     f"{many['docs_per_s']:,.0f} | {_pct(e.get('mfu_many'))} | {_pct(e.get('mfu_one'))} | "
-                     f"{sum(sum(r['errors'].values()) for r in rows.values())} |" if many else
-                     f"| {label} | | | | | error: {(e.get('error') or 'no rows')[:300]} | | | |")
-    lines += ["", ("Server timing per request, ms: mean (p50 / p99 / max); outside = HTTP + client. Engine steps: "
-              "queue, host prep (assemble + pack + launch) and device wait (collect), means per step."), ""]
+        lines.append(
+            f"| {label} | {e.get('start_s', 0):.0f} | {stats.get('attention', '-')} | {e.get('gpu_ready_mib') or '-'} | {idle} | "
+            f"{many['docs_per_s']:,.0f} | {_pct(e.get('mfu_many'))} | {_pct(e.get('mfu_one'))} | "
+            f"{sum(sum(r['errors'].values()) for r in rows.values())} |"
+            if many
+            else f"| {label} | | | | | error: {(e.get('error') or 'no rows')[:300]} | | | |"
+        )
+    lines += [
+        "",
+        (
+            "Server timing per request, ms: mean (p50 / p99 / max); outside = HTTP + client. Engine steps: "
+            "queue, host prep (assemble + pack + launch) and device wait (collect), means per step."
+        ),
+        "",
+    ]
     for label, e in results["runs"].items():
         for r in e.get("rows", []):
             t, pct = r.get("server_timing_ms") or {}, r.get("server_timing_pct_ms") or {}
-            lines.append(f"- {label} x{r['clients']}: " + ", ".join(
-                f"{k} {v:.1f}" + (" ({p50:.1f} / {p99:.1f} / {max:.1f})".format(**pct[k]) if k in pct else "") for k, v in t.items()))
+            lines.append(
+                f"- {label} x{r['clients']}: "
+                + ", ".join(
+                    f"{k} {v:.1f}" + (" ({p50:.1f} / {p99:.1f} / {max:.1f})".format(**pct[k]) if k in pct else "")
+                    for k, v in t.items()
+                )
+            )
             if r.get("graph_captures") is not None:
-                lines.append(f"  CUDA graphs captured during it: {r['graph_captures']}; idle steps replayed in a larger "
-                             f"bucket: {r.get('covered_steps')} (after a warm pass of {r.get('warm_pass_requests')} requests)")
+                lines.append(
+                    f"  CUDA graphs captured during it: {r['graph_captures']}; idle steps replayed in a larger "
+                    f"bucket: {r.get('covered_steps')} (after a warm pass of {r.get('warm_pass_requests')} requests)"
+                )
             if r.get("probe_under_load"):
-                lines.append(f"  the probe request during it, against its idle answer: {json.dumps(r['probe_under_load'])}")
+                lines.append(
+                    f"  the probe request during it, against its idle answer: {json.dumps(r['probe_under_load'])}"
+                )
         st = e.get("engine_stats_after") or {}
         if "prep_ms_mean" in st:
-            lines.append(f"- {label} engine: queue {st['queue_ms_mean']:.2f}, step {st['step_ms_mean']:.2f}, host prep "
-                         f"{st['prep_ms_mean']:.2f}, device wait {st['wait_ms_mean']:.2f} ms (means over {st['steps']} steps); "
-                         f"latest steps (p50 / p99 / max): {json.dumps(st.get('recent_steps_ms'))}; "
-                         f"CUDA graphs {json.dumps(st.get('cuda_graphs'))}; requests whose non-finite logits were "
-                         f"scored again: {st.get('nonfinite_retries', '-')}")
-    lines += ["", ("Probe: one d100 request scored twice by each runtime, against plain transformers in fp32 "
-              "(random weights bunch the scores: the spread is the reference's max - min)."), "",
-              "| runtime | max abs diff vs fp32 | top-10 shared | top-10 same order | repeat max abs diff | spread |",
-              "|---|---|---|---|---|---|"]
+            lines.append(
+                f"- {label} engine: queue {st['queue_ms_mean']:.2f}, step {st['step_ms_mean']:.2f}, host prep "
+                f"{st['prep_ms_mean']:.2f}, device wait {st['wait_ms_mean']:.2f} ms (means over {st['steps']} steps); "
+                f"latest steps (p50 / p99 / max): {json.dumps(st.get('recent_steps_ms'))}; "
+                f"CUDA graphs {json.dumps(st.get('cuda_graphs'))}; requests whose non-finite logits were "
+                f"scored again: {st.get('nonfinite_retries', '-')}"
+            )
+    lines += [
+        "",
+        (
+            "Probe: one d100 request scored twice by each runtime, against plain transformers in fp32 "
+            "(random weights bunch the scores: the spread is the reference's max - min)."
+        ),
+        "",
+        "| runtime | max abs diff vs fp32 | top-10 shared | top-10 same order | repeat max abs diff | spread |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, e in results["runs"].items():
         p = e.get("probe")
         if p:
-            lines.append(f"| {label} | {p['max_abs_diff']:.2e} | {p['top10_shared']} | {p['top10_same_order']} | "
-                         f"{p['repeat_max_abs_diff']:.2e} | {p['spread']:.2e} |")
+            lines.append(
+                f"| {label} | {p['max_abs_diff']:.2e} | {p['top10_shared']} | {p['top10_same_order']} | "
+                f"{p['repeat_max_abs_diff']:.2e} | {p['spread']:.2e} |"
+            )
     lines += ["", "skipped: " + json.dumps(results["skipped"])]
     return "\n".join(lines) + "\n"
 

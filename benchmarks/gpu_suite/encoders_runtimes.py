@@ -46,22 +46,38 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
 }
 # runtime -> code run at the gateway's interpreter start (an experiment, not a product setting)
-RUNTIME_SITE = {"packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n",
-                "packed-asyncio": "import sys\nsys.modules['uvloop'] = None\n"}
-_PARTS_SITE = ("import os, sys\nsys.path.insert(0, os.getcwd())\n"  # the gateway runs from the checkout's root
-               "import gateway.serving.parts as parts\nparts._OVERLAP_PARTS = {}\n")
-RUNTIME_SITE.update({f"packed-parts{k}": _PARTS_SITE.format(v) for k, v in  # the defaults before 2026-12-02 (c) and (d); two
-                     (("4", (0.1, 0.3, 0.6, 1.0)), ("3a", (0.1, 0.4, 1.0)), ("2", (0.15, 1.0)))})
+RUNTIME_SITE = {
+    "packed-gil1ms": "import sys\nsys.setswitchinterval(0.001)\n",
+    "packed-asyncio": "import sys\nsys.modules['uvloop'] = None\n",
+}
+_PARTS_SITE = (
+    "import os, sys\nsys.path.insert(0, os.getcwd())\n"  # the gateway runs from the checkout's root
+    "import gateway.serving.parts as parts\nparts._OVERLAP_PARTS = {}\n"
+)
+RUNTIME_SITE.update(
+    {
+        f"packed-parts{k}": _PARTS_SITE.format(v)
+        for k, v in (  # the defaults before 2026-12-02 (c) and (d); two
+            ("4", (0.1, 0.3, 0.6, 1.0)),
+            ("3a", (0.1, 0.4, 1.0)),
+            ("2", (0.15, 1.0)),
+        )
+    }
+)
 RUNTIME_SITE.update({f"packed-rayon{n}": f"import os\nos.environ['RAYON_NUM_THREADS'] = '{n}'\n" for n in (8, 4)})
-RUNTIME_SITE["packed-nocover"] = ("import os, sys\nsys.path.insert(0, os.getcwd())\n"
-                                  "import adapters.runtimes.packed.graphs as graphs\ngraphs.COVER, graphs.HEADROOM = 0, 0\n")
+RUNTIME_SITE["packed-nocover"] = (
+    "import os, sys\nsys.path.insert(0, os.getcwd())\n"
+    "import adapters.runtimes.packed.graphs as graphs\ngraphs.COVER, graphs.HEADROOM = 0, 0\n"
+)
 # Hunting the rare non-finite steps under load (report gpu-h200-2026-12-03): each graph its own
 # memory pool (no graph's intermediates share memory with another's); the device synchronized
 # before each capture (no capture while a step computes)
-_WRAP_CAPTURE = ("import os, sys\nsys.path.insert(0, os.getcwd())\nimport torch\n"
-                 "import adapters.runtimes.packed.graphs as graphs\n_capture = graphs.StepGraphs._capture\n"
-                 "def capture(self, key):\n    {}\n    return _capture(self, key)\n"
-                 "graphs.StepGraphs._capture = capture\n")
+_WRAP_CAPTURE = (
+    "import os, sys\nsys.path.insert(0, os.getcwd())\nimport torch\n"
+    "import adapters.runtimes.packed.graphs as graphs\n_capture = graphs.StepGraphs._capture\n"
+    "def capture(self, key):\n    {}\n    return _capture(self, key)\n"
+    "graphs.StepGraphs._capture = capture\n"
+)
 RUNTIME_SITE["packed-ownpools"] = _WRAP_CAPTURE.format("self._pool = torch.cuda.graph_pool_handle()")
 RUNTIME_SITE["packed-synccap"] = _WRAP_CAPTURE.format("torch.cuda.synchronize(self.device)")
 # runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)

@@ -42,8 +42,12 @@ def main() -> None:  # one probe, read top to bottom
     # [CLS]/<s> + random ids + [SEP]/</s>: one special pair less than a real pair, lengths as measured
     reqs = [[[bos] + [rng.randrange(5, vocab - 1) for _ in range(n - 2)] + [eos] for n in req] for req in lens]
     rep.warm_up([(reqs[0][:1], [None]), (reqs[0][:3], [None] * 3), (reqs[0], [None] * len(reqs[0]))])
-    out = {"attention": rep.attention_name, "compiled": rep.compiled, "compile_error": rep.compile_error,
-           "gelu_epilogue": out_epilogue}
+    out = {
+        "attention": rep.attention_name,
+        "compiled": rep.compiled,
+        "compile_error": rep.compile_error,
+        "gelu_epilogue": out_epilogue,
+    }
     for k in (1, 4):
         prompts = [p for r in reqs[:k] for p in r]
         for _ in range(3):
@@ -55,27 +59,32 @@ def main() -> None:  # one probe, read top to bottom
             t = time.perf_counter()
             rep.score(prompts)  # launch + collect: the scores are on the host when it returns
             times.append(time.perf_counter() - t)
-        out[f"x{k}"] = {"tokens": sum(map(len, prompts)), "ms_median": 1e3 * sorted(times)[len(times) // 2], "ms_min": 1e3 * min(times)}
-
+        out[f"x{k}"] = {
+            "tokens": sum(map(len, prompts)),
+            "ms_median": 1e3 * sorted(times)[len(times) // 2],
+            "ms_min": 1e3 * min(times),
+        }
 
     def padded(m, prompts):
         """transformers' own forward on the pairs, right-padded batches of 25 (its attention mask hides the pads)."""
         logits = []
         with torch.inference_mode():
             for i in range(0, len(prompts), 25):
-                batch = prompts[i:i + 25]
+                batch = prompts[i : i + 25]
                 width = max(map(len, batch))
                 ids = torch.tensor([p + [model.config.pad_token_id or 0] * (width - len(p)) for p in batch], device=dev)
                 mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in batch], device=dev)
                 logits += m(input_ids=ids, attention_mask=mask).logits[:, 0].float().tolist()
         return logits
 
-
     def compare(got, want):
         top = lambda xs: sorted(range(len(xs)), key=lambda i: -xs[i])[:10]
-        return {"max_abs_logit_diff": max(abs(a - b) for a, b in zip(got, want)), "top10_shared": len(set(top(got)) & set(top(want))),
-                "top10_same_order": top(got) == top(want), "logit_spread": max(want) - min(want)}
-
+        return {
+            "max_abs_logit_diff": max(abs(a - b) for a, b in zip(got, want)),
+            "top10_shared": len(set(top(got)) & set(top(want))),
+            "top10_same_order": top(got) == top(want),
+            "logit_spread": max(want) - min(want),
+        }
 
     packed = [x[0] for x in rep.score(reqs[0])]
     same = padded(model, reqs[0])  # the replica shares the model's weights
@@ -83,7 +92,6 @@ def main() -> None:  # one probe, read top to bottom
     fp32_ref = padded(load_cross_encoder(model_dir, None, torch.float32).to(dev), reqs[0])
     out["vs_transformers_fp32"] = compare(packed, fp32_ref)
     out["transformers_same_dtype_vs_fp32"] = compare(same, fp32_ref)  # the precision's own noise, for scale
-
 
     def dist(fn, n=40):
         """Wall time of ``fn`` (host prep + device + scores home), p50 / p99 / max over ``n`` runs, ms."""
@@ -97,7 +105,6 @@ def main() -> None:  # one probe, read top to bottom
             ts.append(1e3 * (time.perf_counter() - t))
         ts.sort()
         return {"p50": ts[(n - 1) // 2], "p99": ts[-(-99 * n // 100) - 1], "max": ts[-1], "min": ts[0]}
-
 
     def tokenize_probe():
         """A d100 request's documents through the gateway's own tokenizer wrapper, Rayon on and off
@@ -125,7 +132,6 @@ def main() -> None:  # one probe, read top to bottom
             ts.sort()
             res[f"parallel_{par}_ms"] = {"p50": ts[len(ts) // 2], "p99": ts[-1]}
         return res
-
 
     try:
         out["tokenize_d100"] = tokenize_probe()
@@ -185,9 +191,15 @@ def main() -> None:  # one probe, read top to bottom
                 h = rep.launch(four)
                 h2 = rep.launch(ps)  # a new bucket: captured here, behind the x4 step
                 _, got_m = rep.collect(h), rep.collect(h2)
-                during.append({"pairs": m, "wall_ms": 1e3 * (time.perf_counter() - t), "captured": graphs_.captures - c0,
-                               "capture_ms": 1e3 * (graphs_.capture_s - s0),
-                               "max_abs_vs_eager": max(abs(a[0] - b[0]) for a, b in zip(got_m, want_m))})
+                during.append(
+                    {
+                        "pairs": m,
+                        "wall_ms": 1e3 * (time.perf_counter() - t),
+                        "captured": graphs_.captures - c0,
+                        "capture_ms": 1e3 * (graphs_.capture_s - s0),
+                        "max_abs_vs_eager": max(abs(a[0] - b[0]) for a, b in zip(got_m, want_m)),
+                    }
+                )
             out["capture_during_x4_step"] = during
             out["graph_stats"] = rep.graphs.stats()
     print("FORWARD " + json.dumps(out))

@@ -18,13 +18,41 @@ from benchmarks.gpu_suite.parity import PARITY_06B
 from benchmarks.gpu_suite.plan import log
 
 
-async def _bench_http(url: str, model: str, model_dir: Path, wl: str, out: Path, small: bool, requests: int,
-                      concurrency: int) -> dict[str, Any]:
+async def _bench_http(
+    url: str, model: str, model_dir: Path, wl: str, out: Path, small: bool, requests: int, concurrency: int
+) -> dict[str, Any]:
     docs, doc_tokens, _, _ = (eb.SMALL_WORKLOADS if small else eb.WORKLOADS)[wl]
-    args = [sys.executable, "-m", "gateway", "bench", url, "--model", model, "--tokenizer", str(model_dir),
-            "--documents", str(docs), "--doc-tokens", doc_tokens, "--query-tokens", "10", "--concurrency", str(concurrency),
-            "--requests", str(requests), "--warmup", "4", "--seed", str({"d100": 11, "d300": 13}[wl] + concurrency),
-            "--title", f"Gateway over HTTP, {wl}, {concurrency} clients", "--no-progress", "--strict", "--out", str(out)]
+    args = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "bench",
+        url,
+        "--model",
+        model,
+        "--tokenizer",
+        str(model_dir),
+        "--documents",
+        str(docs),
+        "--doc-tokens",
+        doc_tokens,
+        "--query-tokens",
+        "10",
+        "--concurrency",
+        str(concurrency),
+        "--requests",
+        str(requests),
+        "--warmup",
+        "4",
+        "--seed",
+        str({"d100": 11, "d300": 13}[wl] + concurrency),
+        "--title",
+        f"Gateway over HTTP, {wl}, {concurrency} clients",
+        "--no-progress",
+        "--strict",
+        "--out",
+        str(out),
+    ]
     proc = await asyncio.create_subprocess_exec(*args)  # a separate process: the client's CPU is not ours
     rc = await proc.wait()
     # --strict: any failed request exits 1. The results are still written and kept -- the targets
@@ -33,8 +61,10 @@ async def _bench_http(url: str, model: str, model_dir: Path, wl: str, out: Path,
         raise RuntimeError(f"bench {wl} at {concurrency} clients failed (exit {rc})")
     doc: dict[str, Any] = json.loads((out / "bench.json").read_text())
     if rc:
-        log(f"bench {wl} at {concurrency} clients: failed requests (--strict exit {rc}): "
-            + "; ".join(f"{s['errors']}" for s in doc["summaries"]))
+        log(
+            f"bench {wl} at {concurrency} clients: failed requests (--strict exit {rc}): "
+            + "; ".join(f"{s['errors']}" for s in doc["summaries"])
+        )
     return doc
 
 
@@ -52,20 +82,37 @@ def _engine_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -
     items = sum(x["items"] for x in after["devices"]) - sum(x["items"] for x in before["devices"])
     tokens = sum(x["tokens"] for x in after["devices"]) - sum(x["tokens"] for x in before["devices"])
     busy = sum(x["busy_s"] for x in after["devices"]) - sum(x["busy_s"] for x in before["devices"])
-    return {"requests": d["requests"], "steps": d["steps"],
-            "queue_ms_per_request": 1e3 * d["queue_s_total"] / max(d["requests"], 1),
-            # submit -> scores, minus the queue: time in steps (the request's own and others' items)
-            "in_steps_ms_per_request": 1e3 * (d["engine_s_total"] - d["queue_s_total"]) / max(d["finished"], 1),
-            "step_ms_mean": 1e3 * busy / max(d["steps"], 1), "items_per_step": items / max(d["steps"], 1),
-            "tokens_per_step": tokens / max(d["steps"], 1),
-            "device_busy_s": {x["device"] + f"#{i}": x["busy_s"] - y["busy_s"]
-                              for i, (x, y) in enumerate(zip(after["devices"], before["devices"], strict=True))}}
+    return {
+        "requests": d["requests"],
+        "steps": d["steps"],
+        "queue_ms_per_request": 1e3 * d["queue_s_total"] / max(d["requests"], 1),
+        # submit -> scores, minus the queue: time in steps (the request's own and others' items)
+        "in_steps_ms_per_request": 1e3 * (d["engine_s_total"] - d["queue_s_total"]) / max(d["finished"], 1),
+        "step_ms_mean": 1e3 * busy / max(d["steps"], 1),
+        "items_per_step": items / max(d["steps"], 1),
+        "tokens_per_step": tokens / max(d["steps"], 1),
+        "device_busy_s": {
+            x["device"] + f"#{i}": x["busy_s"] - y["busy_s"]
+            for i, (x, y) in enumerate(zip(after["devices"], before["devices"], strict=True))
+        },
+    }
 
 
-async def phase_gateway(model_dir: Path, kind: str, engine_cfg: dict[str, Any], work: Path, small: bool,
-                        lengths: Any, cfg: dict[str, Any], tflops: float, *, label: str | None = None,
-                        levels: dict[str, tuple[int, ...]] = DEFAULT_LEVELS, service_rows: bool = True,
-                        requests: dict[tuple[str, int], int] | None = None) -> dict[str, Any]:
+async def phase_gateway(
+    model_dir: Path,
+    kind: str,
+    engine_cfg: dict[str, Any],
+    work: Path,
+    small: bool,
+    lengths: Any,
+    cfg: dict[str, Any],
+    tflops: float,
+    *,
+    label: str | None = None,
+    levels: dict[str, tuple[int, ...]] = DEFAULT_LEVELS,
+    service_rows: bool = True,
+    requests: dict[tuple[str, int], int] | None = None,
+) -> dict[str, Any]:
     """One gateway serving one model of ``kind`` (named ``label``), over HTTP, then in-process."""
     import socket
 
@@ -105,13 +152,16 @@ async def phase_gateway(model_dir: Path, kind: str, engine_cfg: dict[str, Any], 
             for c in clients:
                 n = 8 if small else (requests or HTTP_REQUESTS)[(wl, c)]
                 before = engine_stats()
-                d = await _bench_http(f"http://127.0.0.1:{port}", label, model_dir, wl, work / f"http-{label}-{wl}-c{c}",
-                                      small, n, c)
+                d = await _bench_http(
+                    f"http://127.0.0.1:{port}", label, model_dir, wl, work / f"http-{label}-{wl}-c{c}", small, n, c
+                )
                 delta = _engine_delta(before, engine_stats())
                 for s in d["summaries"]:
                     s["engine"] = delta
-                    log(f"HTTP {label} {wl} c={s['concurrency']}: {s['docs_per_s']:.0f} docs/s, p50 {s['latency_ms']['p50']:.1f} ms, "
-                        f"p99 {s['latency_ms']['p99']:.1f} ms, timing {s.get('server_timing_ms')}, engine {delta}, errors {s['errors']}")
+                    log(
+                        f"HTTP {label} {wl} c={s['concurrency']}: {s['docs_per_s']:.0f} docs/s, p50 {s['latency_ms']['p50']:.1f} ms, "
+                        f"p99 {s['latency_ms']['p99']:.1f} ms, timing {s.get('server_timing_ms')}, engine {delta}, errors {s['errors']}"
+                    )
                 summaries += d["summaries"]
                 measured = d["measured"]
             out["http"][label][wl] = {"summaries": summaries, "measured": measured}
@@ -123,16 +173,23 @@ async def phase_gateway(model_dir: Path, kind: str, engine_cfg: dict[str, Any], 
             got = [x for q, docs in PARITY_06B["reqs"] for x in await score((q, docs))]
             ref = PARITY_06B["reference"]
             order = sorted(range(len(ref)), key=lambda i: -ref[i])
-            out["parity_0.6b_via_gateway"] = {"max_abs_diff_vs_reference": max(abs(a - b) for a, b in zip(got, ref, strict=True)),
-                                             "same_order": sorted(range(len(got)), key=lambda i: -got[i]) == order,
-                                             "score_range": [min(got), max(got)], "documents": len(got)}
+            out["parity_0.6b_via_gateway"] = {
+                "max_abs_diff_vs_reference": max(abs(a - b) for a, b in zip(got, ref, strict=True)),
+                "same_order": sorted(range(len(got)), key=lambda i: -got[i]) == order,
+                "score_range": [min(got), max(got)],
+                "documents": len(got),
+            }
             log(f"parity 0.6B shape via the gateway, {label}: {out['parity_0.6b_via_gateway']}")
         if service_rows:
             sizes = eb.SMALL_WORKLOADS if small else eb.WORKLOADS
             score = eb.service_score(app.state.service, label, RerankRequest)
-            reqs = {wl: eb.make_requests(str(model_dir), wl, eb.WARMUP + r + eb.CLIENTS * pc, small, salt=101)
-                    for wl, (_, _, r, pc) in sizes.items()}
-            out["rows"] += await eb.bench_variant(f"gateway service + {label} (no HTTP)", score, reqs, lengths, cfg, tflops, small)
+            reqs = {
+                wl: eb.make_requests(str(model_dir), wl, eb.WARMUP + r + eb.CLIENTS * pc, small, salt=101)
+                for wl, (_, _, r, pc) in sizes.items()
+            }
+            out["rows"] += await eb.bench_variant(
+                f"gateway service + {label} (no HTTP)", score, reqs, lengths, cfg, tflops, small
+            )
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 120)

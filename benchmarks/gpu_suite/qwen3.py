@@ -47,10 +47,24 @@ from benchmarks.gpu_suite.plan import REAL_CONFIG
 SIZES: dict[str, dict[str, Any]] = {
     "0.6b": REAL_CONFIG,
     # Qwen3-Reranker-4B / -8B config.json (the Qwen3-4B / -8B bases).
-    "4b": {**REAL_CONFIG, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
-           "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": True},
-    "8b": {**REAL_CONFIG, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-           "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False},
+    "4b": {
+        **REAL_CONFIG,
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": True,
+    },
+    "8b": {
+        **REAL_CONFIG,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": False,
+    },
 }
 COMMON = {"max_length": 2048, "max_query_tokens": 256}
 PACKED = {**COMMON, "engine": "packed", "batch_tokens": 65536}
@@ -65,10 +79,12 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},
 }
 # (workload, clients) -> requests, per model size
-LEVELS = {"0.6b": {("d100", 1): 40, ("d100", 16): 160, ("d300", 16): 96},
-          "tiny": {("d100", 1): 3, ("d100", 16): 16, ("d300", 16): 16},  # --smoke
-          "4b": {("d100", 1): 30, ("d100", 16): 64},
-          "8b": {("d100", 1): 24, ("d100", 16): 48}}
+LEVELS = {
+    "0.6b": {("d100", 1): 40, ("d100", 16): 160, ("d300", 16): 96},
+    "tiny": {("d100", 1): 3, ("d100", 16): 16, ("d300", 16): 16},  # --smoke
+    "4b": {("d100", 1): 30, ("d100", 16): 64},
+    "8b": {("d100", 1): 24, ("d100", 16): 48},
+}
 DEADLINE = float(os.environ.get("RR_DEADLINE") or 0) or time.time() + 3600
 SMOKE = False  # --smoke: 10-document requests (eb.SMALL_WORKLOADS)
 
@@ -132,13 +148,18 @@ class Gateway:
             self.port = s.getsockname()[1]
         self.name, self.url = name, f"http://127.0.0.1:{self.port}"
         cfg = work / f"{name.replace(' ', '_')}.toml"
-        cfg.write_text(_toml({"server": {"host": "127.0.0.1", "port": self.port}, "logging": {"level": "WARNING"}}, models))
+        cfg.write_text(
+            _toml({"server": {"host": "127.0.0.1", "port": self.port}, "logging": {"level": "WARNING"}}, models)
+        )
         self.base_mib = gpu_mem_mib()
         self.t0 = time.time()
         self.log = (work / f"{name.replace(' ', '_')}.log").open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(cfg)],
-                                     stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "TOKENIZERS_PARALLELISM": "true", **(env or {})})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(cfg)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "true", **(env or {})},
+        )
 
     def ready(self, timeout: float) -> dict[str, Any]:
         while time.time() - self.t0 < timeout:
@@ -182,21 +203,57 @@ def bench(gw: Gateway, model: str, model_dir: Path, wl: str, clients: int, reque
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    args = [sys.executable, "-m", "gateway", "bench", gw.url, "--model", model, "--tokenizer", str(model_dir),
-            "--documents", str(docs), "--doc-tokens", doc_tokens, "--query-tokens", "10", "--concurrency", str(clients),
-            "--requests", str(requests), "--warmup", "4", "--seed", str({"d100": 11, "d300": 13}[wl] + clients),
-            "--title", f"{model} {wl} {clients} clients", "--no-progress", "--out", str(out)]
+    args = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "bench",
+        gw.url,
+        "--model",
+        model,
+        "--tokenizer",
+        str(model_dir),
+        "--documents",
+        str(docs),
+        "--doc-tokens",
+        doc_tokens,
+        "--query-tokens",
+        "10",
+        "--concurrency",
+        str(clients),
+        "--requests",
+        str(requests),
+        "--warmup",
+        "4",
+        "--seed",
+        str({"d100": 11, "d300": 13}[wl] + clients),
+        "--title",
+        f"{model} {wl} {clients} clients",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     try:
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
     finally:
         stop.set()
         t.join()
     (s,) = json.loads((out / "bench.json").read_text())["summaries"]
-    row = {"workload": wl, "clients": clients, "requests": requests, "docs_per_s": s["docs_per_s"],
-           "p50_ms": s["latency_ms"]["p50"], "p99_ms": s["latency_ms"]["p99"], "errors": s["errors"],
-           "server_timing_ms": s.get("server_timing_ms"), "gpu_peak_mib": peak[0] - gw.base_mib}
-    log(f"{gw.name} / {model} {wl} x{clients}: {row['docs_per_s']:.0f} docs/s, p50 {row['p50_ms']:.1f}, p99 {row['p99_ms']:.1f} ms, "
-        f"errors {row['errors']}, peak {row['gpu_peak_mib']} MiB")
+    row = {
+        "workload": wl,
+        "clients": clients,
+        "requests": requests,
+        "docs_per_s": s["docs_per_s"],
+        "p50_ms": s["latency_ms"]["p50"],
+        "p99_ms": s["latency_ms"]["p99"],
+        "errors": s["errors"],
+        "server_timing_ms": s.get("server_timing_ms"),
+        "gpu_peak_mib": peak[0] - gw.base_mib,
+    }
+    log(
+        f"{gw.name} / {model} {wl} x{clients}: {row['docs_per_s']:.0f} docs/s, p50 {row['p50_ms']:.1f}, p99 {row['p99_ms']:.1f} ms, "
+        f"errors {row['errors']}, peak {row['gpu_peak_mib']} MiB"
+    )
     return row
 
 
@@ -206,25 +263,52 @@ def agreement(gw: Gateway, labels: list[str]) -> dict[str, Any]:
     import random
 
     rng = random.Random(5)
-    words = ["capital", "city", "state", "river", "market", "school", "engine", "paper", "garden", "music", "ocean", "winter"]
+    words = [
+        "capital",
+        "city",
+        "state",
+        "river",
+        "market",
+        "school",
+        "engine",
+        "paper",
+        "garden",
+        "music",
+        "ocean",
+        "winter",
+    ]
     docs = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 120))) for _ in range(100)]
     scores = {}
     for label in labels:
-        body = json.dumps({"model": label.replace(" ", "-"), "query": "which city is the capital", "documents": docs}).encode()
+        body = json.dumps(
+            {"model": label.replace(" ", "-"), "query": "which city is the capital", "documents": docs}
+        ).encode()
         req = urllib.request.Request(gw.url + "/v1/rerank", data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             results = json.loads(r.read())["results"]
         scores[label] = [s for _, s in sorted((x["index"], x["relevance_score"]) for x in results)]
     ref = scores[labels[0]]
     mean = sum(ref) / len(ref)
-    out: dict[str, Any] = {"reference": labels[0], "reference_std": (sum((x - mean) ** 2 for x in ref) / len(ref)) ** 0.5}
+    out: dict[str, Any] = {
+        "reference": labels[0],
+        "reference_std": (sum((x - mean) ** 2 for x in ref) / len(ref)) ** 0.5,
+    }
     for label in labels[1:]:
         out[label] = max(abs(a - b) for a, b in zip(scores[label], ref, strict=True))
     return out
 
 
-def serve_and_bench(name: str, models: dict[str, dict[str, Any]], measure: list[str], size: str, model_dir: Path,
-                    work: Path, results: dict[str, Any], env: dict[str, str] | None = None, need_s: float = 120) -> None:
+def serve_and_bench(
+    name: str,
+    models: dict[str, dict[str, Any]],
+    measure: list[str],
+    size: str,
+    model_dir: Path,
+    work: Path,
+    results: dict[str, Any],
+    env: dict[str, str] | None = None,
+    need_s: float = 120,
+) -> None:
     """One gateway serving ``models`` (label -> config); each label of ``measure`` through every level."""
     if DEADLINE - time.time() < need_s:
         results["skipped"].append(f"{name}: {DEADLINE - time.time():.0f}s left, needs ~{need_s:.0f}s")
@@ -243,8 +327,10 @@ def serve_and_bench(name: str, models: dict[str, dict[str, Any]], measure: list[
         entry["start_s"] = time.time() - gw.t0
         entry["gpu_ready_mib"] = gpu_mem_mib() - gw.base_mib
         entry["engine_stats"] = {m["name"]: m.get("engine_stats") for m in body["models"]}
-        log(f"{name}: ready in {entry['start_s']:.0f}s, {entry['gpu_ready_mib']} MiB; "
-            f"{json.dumps({k: (v or {}).get('precision') for k, v in entry['engine_stats'].items()})}")
+        log(
+            f"{name}: ready in {entry['start_s']:.0f}s, {entry['gpu_ready_mib']} MiB; "
+            f"{json.dumps({k: (v or {}).get('precision') for k, v in entry['engine_stats'].items()})}"
+        )
         if sum(label.startswith("packed") for label in measure) > 1:
             entry["agreement"] = agreement(gw, [label for label in measure if label.startswith("packed")])
             log(f"{name}: scores against {measure[0]}: {json.dumps(entry['agreement'])}")
@@ -256,14 +342,34 @@ def serve_and_bench(name: str, models: dict[str, dict[str, Any]], measure: list[
                 if DEADLINE - time.time() < 25:
                     results["skipped"].append(f"{name} / {label} {wl} x{c}: deadline")
                     continue
-                entry["rows"][label].append(bench(gw, label.replace(" ", "-"), model_dir, wl, c, n,
-                                                  work / f"{name}-{label}-{wl}-{c}".replace(" ", "_")))
+                entry["rows"][label].append(
+                    bench(
+                        gw,
+                        label.replace(" ", "-"),
+                        model_dir,
+                        wl,
+                        c,
+                        n,
+                        work / f"{name}-{label}-{wl}-{c}".replace(" ", "_"),
+                    )
+                )
         body = gw.status() or {}
         # steps, step time, prompt vs computed tokens over the whole run, per model
-        entry["engine_stats_after"] = {m["name"]: {k: (m.get("engine_stats") or {}).get(k) for k in
-                                                   ("steps", "step_ms_mean", "prompt_tokens", "computed_tokens",
-                                                    "share_prefix", "prefix_sharing", "steps_by_requests")}
-                                       for m in body.get("models", [])}
+        entry["engine_stats_after"] = {
+            m["name"]: {
+                k: (m.get("engine_stats") or {}).get(k)
+                for k in (
+                    "steps",
+                    "step_ms_mean",
+                    "prompt_tokens",
+                    "computed_tokens",
+                    "share_prefix",
+                    "prefix_sharing",
+                    "steps_by_requests",
+                )
+            }
+            for m in body.get("models", [])
+        }
     except Exception as exc:  # one runtime failing must not lose the others' figures  # noqa: BLE001
         entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         log(f"ERROR {name}: {entry['error']}")
@@ -273,41 +379,60 @@ def serve_and_bench(name: str, models: dict[str, dict[str, Any]], measure: list[
 
 
 def summary(results: dict[str, Any]) -> str:
-    lines = [f"# Qwen3 runtimes on {results.get('device', '?')} ({results['date_utc']})", "",
-             "| run | model | runtime | start s | GPU MiB ready | workload | clients | docs/s | p50 ms | p99 ms | peak MiB | errors |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Qwen3 runtimes on {results.get('device', '?')} ({results['date_utc']})",
+        "",
+        "| run | model | runtime | start s | GPU MiB ready | workload | clients | docs/s | p50 ms | p99 ms | peak MiB | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, e in results["runs"].items():
         for label, rows in (e.get("rows") or {}).items():
             for r in rows:
-                lines.append(f"| {name} | {e.get('size', '')} | {label} | {e.get('start_s', 0):.0f} | {e.get('gpu_ready_mib', '')} | "
-                             f"{r['workload']} | {r['clients']} | {r['docs_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-                             f"{r['gpu_peak_mib']} | {r['errors']} |")
+                lines.append(
+                    f"| {name} | {e.get('size', '')} | {label} | {e.get('start_s', 0):.0f} | {e.get('gpu_ready_mib', '')} | "
+                    f"{r['workload']} | {r['clients']} | {r['docs_per_s']:,.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                    f"{r['gpu_peak_mib']} | {r['errors']} |"
+                )
         if e.get("error"):
             lines.append(f"| {name} | | error: {e['error'][:300]} | | | | | | | | | |")
         if e.get("agreement"):
-            lines.append(f"| {name} | | max score difference to {e['agreement']['reference']} (one 100-document request): "
-                         f"{json.dumps({k: v for k, v in e['agreement'].items() if k != 'reference'})} | | | | | | | | | |")
+            lines.append(
+                f"| {name} | | max score difference to {e['agreement']['reference']} (one 100-document request): "
+                f"{json.dumps({k: v for k, v in e['agreement'].items() if k != 'reference'})} | | | | | | | | | |"
+            )
     for name, e in results["runs"].items():
         rows = e.get("rows") or {}
         if len(rows) < 2:
             continue
         labels = list(rows)
         levels = [(r["workload"], r["clients"]) for r in rows[labels[0]]]
-        lines += ["", f"## {name}: side by side", "",
-                  "| workload | clients | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+        lines += [
+            "",
+            f"## {name}: side by side",
+            "",
+            "| workload | clients | " + " | ".join(labels) + " |",
+            "|---|---|" + "---|" * len(labels),
+        ]
         for wl, c in levels:
             cells = []
             for label in labels:
                 r = next((r for r in rows[label] if (r["workload"], r["clients"]) == (wl, c)), None)
-                cells.append("–" if r is None else f"p50 {r['p50_ms']:.1f} / p99 {r['p99_ms']:.1f} ms" if c == 1
-                             else f"{r['docs_per_s']:,.0f} docs/s")
+                cells.append(
+                    "–"
+                    if r is None
+                    else f"p50 {r['p50_ms']:.1f} / p99 {r['p99_ms']:.1f} ms"
+                    if c == 1
+                    else f"{r['docs_per_s']:,.0f} docs/s"
+                )
             lines.append(f"| {wl} | {c} | " + " | ".join(cells) + " |")
         lines.append("")
         for model, st in (e.get("engine_stats_after") or {}).items():
             if st.get("prompt_tokens"):
-                lines.append(f"- {model}: {st['steps']} steps of {st['step_ms_mean']:.1f} ms mean; computed "
-                             f"{st['computed_tokens']:,} of {st['prompt_tokens']:,} prompt tokens "
-                             f"({st['computed_tokens'] / st['prompt_tokens']:.0%}); prefix sharing {st.get('prefix_sharing')}")
+                lines.append(
+                    f"- {model}: {st['steps']} steps of {st['step_ms_mean']:.1f} ms mean; computed "
+                    f"{st['computed_tokens']:,} of {st['prompt_tokens']:,} prompt tokens "
+                    f"({st['computed_tokens'] / st['prompt_tokens']:.0%}); prefix sharing {st.get('prefix_sharing')}"
+                )
     lines += ["", "skipped: " + json.dumps(results["skipped"])]
     return "\n".join(lines) + "\n"
 
@@ -318,8 +443,12 @@ def main() -> None:
     ap.add_argument("--runtimes", default=",".join(RUNTIMES), help="for 4b/8b: which runtimes, in order")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-out/qwen3"))
     ap.add_argument("--work", default="/tmp/rr-qwen3")
-    ap.add_argument("--vllm", default="", help="0.6b: comma list of alone, beside, spawned (vllm-score gateways, ~2.5 min each)")
-    ap.add_argument("--smoke", action="store_true", help="CPU, tiny Qwen3, a few requests: check the script, measure nothing")
+    ap.add_argument(
+        "--vllm", default="", help="0.6b: comma list of alone, beside, spawned (vllm-score gateways, ~2.5 min each)"
+    )
+    ap.add_argument(
+        "--smoke", action="store_true", help="CPU, tiny Qwen3, a few requests: check the script, measure nothing"
+    )
     args = ap.parse_args()
     global SMOKE
     SMOKE = args.smoke
@@ -329,8 +458,14 @@ def main() -> None:
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": {}, "skipped": []}
-    results["device"] = _smi("--query-gpu=name,memory.total,power.limit,driver_version", "--format=csv,noheader") or "CPU (--smoke)"
+    results: dict[str, Any] = {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runs": {},
+        "skipped": [],
+    }
+    results["device"] = (
+        _smi("--query-gpu=name,memory.total,power.limit,driver_version", "--format=csv,noheader") or "CPU (--smoke)"
+    )
 
     def save() -> None:
         (out / "qwen3_results.json").write_text(json.dumps(results, indent=1, default=str))
@@ -344,18 +479,31 @@ def main() -> None:
         if size in ("0.6b", "tiny"):
             packed = {label: RUNTIMES[label] for label in ("packed bf16", "packed bf16 whole", "packed fp8")}
             steps = [(f"{size} packed", packed, list(packed), None, 150)]
-            optional = {"alone": ("0.6b vllm-score alone", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"], None, 150),
-                        # packed listed first: the gateway still starts vLLM first (gateway.serving.models)
-                        "beside": ("0.6b vllm-score beside packed",
-                                   {"packed bf16": RUNTIMES["packed bf16"], "vllm-score": RUNTIMES["vllm-score"]},
-                                   ["vllm-score"], None, 150),
-                        "spawned": ("0.6b vllm-score alone, spawned", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"],
-                                    {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, 150)}
+            optional = {
+                "alone": ("0.6b vllm-score alone", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"], None, 150),
+                # packed listed first: the gateway still starts vLLM first (gateway.serving.models)
+                "beside": (
+                    "0.6b vllm-score beside packed",
+                    {"packed bf16": RUNTIMES["packed bf16"], "vllm-score": RUNTIMES["vllm-score"]},
+                    ["vllm-score"],
+                    None,
+                    150,
+                ),
+                "spawned": (
+                    "0.6b vllm-score alone, spawned",
+                    {"vllm-score": RUNTIMES["vllm-score"]},
+                    ["vllm-score"],
+                    {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
+                    150,
+                ),
+            }
             if size == "0.6b" and not phase.endswith("-packed"):
                 steps += [optional[v] for v in vllm]
         else:
-            steps = [(f"{size} {r}", {r: RUNTIMES[r]}, [r], None, 60 if r.startswith("packed") else 110)
-                     for r in args.runtimes.split(",")]
+            steps = [
+                (f"{size} {r}", {r: RUNTIMES[r]}, [r], None, 60 if r.startswith("packed") else 110)
+                for r in args.runtimes.split(",")
+            ]
         for name, models, measure, env, need in steps:
             serve_and_bench(name, models, measure, size, model_dir, work, results, env, need)
             results["runs"].get(name, {})["size"] = size
@@ -366,4 +514,3 @@ def main() -> None:
             shutil.rmtree(model_dir, ignore_errors=True)  # 8-16 GB of disk
     save()
     log("done")
-

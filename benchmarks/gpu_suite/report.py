@@ -15,11 +15,13 @@ def _summary(results: dict[str, Any], kind: str, wl: str, c: int) -> dict[str, A
 
 
 # The issue's targets: (name, goal, workload, clients, measure, bound, higher is better)
-TARGETS = [("d100, one client at idle, p99", "≤ 60 ms", "d100", 1, "p99", 60, False),
-           ("d100, one client at idle, p50", "≤ 50 ms", "d100", 1, "p50", 50, False),
-           ("d100, 16 clients", "≥ 2,500 docs/s", "d100", 16, "docs_per_s", 2500, True),
-           ("d100, 16 clients (stretch)", "≥ 3,000 docs/s", "d100", 16, "docs_per_s", 3000, True),
-           ("d300, 16 clients", "≥ 1,300 docs/s", "d300", 16, "docs_per_s", 1300, True)]
+TARGETS = [
+    ("d100, one client at idle, p99", "≤ 60 ms", "d100", 1, "p99", 60, False),
+    ("d100, one client at idle, p50", "≤ 50 ms", "d100", 1, "p50", 50, False),
+    ("d100, 16 clients", "≥ 2,500 docs/s", "d100", 16, "docs_per_s", 2500, True),
+    ("d100, 16 clients (stretch)", "≥ 3,000 docs/s", "d100", 16, "docs_per_s", 3000, True),
+    ("d300, 16 clients", "≥ 1,300 docs/s", "d300", 16, "docs_per_s", 1300, True),
+]
 
 
 def _value(s: dict[str, Any], key: str) -> float:
@@ -61,8 +63,9 @@ def judge(s: dict[str, Any], key: str, bound: float, higher: bool) -> str:
         errs = ", ".join(f"{k}: {n}" for k, n in s.get("errors", {}).items())
         return f"not met: {failed} of {s['requests']} requests failed ({errs})"
     if key == "p99" and s["requests"] < P99_MIN_SAMPLES:
-        return (f"not judged: p99 of {s['requests']} requests rests on the slowest one or two "
-                f"(≥ {P99_MIN_SAMPLES} needed)")
+        return (
+            f"not judged: p99 of {s['requests']} requests rests on the slowest one or two (≥ {P99_MIN_SAMPLES} needed)"
+        )
     if beyond <= spread:
         return f"within noise ({rel} from the goal, spread ±{spread / v:.0%})"
     return f"**met** ({rel} clear, spread ±{spread / v:.0%})"
@@ -104,14 +107,23 @@ def two_gpu_target_lines(two: dict[str, Any]) -> list[str]:
         return ["| two GPUs, d100, 32 clients | ≥ 1.9× one GPU | not run (no second GPU in this run) |"]
     one, rep = two["packed-1gpu"], two["packed-2gpu"]
     errors = (one.get("errors") or 0) + (rep.get("errors") or 0)
-    lines = [(f"| two GPUs, d100, 32 clients (packed, two replicas) | ≥ 1.9× one GPU | {rep['docs_per_s']:,.0f} vs "
-              f"{one['docs_per_s']:,.0f} docs/s = {two['speedup']:.2f}×: {_verdict(two['speedup'], 1.9, True, errors)} |")]
+    lines = [
+        (
+            f"| two GPUs, d100, 32 clients (packed, two replicas) | ≥ 1.9× one GPU | {rep['docs_per_s']:,.0f} vs "
+            f"{one['docs_per_s']:,.0f} docs/s = {two['speedup']:.2f}×: {_verdict(two['speedup'], 1.9, True, errors)} |"
+        )
+    ]
     if "split_speedup" in two:
         split = two["packed-split"]
-        idle = (f"; idle p50 {split['idle_p50_ms']:.1f} vs {one['idle_p50_ms']:.1f} ms = {two['split_idle_p50_ratio']:.2f}×"
-                if "split_idle_p50_ratio" in two else "")
-        lines.append(f"| two GPUs, d100, 32 clients (packed, one model split in a pipeline) | reported | "
-                     f"{split['docs_per_s']:,.0f} docs/s = {two['split_speedup']:.2f}× one GPU{idle} |")
+        idle = (
+            f"; idle p50 {split['idle_p50_ms']:.1f} vs {one['idle_p50_ms']:.1f} ms = {two['split_idle_p50_ratio']:.2f}×"
+            if "split_idle_p50_ratio" in two
+            else ""
+        )
+        lines.append(
+            f"| two GPUs, d100, 32 clients (packed, one model split in a pipeline) | reported | "
+            f"{split['docs_per_s']:,.0f} docs/s = {two['split_speedup']:.2f}× one GPU{idle} |"
+        )
     return lines
 
 
@@ -123,8 +135,13 @@ def _per_doc_tflop(results: dict[str, Any], wl: str) -> float | None:
 
 def _split_table(results: dict[str, Any]) -> list[str]:
     """Mean time per request: tokenize / queue / compute / rest of the gateway / outside the server."""
-    lines = [("| engine | workload | clients | latency mean ms | tokenize | queue (engine) | compute (engine) | "
-             "rest of gateway | outside server | docs/s | MFU |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| engine | workload | clients | latency mean ms | tokenize | queue (engine) | compute (engine) | "
+            "rest of gateway | outside server | docs/s | MFU |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for kind, by_wl in results.get("gateway", {}).get("http", {}).items():
         for wl, d in by_wl.items():
             per_doc = _per_doc_tflop(results, wl)
@@ -133,12 +150,20 @@ def _split_table(results: dict[str, Any]) -> list[str]:
                 eng = s.get("engine") or {}
                 inf = t.get("inference", float("nan"))
                 queue = eng.get("queue_ms_per_request")
-                compute = f"{eng['in_steps_ms_per_request']:.1f}" if queue is not None else f"{inf:.1f} (queue not reported)"
+                compute = (
+                    f"{eng['in_steps_ms_per_request']:.1f}" if queue is not None else f"{inf:.1f} (queue not reported)"
+                )
                 rest = t.get("process", float("nan")) - t.get("tokenize", float("nan")) - inf
-                mfu = f"{100 * s['docs_per_s'] * per_doc / results['tflops']:.1f} %" if per_doc and results.get("tflops") else "–"
-                lines.append(f"| {kind} | {wl} | {s['concurrency']} | {s['latency_ms']['mean']:.1f} | {t.get('tokenize', float('nan')):.1f} | "
-                             f"{'–' if queue is None else f'{queue:.1f}'} | {compute} | {rest:.1f} | {t.get('outside_server', float('nan')):.1f} | "
-                             f"{s['docs_per_s']:,.0f} | {mfu} |")
+                mfu = (
+                    f"{100 * s['docs_per_s'] * per_doc / results['tflops']:.1f} %"
+                    if per_doc and results.get("tflops")
+                    else "–"
+                )
+                lines.append(
+                    f"| {kind} | {wl} | {s['concurrency']} | {s['latency_ms']['mean']:.1f} | {t.get('tokenize', float('nan')):.1f} | "
+                    f"{'–' if queue is None else f'{queue:.1f}'} | {compute} | {rest:.1f} | {t.get('outside_server', float('nan')):.1f} | "
+                    f"{s['docs_per_s']:,.0f} | {mfu} |"
+                )
     return lines
 
 
@@ -146,53 +171,127 @@ def report(results: dict[str, Any]) -> str:
     from gateway.bench.report import markdown_table
 
     env = results["environment"]
-    lines = [f"# GPU benchmark ({results.get('device', '?')})", "",
-             f"- date: {env['date_utc']}; host CPUs: {env['cpus']}; versions: "
-             + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
-             f"- model: random bf16 weights, Qwen3-Reranker-0.6B config {results.get('model_config')}",
-             f"- matmul rate: {results.get('tflops', 0):,.0f} TFLOP/s",
-             f"- engine config: {results.get('engine_config')}", ""]
+    lines = [
+        f"# GPU benchmark ({results.get('device', '?')})",
+        "",
+        f"- date: {env['date_utc']}; host CPUs: {env['cpus']}; versions: "
+        + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
+        f"- model: random bf16 weights, Qwen3-Reranker-0.6B config {results.get('model_config')}",
+        f"- matmul rate: {results.get('tflops', 0):,.0f} TFLOP/s",
+        f"- engine config: {results.get('engine_config')}",
+        "",
+    ]
     gw = results.get("gateway")
-    lines += ["## Targets (one H200 unless said, over HTTP through the gateway)", "",
-              ("Each value is over every request of its level, failed ones included. **met** needs zero failed "
-               "requests, ≥ 200 requests for a p99, and the value clear of the goal by more than its spread: the "
-               "larger of the level's own 95 % bootstrap interval and the run-to-run spread seen before "
-               f"({', '.join(f'{k} ±{v:.0%}' for k, v in SPREAD_FLOOR.items())}); inside it the verdict is "
-               "\"within noise\"."), "", *_targets(results), ""]
+    lines += [
+        "## Targets (one H200 unless said, over HTTP through the gateway)",
+        "",
+        (
+            "Each value is over every request of its level, failed ones included. **met** needs zero failed "
+            "requests, ≥ 200 requests for a p99, and the value clear of the goal by more than its spread: the "
+            "larger of the level's own 95 % bootstrap interval and the run-to-run spread seen before "
+            f"({', '.join(f'{k} ±{v:.0%}' for k, v in SPREAD_FLOOR.items())}); inside it the verdict is "
+            '"within noise".'
+        ),
+        "",
+        *_targets(results),
+        "",
+    ]
     if gw:
-        lines += ["## Where the time goes (means per request)", "",
-                  ("Queue = from the engine call to the first step holding one of the request's items (packed engine's "
-                  "own counters, warm-up requests included); compute = from there to the last score. For vLLM engines compute "
-                  "is the whole engine call. MFU = docs/s x model FLOPs per document "
-                  "/ the matmul rate measured in this run."), "", *_split_table(results), ""]
+        lines += [
+            "## Where the time goes (means per request)",
+            "",
+            (
+                "Queue = from the engine call to the first step holding one of the request's items (packed engine's "
+                "own counters, warm-up requests included); compute = from there to the last score. For vLLM engines compute "
+                "is the whole engine call. MFU = docs/s x model FLOPs per document "
+                "/ the matmul rate measured in this run."
+            ),
+            "",
+            *_split_table(results),
+            "",
+        ]
     if results.get("parity"):
-        lines += ["## Parity on this device (against the independent reference, fp32 on the CPU, same prompts)", "", "```",
-                  json.dumps(results["parity"], indent=1), "```", ""]
+        lines += [
+            "## Parity on this device (against the independent reference, fp32 on the CPU, same prompts)",
+            "",
+            "```",
+            json.dumps(results["parity"], indent=1),
+            "```",
+            "",
+        ]
     if results.get("parity_via_gateway"):
-        lines += ["## Parity through the gateway (0.6B shape, the parity phase's documents, each engine as served)", "",
-                  "| engine | max abs diff vs reference | same order | documents |", "|---|---|---|---|"]
-        lines += [f"| {k} | {v['max_abs_diff_vs_reference']:.2e} | {v['same_order']} | {v['documents']} |"
-                  for k, v in results["parity_via_gateway"].items()]
+        lines += [
+            "## Parity through the gateway (0.6B shape, the parity phase's documents, each engine as served)",
+            "",
+            "| engine | max abs diff vs reference | same order | documents |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {k} | {v['max_abs_diff_vs_reference']:.2e} | {v['same_order']} | {v['documents']} |"
+            for k, v in results["parity_via_gateway"].items()
+        ]
         lines.append("")
     if results.get("gateway", {}).get("engine_stats", {}).get("packed"):
         st = results["gateway"]["engine_stats"]["packed"]
-        lines += ["## Packed engine as served", "", "```", json.dumps({k: st.get(k) for k in ("attention", "compiled", "mode", "silu",
-                  "compile_error", "steps", "step_ms_mean", "steps_by_requests")}, default=str), "```", ""]
+        lines += [
+            "## Packed engine as served",
+            "",
+            "```",
+            json.dumps(
+                {
+                    k: st.get(k)
+                    for k in (
+                        "attention",
+                        "compiled",
+                        "mode",
+                        "silu",
+                        "compile_error",
+                        "steps",
+                        "step_ms_mean",
+                        "steps_by_requests",
+                    )
+                },
+                default=str,
+            ),
+            "```",
+            "",
+        ]
     if results.get("two_gpu"):
-        lines += ["## Two GPUs (packed engine: one GPU, two replicas, one model split; d100 at 1 and 32 clients)", "", "```", json.dumps(results["two_gpu"], indent=1, default=str), "```", ""]
+        lines += [
+            "## Two GPUs (packed engine: one GPU, two replicas, one model split; d100 at 1 and 32 clients)",
+            "",
+            "```",
+            json.dumps(results["two_gpu"], indent=1, default=str),
+            "```",
+            "",
+        ]
     for kind, by_wl in (gw or {}).get("http", {}).items():
-        lines += [f"## Gateway over HTTP ({kind} engine)", "", f"engine ready {gw['start_s'][kind]:.0f}s after start", ""]
+        lines += [
+            f"## Gateway over HTTP ({kind} engine)",
+            "",
+            f"engine ready {gw['start_s'][kind]:.0f}s after start",
+            "",
+        ]
         for wl, d in by_wl.items():
             lines += [f"### {wl}", "", f"measured: {d['measured']}", "", markdown_table(d["summaries"])]
             # FLOPs per document from the in-process rows of the same workload (same lengths).
             ref = [r for r in results.get("rows", []) if r["workload"] == wl and r["docs_per_s"] > 0]
             if ref and results.get("tflops"):
                 per_doc = sum(r["tflop_per_s"] / r["docs_per_s"] for r in ref) / len(ref)
-                lines += ["MFU over HTTP (docs/s x model FLOPs per document / matmul rate): " + ", ".join(
-                    f"{s['concurrency']} clients {100 * s['docs_per_s'] * per_doc / results['tflops']:.1f} %"
-                    for s in d["summaries"]), ""]
+                lines += [
+                    "MFU over HTTP (docs/s x model FLOPs per document / matmul rate): "
+                    + ", ".join(
+                        f"{s['concurrency']} clients {100 * s['docs_per_s'] * per_doc / results['tflops']:.1f} %"
+                        for s in d["summaries"]
+                    ),
+                    "",
+                ]
     if results.get("rows"):
-        lines += ["## Engine level (one process, no HTTP)", "", eb.markdown(results["rows"], results["tflops"], results["device"])]
+        lines += [
+            "## Engine level (one process, no HTTP)",
+            "",
+            eb.markdown(results["rows"], results["tflops"], results["device"]),
+        ]
     for k in ("skipped", "errors"):
         if results.get(k):
             lines += [f"## {k}", "", "```", json.dumps(results[k], indent=1), "```", ""]

@@ -50,7 +50,9 @@ async def main_async(args: argparse.Namespace) -> None:
     results.update(tflops=tflops, device=device, model_config={k: cfg.get(k) for k in REAL_CONFIG})
     log(f"matmul {tflops:.0f} TFLOP/s on {device}")
     lengths = eb.PromptLengths(str(model_dir))
-    engine_cfg = json.loads(args.engine_config) if args.engine_config else (SMALL_ENGINES if args.small else GPU_ENGINES)
+    engine_cfg = (
+        json.loads(args.engine_config) if args.engine_config else (SMALL_ENGINES if args.small else GPU_ENGINES)
+    )
     results["engine_config"] = engine_cfg
     rows: list[dict[str, Any]] = []
 
@@ -80,8 +82,9 @@ async def main_async(args: argparse.Namespace) -> None:
     with_rows = set(args.service_rows.split(","))
     gw: dict[str, Any] = {"start_s": {}, "http": {}, "engine_stats": {}}
     if "parity" in phases:
-        results["parity"] = await phase("parity (packed and transformers vs the reference)", 60,
-                                        lambda: phase_parity(model_dir, work, args.small))
+        results["parity"] = await phase(
+            "parity (packed and transformers vs the reference)", 60, lambda: phase_parity(model_dir, work, args.small)
+        )
     if "twogpu" in phases:
         import torch
 
@@ -94,16 +97,32 @@ async def main_async(args: argparse.Namespace) -> None:
             if args.twogpu_size != "0.6b" and not args.small:
                 from benchmarks.gpu_suite.qwen3 import SIZES
 
-                two_dir = await asyncio.to_thread(build_checkpoint, work / f"qwen3-{args.twogpu_size}", False,
-                                                  SIZES[args.twogpu_size])
+                two_dir = await asyncio.to_thread(
+                    build_checkpoint, work / f"qwen3-{args.twogpu_size}", False, SIZES[args.twogpu_size]
+                )
                 reqs2 = LARGE_REQUESTS
             for label, over in two_gpu_contestants(args.small):
                 if torch.cuda.is_available():
                     for i in range(n_gpu):
                         torch.cuda.reset_peak_memory_stats(i)
-                one = await phase(f"two GPUs: {label}", 90, lambda label=label, over=over: phase_gateway(
-                    two_dir, "packed", {**engine_cfg.get("packed", {}), **over}, work, args.small, lengths,
-                    cfg, tflops, label=label, levels=TWO_GPU_LEVELS, service_rows=False, requests=reqs2))
+                one = await phase(
+                    f"two GPUs: {label}",
+                    90,
+                    lambda label=label, over=over: phase_gateway(
+                        two_dir,
+                        "packed",
+                        {**engine_cfg.get("packed", {}), **over},
+                        work,
+                        args.small,
+                        lengths,
+                        cfg,
+                        tflops,
+                        label=label,
+                        levels=TWO_GPU_LEVELS,
+                        service_rows=False,
+                        requests=reqs2,
+                    ),
+                )
                 if one:
                     two[label] = two_gpu_row(one, label)
             two.update(two_gpu_ratios(two))
@@ -111,9 +130,21 @@ async def main_async(args: argparse.Namespace) -> None:
     # One gateway per engine kind, one after the other: two vLLM engines starting together on
     # one GPU each count the other's memory as taken, and the second finds no room for KV cache.
     for kind in kinds if "gateway" in phases else []:
-        one = await phase(f"gateway {kind} (HTTP + in-process)", 150,
-                          lambda kind=kind: phase_gateway(model_dir, kind, engine_cfg.get(kind, {}), work, args.small,
-                                                          lengths, cfg, tflops, service_rows=kind in with_rows))
+        one = await phase(
+            f"gateway {kind} (HTTP + in-process)",
+            150,
+            lambda kind=kind: phase_gateway(
+                model_dir,
+                kind,
+                engine_cfg.get(kind, {}),
+                work,
+                args.small,
+                lengths,
+                cfg,
+                tflops,
+                service_rows=kind in with_rows,
+            ),
+        )
         if one:
             rows += one.pop("rows", [])
             gw["start_s"][kind] = one["start_s"]
@@ -133,25 +164,41 @@ async def main_async(args: argparse.Namespace) -> None:
         llm = eb.raw_llm(str(model_dir), args.small, 0.05 if args.small else 0.3)
         single, pool = ThreadPoolExecutor(1), ThreadPoolExecutor(eb.CLIENTS)
         score, batch = eb.raw_score_fns(llm, single)
-        rows.extend(await eb.bench_variant("raw LLM.score (text)", score, reqs(202), lengths, cfg, tflops, args.small,
-                                           batch_many=batch))
+        rows.extend(
+            await eb.bench_variant(
+                "raw LLM.score (text)", score, reqs(202), lengths, cfg, tflops, args.small, batch_many=batch
+            )
+        )
         save()
         if "seed" in phases:
-            rows.extend(await eb.bench_variant("seed design (LLM.score behind a lock, batches of 100)", eb.seed_fn(llm, pool),
-                                               reqs(303), lengths, cfg, tflops, args.small))
+            rows.extend(
+                await eb.bench_variant(
+                    "seed design (LLM.score behind a lock, batches of 100)",
+                    eb.seed_fn(llm, pool),
+                    reqs(303),
+                    lengths,
+                    cfg,
+                    tflops,
+                    args.small,
+                )
+            )
         single.shutdown()
         pool.shutdown()
         del llm  # its engine core process exits with it
 
     def reqs(salt: int) -> dict[str, list[eb.Request]]:
         sizes = eb.SMALL_WORKLOADS if args.small else eb.WORKLOADS
-        return {wl: eb.make_requests(str(model_dir), wl, eb.WARMUP + r + eb.CLIENTS * pc, args.small, salt)
-                for wl, (_, _, r, pc) in sizes.items()}
+        return {
+            wl: eb.make_requests(str(model_dir), wl, eb.WARMUP + r + eb.CLIENTS * pc, args.small, salt)
+            for wl, (_, _, r, pc) in sizes.items()
+        }
 
     async def ours(kind: str, salt: int) -> None:
         _, score, stop = await eb.gateway_service_variant(kind, str(model_dir), engine_cfg.get(kind, {}))
         try:
-            rows.extend(await eb.bench_variant(f"gateway service + {kind}", score, reqs(salt), lengths, cfg, tflops, args.small))
+            rows.extend(
+                await eb.bench_variant(f"gateway service + {kind}", score, reqs(salt), lengths, cfg, tflops, args.small)
+            )
         finally:
             await stop()
 
@@ -171,11 +218,21 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/rr-suite")
     ap.add_argument("--small", action="store_true", help="tiny model on CPU: a smoke test of this script")
     ap.add_argument("--phases", default="parity,gateway,twogpu,raw,transformers,generate", help="which phases to run")
-    ap.add_argument("--twogpu-size", default="0.6b", choices=("0.6b", "4b", "8b"),
-                    help="the model shape of phase twogpu (4b/8b: benchmarks.gpu_suite.qwen3's real configs, random weights)")
-    ap.add_argument("--http-engines", default="packed,vllm-score,vllm-generate",
-                    help="engine kinds the HTTP gateway serves, one gateway each (comma list)")
+    ap.add_argument(
+        "--twogpu-size",
+        default="0.6b",
+        choices=("0.6b", "4b", "8b"),
+        help="the model shape of phase twogpu (4b/8b: benchmarks.gpu_suite.qwen3's real configs, random weights)",
+    )
+    ap.add_argument(
+        "--http-engines",
+        default="packed,vllm-score,vllm-generate",
+        help="engine kinds the HTTP gateway serves, one gateway each (comma list)",
+    )
     ap.add_argument("--service-rows", default="packed", help="kinds also measured in-process (no HTTP) after HTTP")
-    ap.add_argument("--engine-config", default=os.environ.get("RR_ENGINE_CONFIG"),
-                    help='JSON per engine kind, e.g. {"vllm-score": {"gpu_memory_utilization": 0.3}}')
+    ap.add_argument(
+        "--engine-config",
+        default=os.environ.get("RR_ENGINE_CONFIG"),
+        help='JSON per engine kind, e.g. {"vllm-score": {"gpu_memory_utilization": 0.3}}',
+    )
     asyncio.run(main_async(ap.parse_args()))

@@ -13,9 +13,11 @@ LARGE_REQUESTS = {("d100", 1): 24, ("d100", 32): 96}
 def two_gpu_contestants(small: bool) -> list[tuple[str, dict[str, Any]]]:
     """The two-GPU phase's packed configurations: one device, two replicas, one model split over two."""
     d0, d1 = ("cpu", "cpu") if small else ("cuda:0", "cuda:1")
-    return [("packed-1gpu", {"devices": [d0]}),
-            ("packed-2gpu", {"devices": [d0, d1]}),  # a whole replica per device, one queue
-            ("packed-split", {"devices": [d0, d1], "split": "pipeline"})]  # layers halved, one step per stage
+    return [
+        ("packed-1gpu", {"devices": [d0]}),
+        ("packed-2gpu", {"devices": [d0, d1]}),  # a whole replica per device, one queue
+        ("packed-split", {"devices": [d0, d1], "split": "pipeline"}),
+    ]  # layers halved, one step per stage
 
 
 TWO_GPU_LEVELS = {"d100": (1, 32)}
@@ -25,11 +27,15 @@ def two_gpu_row(one: dict[str, Any], label: str) -> dict[str, Any]:
     """A contestant's idle latency and 32-client throughput out of its gateway phase."""
     by_c = {s["concurrency"]: s for s in one["http"][label]["d100"]["summaries"]}
     idle, load = by_c.get(1), by_c.get(32)
-    return {"start_s": one["start_s"], "gpu_mib": one.get("gpu_mib"),
-            "idle_p50_ms": idle["latency_ms"]["p50"] if idle else None,
-            "idle_p99_ms": idle["latency_ms"]["p99"] if idle else None,
-            "docs_per_s": load["docs_per_s"] if load else None, "errors": sum(sum(s["errors"].values()) for s in by_c.values()),
-            "split": (one.get("engine_stats") or {}).get("split")}
+    return {
+        "start_s": one["start_s"],
+        "gpu_mib": one.get("gpu_mib"),
+        "idle_p50_ms": idle["latency_ms"]["p50"] if idle else None,
+        "idle_p99_ms": idle["latency_ms"]["p99"] if idle else None,
+        "docs_per_s": load["docs_per_s"] if load else None,
+        "errors": sum(sum(s["errors"].values()) for s in by_c.values()),
+        "split": (one.get("engine_stats") or {}).get("split"),
+    }
 
 
 def two_gpu_ratios(two: dict[str, Any]) -> dict[str, float]:

@@ -18,6 +18,7 @@ holding ``litellm[proxy]``; it is not a dependency of this project). A py-spy pr
 one-worker gateway at 32 clients (when py-spy is installed) is grouped by component.
 Writes ``passthrough_wrk.json`` and ``passthrough_wrk.md`` into ``--out``.
 """
+
 # The wrk client, the process-tree readings, the profile, the run and the report live in the
 # modules below. The names are handed on here ("X as X": a re-export outside ``__all__``), the
 # private ones too: the scripts beside the dated reports import them from here.

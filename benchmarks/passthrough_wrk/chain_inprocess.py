@@ -25,18 +25,24 @@ __all__ = ("measure",)
 
 
 async def _measure(body: bytes, rounds: int, batch: int) -> dict[str, Any]:
-    settings = Settings(models=(
-        StaticEngineConfig(name="rerank"),
-        ChainEngineConfig(name="rerank-chain", targets=("rerank", "spare"), accepts="replicas"),
-        StaticEngineConfig(name="spare"),
-    ))
+    settings = Settings(
+        models=(
+            StaticEngineConfig(name="rerank"),
+            ChainEngineConfig(name="rerank-chain", targets=("rerank", "spare"), accepts="replicas"),
+            StaticEngineConfig(name="spare"),
+        )
+    )
     registry = ModelRegistry(settings)
     registry.start()
     await registry.wait_loaded()
     service = RerankService(registry, LimitsConfig())
     payload = json.loads(body)
-    requests = {name: RerankRequest(model=name, query=payload["query"], documents=payload["documents"],
-                                    top_n=payload.get("top_n")) for name in ("rerank", "rerank-chain")}
+    requests = {
+        name: RerankRequest(
+            model=name, query=payload["query"], documents=payload["documents"], top_n=payload.get("top_n")
+        )
+        for name in ("rerank", "rerank-chain")
+    }
     for request in requests.values():  # warm-up
         for _ in range(batch):
             await service.rerank(request, api_version="2", request_id="x")

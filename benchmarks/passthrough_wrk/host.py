@@ -17,7 +17,6 @@ def _loadavg() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
-
 def _tree(pid: int) -> list[int]:
     """``pid`` and its descendants (uvicorn's workers, LiteLLM's children) from /proc."""
     children: dict[int, list[int]] = collections.defaultdict(list)

@@ -50,12 +50,14 @@ LITELLM_SPEC = os.environ.get("LITELLM_SPEC", "litellm[proxy]")
 class Proc:
     """A server subprocess on loopback with its log file, and its CPU time from /proc."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                 cwd: Path = ROOT) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None, cwd: Path = ROOT
+    ) -> None:
         self.name = name
         self.log = (log_dir / f"{name}.log").open("wb")
-        self.proc = subprocess.Popen(argv, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            argv, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
 
     def wait_http(self, url: str, timeout: float = 180.0, headers: dict[str, str] | None = None) -> None:
         wait_http(url, self.proc, timeout, name=self.name, headers=headers, interval=0.3)
@@ -101,8 +103,12 @@ def ensure_litellm() -> Path:
 
 
 def litellm_version() -> str:
-    out = subprocess.run([str(VENV / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return out.stdout.strip() or "?"
 
 
@@ -133,11 +139,23 @@ def _bucket(filename: str, func: str) -> str:
 
 def _scope(body: bytes, path: str = "/v2/rerank") -> dict[str, Any]:
     return {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode())],
-        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000), "state": {},
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+        "state": {},
     }
 
 
@@ -206,8 +224,13 @@ def in_process(n: int, log_path: Path) -> dict[str, Any]:
         out = {}
         for name, ts in res.items():
             ts.sort()
-            out[name] = {"p50": percentile(ts, 50), "p90": percentile(ts, 90), "p99": percentile(ts, 99),
-                         "mean": sum(ts) / len(ts), "n": len(ts)}
+            out[name] = {
+                "p50": percentile(ts, 50),
+                "p90": percentile(ts, 90),
+                "p99": percentile(ts, 99),
+                "mean": sum(ts) / len(ts),
+                "n": len(ts),
+            }
         out["added_p50_ms"] = out["gateway"]["p50"] - out["stub"]["p50"]
         out["profile_share"] = {k: v / total for k, v in sorted(buckets.items(), key=lambda kv: -kv[1])}
         out["profile_ms_per_request"] = {k: v / (n // 3 + 8) * 1e3 for k, v in buckets.items()}
@@ -306,17 +329,25 @@ def tracing_cpu(before: Path, rounds: int, n: int) -> dict[str, Any]:
     variants = {
         "without (build before tracing)": (before, plain),
         "tracing off": (ROOT, plain),
-        "tracing on (OTLP to loopback)": (ROOT, {**plain, "OTEL_EXPORTER_OTLP_ENDPOINT":
-                                               f"http://127.0.0.1:{sink.server_address[1]}"}),
+        "tracing on (OTLP to loopback)": (
+            ROOT,
+            {**plain, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.server_address[1]}"},
+        ),
     }
     runs: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     try:
         for r in range(rounds):
-            for name in names[r % 3:] + names[:r % 3]:
+            for name in names[r % 3 :] + names[: r % 3]:
                 cwd, env = variants[name]
-                out = subprocess.run([sys.executable, "-c", _TRACING_WORKER, str(n)], cwd=cwd, env=env,
-                                     capture_output=True, text=True, check=False)
+                out = subprocess.run(
+                    [sys.executable, "-c", _TRACING_WORKER, str(n)],
+                    cwd=cwd,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
                 if out.returncode != 0:
                     raise RuntimeError(f"{name}: the worker failed:\n{out.stderr[-3000:]}")
                 runs[name].append(json.loads(out.stdout.strip().splitlines()[-1])["cpu_ms_per_request"])
@@ -325,7 +356,9 @@ def tracing_cpu(before: Path, rounds: int, n: int) -> dict[str, Any]:
         sink.shutdown()
     base = runs["without (build before tracing)"]
     return {
-        "requests_per_run": n, "rounds": rounds, "runs_cpu_ms_per_request": runs,
+        "requests_per_run": n,
+        "rounds": rounds,
+        "runs_cpu_ms_per_request": runs,
         "median_cpu_ms_per_request": {k: statistics.median(v) for k, v in runs.items()},
         # Per round, each build against the build without tracing: the spread is the noise.
         "ratio_to_without_per_round": {k: [b / a for a, b in zip(base, v, strict=True)] for k, v in runs.items()},
@@ -333,13 +366,21 @@ def tracing_cpu(before: Path, rounds: int, n: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.passthrough_wrk overhead", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.passthrough_wrk overhead",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", default="bench-out/cpu-overhead")
     ap.add_argument("--requests", type=int, default=400, help="measured requests per endpoint and level")
     ap.add_argument("--skip-litellm", action="store_true")
-    ap.add_argument("--tracing", metavar="CHECKOUT", type=Path,
-                    help="only the tracing comparison: CPU per request of CHECKOUT (a build without tracing: "
-                    "git archive 5af38df | tar -x -C CHECKOUT), this build with tracing off, and with it on")
+    ap.add_argument(
+        "--tracing",
+        metavar="CHECKOUT",
+        type=Path,
+        help="only the tracing comparison: CPU per request of CHECKOUT (a build without tracing: "
+        "git archive 5af38df | tar -x -C CHECKOUT), this build with tracing off, and with it on",
+    )
     ap.add_argument("--rounds", type=int, default=7, help="--tracing: interleaved rounds")
     args = ap.parse_args()
     out = (ROOT / args.out).resolve() if not Path(args.out).is_absolute() else Path(args.out)
@@ -368,10 +409,16 @@ def main() -> int:
             f'[[models]]\nname = "rerank"\nengine = "pool"\nprotocol = "cohere"\n'
             f'urls = ["http://127.0.0.1:{sp}"]\nmodel = "stub"\n'
         )
-        gw = Proc("gateway-static", [sys.executable, "-m", "gateway", "serve", "--config", str(logs / "static.toml"),
-                                     "--port", str(gp)], logs)
-        pool = Proc("gateway-pool", [sys.executable, "-m", "gateway", "serve", "--config", str(logs / "pool.toml"),
-                                     "--port", str(pp)], logs)
+        gw = Proc(
+            "gateway-static",
+            [sys.executable, "-m", "gateway", "serve", "--config", str(logs / "static.toml"), "--port", str(gp)],
+            logs,
+        )
+        pool = Proc(
+            "gateway-pool",
+            [sys.executable, "-m", "gateway", "serve", "--config", str(logs / "pool.toml"), "--port", str(pp)],
+            logs,
+        )
         procs += [gw, pool]
         stub.wait_http(f"http://127.0.0.1:{sp}/health")
         gw.wait_http(f"http://127.0.0.1:{gp}/ready")
@@ -379,9 +426,23 @@ def main() -> int:
 
         print("2/3 over HTTP: gateway(static) vs stub, 1 client, alternating", flush=True)
         results["overhead_http"] = bench(
-            [f"http://127.0.0.1:{gp}", "--model", "static", "--compare", f"http://127.0.0.1:{sp}",
-             "--label", "gateway (static engine)", "--compare-label", "trivial ASGI stub",
-             "--requests", str(args.requests), "--concurrency", "1", "--title", "Gateway overhead (static engine)"],
+            [
+                f"http://127.0.0.1:{gp}",
+                "--model",
+                "static",
+                "--compare",
+                f"http://127.0.0.1:{sp}",
+                "--label",
+                "gateway (static engine)",
+                "--compare-label",
+                "trivial ASGI stub",
+                "--requests",
+                str(args.requests),
+                "--concurrency",
+                "1",
+                "--title",
+                "Gateway overhead (static engine)",
+            ],
             out / "overhead",
         )
         if not args.skip_litellm:
@@ -392,17 +453,38 @@ def main() -> int:
                 f"      api_base: http://127.0.0.1:{sp}\n      api_key: sk-stub\n"
             )
             key = "sk-bench-" + secrets.token_hex(24)
-            lite = Proc("litellm", [str(exe), "--config", str(logs / "litellm.yaml"), "--port", str(lp),
-                                    "--num_workers", "1"], logs, env={"LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR"})
+            lite = Proc(
+                "litellm",
+                [str(exe), "--config", str(logs / "litellm.yaml"), "--port", str(lp), "--num_workers", "1"],
+                logs,
+                env={"LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR"},
+            )
             procs.append(lite)
             lite.wait_http(f"http://127.0.0.1:{lp}/health/liveliness")
             print("3/3 passthrough: gateway(pool -> stub) vs LiteLLM(cohere -> stub), 1 and 8 clients", flush=True)
             cpu0 = {p.name: p.cpu_s() for p in (pool, lite, stub)}
             results["passthrough"] = bench(
-                [f"http://127.0.0.1:{pp}", "--model", "rerank", "--compare", f"http://127.0.0.1:{lp}/v2/rerank",
-                 "--compare-api-key", key, "--label", "gateway (pool -> stub)", "--compare-label", "LiteLLM (cohere -> stub)",
-                 "--requests", str(args.requests), "--concurrency", "1,8", "--title", "Passthrough: gateway vs LiteLLM"],
-                out / "passthrough", secret=key,
+                [
+                    f"http://127.0.0.1:{pp}",
+                    "--model",
+                    "rerank",
+                    "--compare",
+                    f"http://127.0.0.1:{lp}/v2/rerank",
+                    "--compare-api-key",
+                    key,
+                    "--label",
+                    "gateway (pool -> stub)",
+                    "--compare-label",
+                    "LiteLLM (cohere -> stub)",
+                    "--requests",
+                    str(args.requests),
+                    "--concurrency",
+                    "1,8",
+                    "--title",
+                    "Passthrough: gateway vs LiteLLM",
+                ],
+                out / "passthrough",
+                secret=key,
             )
             cpu1 = {p.name: p.cpu_s() for p in (pool, lite, stub)}
             # Each proxy served requests x levels (+ warm-up); the stub served both.
@@ -420,4 +502,3 @@ def main() -> int:
     print(json.dumps({k: v for k, v in results.items() if k not in ("overhead_http", "passthrough")}, indent=1))
     print(f"wrote {out}")
     return 0
-

@@ -54,8 +54,14 @@ async def run(url: str, body: bytes, clients: int, seconds: float, timeout_s: fl
         await asyncio.gather(*(client() for _ in range(clients)))
         elapsed = time.perf_counter() - started
     latencies.sort()
-    return {"requests": len(latencies), "req_s": len(latencies) / elapsed, "p50_ms": _pct(latencies, 0.50),
-            "p90_ms": _pct(latencies, 0.90), "p99_ms": _pct(latencies, 0.99), "errors": errors}
+    return {
+        "requests": len(latencies),
+        "req_s": len(latencies) / elapsed,
+        "p50_ms": _pct(latencies, 0.50),
+        "p90_ms": _pct(latencies, 0.90),
+        "p99_ms": _pct(latencies, 0.99),
+        "errors": errors,
+    }
 
 
 def main() -> None:

@@ -15,9 +15,26 @@ def _profile(pid: int, seconds: float, out_path: Path) -> dict[str, float] | Non
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(exe).exists():
         return None
-    subprocess.run([exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
-                    "--nonblocking", "--format", "raw", "--output", str(out_path)],
-                   capture_output=True, check=False, timeout=seconds + 60)
+    subprocess.run(
+        [
+            exe,
+            "record",
+            "--pid",
+            str(pid),
+            "--duration",
+            str(int(seconds)),
+            "--rate",
+            "250",
+            "--nonblocking",
+            "--format",
+            "raw",
+            "--output",
+            str(out_path),
+        ],
+        capture_output=True,
+        check=False,
+        timeout=seconds + 60,
+    )
     if not out_path.exists():
         return None
     buckets: collections.Counter[str] = collections.Counter()

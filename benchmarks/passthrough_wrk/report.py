@@ -8,7 +8,14 @@ import collections
 import statistics
 from typing import Any
 
-GATEWAYS = ("gateway-before", "gateway-1w", "gateway-Nw", "gateway-granian-1w", "gateway-granian-Nw", "gateway-chain-1w")
+GATEWAYS = (
+    "gateway-before",
+    "gateway-1w",
+    "gateway-Nw",
+    "gateway-granian-1w",
+    "gateway-granian-Nw",
+    "gateway-chain-1w",
+)
 TARGETS = (*GATEWAYS, "litellm")
 # The one-worker targets whose 1-client p50 is compared with the stub's (the latency target).
 ONE_WORKER = ("gateway-1w", "gateway-granian-1w")
@@ -39,7 +46,8 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for (t, c), rs in sorted(by.items()):
         summary.setdefault(t, {})[str(c)] = {
-            k: _median([r[k] for r in rs if k in r]) for k in ("req_s", "p50_ms", "p99_ms", "cpu_ms_per_request", "switches_per_request")
+            k: _median([r[k] for r in rs if k in r])
+            for k in ("req_s", "p50_ms", "p99_ms", "cpu_ms_per_request", "switches_per_request")
         } | {"errors": sum(r["errors"] for r in rs), "runs": len(rs)}
     ratios: dict[str, Any] = {}
     rounds = sorted({r["round"] for r in runs})
@@ -49,8 +57,12 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
             req = [a["req_s"] / b["req_s"] for a, b in pairs]
             cpu = [b["cpu_ms_per_request"] / a["cpu_ms_per_request"] for a, b in pairs]
             if req:
-                ratios[f"{gw} c={c}"] = {"req_s_ratio": _median(req), "cpu_ratio": _median(cpu),
-                                         "req_s_ratios": req, "cpu_ratios": cpu}
+                ratios[f"{gw} c={c}"] = {
+                    "req_s_ratio": _median(req),
+                    "cpu_ratio": _median(cpu),
+                    "req_s_ratios": req,
+                    "cpu_ratios": cpu,
+                }
     summary["ratios_vs_litellm"] = ratios
     # Added latency at one client: median per round of (gateway p50 - stub p50).
     lo, hi = min(clients), max(clients)
@@ -68,8 +80,7 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
         # two runs seconds apart), like every other ratio here; the ratio of the two medians
         # (what reports before 2026-12-01-direct gave) is kept beside it.
         growth = [
-            h["cpu_ms_per_request"] / l_["cpu_ms_per_request"]
-            for h, l_ in _round_pairs(by, (gw, hi), (gw, lo), rounds)
+            h["cpu_ms_per_request"] / l_["cpu_ms_per_request"] for h, l_ in _round_pairs(by, (gw, hi), (gw, lo), rounds)
         ]
         if growth:
             summary["cpu_growth_by_target"][gw] = _median(growth)
@@ -88,13 +99,17 @@ def summarize(runs: list[dict[str, Any]], clients: list[int]) -> dict[str, Any]:
             chain[str(c)] = {
                 k: _median([a[k] / b[k] for a, b in pairs if a.get(k) and b.get(k)])
                 for k in ("cpu_ms_per_request", "p50_ms", "p99_ms", "req_s")
-            } | {"pairs": len(pairs),
-                 "cpu_ratios": [a["cpu_ms_per_request"] / b["cpu_ms_per_request"] for a, b in pairs]}
+            } | {
+                "pairs": len(pairs),
+                "cpu_ratios": [a["cpu_ms_per_request"] / b["cpu_ms_per_request"] for a, b in pairs],
+            }
     if chain:
         summary["chain_vs_plain"] = chain
-    summary["loadavg_1min"] = {"min": min(r["loadavg_before"][0] for r in runs),
-                               "median": _median([r["loadavg_before"][0] for r in runs]),
-                               "max": max(r["loadavg_before"][0] for r in runs)}
+    summary["loadavg_1min"] = {
+        "min": min(r["loadavg_before"][0] for r in runs),
+        "median": _median([r["loadavg_before"][0] for r in runs]),
+        "max": max(r["loadavg_before"][0] for r in runs),
+    }
     return summary
 
 
@@ -104,27 +119,46 @@ def render(results: dict[str, Any]) -> str:
     lines = [
         f"# Passthrough with wrk: gateway (pool engine) vs LiteLLM ({results['date'][:10]})",
         "",
-        (f"- Machine: {results['machine']['cpus']} CPUs, Python {results['machine']['python']}; shared with other work: "
-        f"1-min load average during the runs {s['loadavg_1min']['min']:.2f}-{s['loadavg_1min']['max']:.2f} "
-        f"(median {s['loadavg_1min']['median']:.2f}), so absolute figures are noisy; ratios are medians of per-round pairs."),
-        (f"- Workload: one {w['body_bytes']}-byte body, {w['documents']} documents, top_n {w['top_n']}; wrk -t1, "
-        f"{w['seconds_per_run']:g} s per run, {w['rounds']} rounds, target order rotated each round; "
-        f"N-worker gateway: {w['workers']} workers. LiteLLM {results.get('litellm_version', '(not run)')}, one worker."),
+        (
+            f"- Machine: {results['machine']['cpus']} CPUs, Python {results['machine']['python']}; shared with other work: "
+            f"1-min load average during the runs {s['loadavg_1min']['min']:.2f}-{s['loadavg_1min']['max']:.2f} "
+            f"(median {s['loadavg_1min']['median']:.2f}), so absolute figures are noisy; ratios are medians of per-round pairs."
+        ),
+        (
+            f"- Workload: one {w['body_bytes']}-byte body, {w['documents']} documents, top_n {w['top_n']}; wrk -t1, "
+            f"{w['seconds_per_run']:g} s per run, {w['rounds']} rounds, target order rotated each round; "
+            f"N-worker gateway: {w['workers']} workers. LiteLLM {results.get('litellm_version', '(not run)')}, one worker."
+        ),
         f"- Command: `{results['command']}`",
-        *(["- During each run the other proxies were stopped (SIGSTOP; the stub always runs). Idle CPU, share "
-           "of a core, before the rounds: " + ", ".join(f"{k} {v:.3f}" for k, v in results["idle_cpu_share"].items())]
-          if results.get("other_targets_paused") else []),
-        *([f"- {results['spinners']} busy loops at nice 19 ran during the rounds (idle vCPUs kept awake)."]
-          if results.get("spinners") else []),
+        *(
+            [
+                "- During each run the other proxies were stopped (SIGSTOP; the stub always runs). Idle CPU, share "
+                "of a core, before the rounds: "
+                + ", ".join(f"{k} {v:.3f}" for k, v in results["idle_cpu_share"].items())
+            ]
+            if results.get("other_targets_paused")
+            else []
+        ),
+        *(
+            [f"- {results['spinners']} busy loops at nice 19 ran during the rounds (idle vCPUs kept awake)."]
+            if results.get("spinners")
+            else []
+        ),
         "",
         "| target | clients | req/s | p50 ms | p99 ms | CPU ms / request | voluntary context switches / request | errors |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for t in ("stub", *TARGETS):
         for c, v in s.get(t, {}).items():
-            lines.append(f"| {t} | {c} | {v['req_s']:.0f} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | "
-                         f"{v['cpu_ms_per_request']:.3f} | {v.get('switches_per_request', float('nan')):.1f} | {v['errors']} |")
-    lines += ["", "| gateway ÷ LiteLLM (median of rounds) | req/s | CPU per request, LiteLLM's ÷ ours |", "|---|---|---|"]
+            lines.append(
+                f"| {t} | {c} | {v['req_s']:.0f} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | "
+                f"{v['cpu_ms_per_request']:.3f} | {v.get('switches_per_request', float('nan')):.1f} | {v['errors']} |"
+            )
+    lines += [
+        "",
+        "| gateway ÷ LiteLLM (median of rounds) | req/s | CPU per request, LiteLLM's ÷ ours |",
+        "|---|---|---|",
+    ]
     for k, v in s["ratios_vs_litellm"].items():
         lines.append(f"| {k} | {v['req_s_ratio']:.2f}× | {v['cpu_ratio']:.2f}× |")
     lines.append("")
@@ -138,24 +172,47 @@ def render(results: dict[str, Any]) -> str:
             f"pairs: {v:.3f}{extra}."
         )
     if s.get("chain_vs_plain"):
-        lines += ["", ("A healthy chain against the same model without one (gateway-chain-1w ÷ gateway-1w, median of "
-                       "per-round pairs; 1.00 = no overhead):"), "",
-                  "| clients | CPU per request | p50 | p99 | req/s | pairs |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            (
+                "A healthy chain against the same model without one (gateway-chain-1w ÷ gateway-1w, median of "
+                "per-round pairs; 1.00 = no overhead):"
+            ),
+            "",
+            "| clients | CPU per request | p50 | p99 | req/s | pairs |",
+            "|---|---|---|---|---|---|",
+        ]
         for c, v in s["chain_vs_plain"].items():
-            lines.append(f"| {c} | {v['cpu_ms_per_request']:.3f}× | {v['p50_ms']:.3f}× | {v['p99_ms']:.3f}× | "
-                         f"{v['req_s']:.3f}× | {v['pairs']} |")
+            lines.append(
+                f"| {c} | {v['cpu_ms_per_request']:.3f}× | {v['p50_ms']:.3f}× | {v['p99_ms']:.3f}× | "
+                f"{v['req_s']:.3f}× | {v['pairs']} |"
+            )
     if inproc := results.get("chain_inprocess"):
         top = max(w["clients"])
         plain = s.get("gateway-1w", {}).get(str(top), {}).get("cpu_ms_per_request")
-        share = f" = {inproc['chain_added_us_per_request'] / (plain * 1e3):.1%} of gateway-1w's {plain:.3f} ms CPU per request at {top} clients" if plain else ""
-        lines += ["", (f"In-process (benchmarks/passthrough_wrk/chain_inprocess.py, thread CPU, {inproc['rounds']} alternated "
-                       f"rounds of {inproc['requests_per_batch']} requests, static engine): the model "
-                       f"{inproc['plain_us_per_request']} µs, the chain in front of it {inproc['chain_us_per_request']} µs "
-                       f"per request; the chain adds {inproc['chain_added_us_per_request']} µs (median of per-round "
-                       f"differences){share}.")]
+        share = (
+            f" = {inproc['chain_added_us_per_request'] / (plain * 1e3):.1%} of gateway-1w's {plain:.3f} ms CPU per request at {top} clients"
+            if plain
+            else ""
+        )
+        lines += [
+            "",
+            (
+                f"In-process (benchmarks/passthrough_wrk/chain_inprocess.py, thread CPU, {inproc['rounds']} alternated "
+                f"rounds of {inproc['requests_per_batch']} requests, static engine): the model "
+                f"{inproc['plain_us_per_request']} µs, the chain in front of it {inproc['chain_us_per_request']} µs "
+                f"per request; the chain adds {inproc['chain_added_us_per_request']} µs (median of per-round "
+                f"differences){share}."
+            ),
+        ]
     prof = results.get("profile_gateway_1w_32_clients")
     if prof:
-        lines += ["", "py-spy profile of gateway-1w at 32 clients (share of samples, innermost known frame):", "",
-                  "| component | share |", "|---|---|"]
+        lines += [
+            "",
+            "py-spy profile of gateway-1w at 32 clients (share of samples, innermost known frame):",
+            "",
+            "| component | share |",
+            "|---|---|",
+        ]
         lines += [f"| {k} | {v:.1%} |" for k, v in prof.items()]
     return "\n".join(lines) + "\n"

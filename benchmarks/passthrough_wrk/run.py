@@ -34,6 +34,7 @@ def _pyclient(url: str, body: Path, clients: int, seconds: float) -> dict[str, A
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
+
 # The package's docstring is the run's description (``--help`` shows it).
 _SUITE_DOC = sys.modules[__package__].__doc__
 
@@ -48,25 +49,44 @@ def main() -> int:
     ap.add_argument("--documents", type=int, default=100)
     ap.add_argument("--top-n", type=int, default=10)
     ap.add_argument("--profile-seconds", type=float, default=8.0, help="0: no py-spy profile")
-    ap.add_argument("--before", help="a checkout of an earlier commit (git archive COMMIT | tar -x -C DIR): "
-                    "its gateway, one worker, joins the comparison as gateway-before")
-    ap.add_argument("--runners", default="uvicorn",
-                    help="comma-separated server.runner values; granian adds gateway-granian-1w and -Nw")
+    ap.add_argument(
+        "--before",
+        help="a checkout of an earlier commit (git archive COMMIT | tar -x -C DIR): "
+        "its gateway, one worker, joins the comparison as gateway-before",
+    )
+    ap.add_argument(
+        "--runners",
+        default="uvicorn",
+        help="comma-separated server.runner values; granian adds gateway-granian-1w and -Nw",
+    )
     ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", "/tmp/litellm-venv"))
-    ap.add_argument("--spinners", type=int, default=0,
-                    help="busy loops at nice 19 during the rounds: keeps idle vCPUs from sleeping, to see how much "
-                    "of the 1-client latency is wake-up cost rather than work")
-    ap.add_argument("--no-pause", action="store_true",
-                    help="leave the other targets running during each run (by default they are stopped with "
-                    "SIGSTOP: an idle LiteLLM proxy keeps using CPU, which moved the 1-client figures of the others)")
-    ap.add_argument("--chain", action="store_true",
-                    help="add gateway-chain-1w: the same pool model behind a fallback chain (engine = \"chain\", a "
-                    "second replica target), side by side with gateway-1w: a healthy chain's overhead")
-    ap.add_argument("--targets", default="",
-                    help="comma-separated targets to run (default: all); the stub always runs")
-    ap.add_argument("--client", choices=("wrk", "python"), default="wrk",
-                    help="python: benchmarks.passthrough_wrk.pyclient (aiohttp) where wrk is not installed; "
-                    "compare only figures taken with the same client")
+    ap.add_argument(
+        "--spinners",
+        type=int,
+        default=0,
+        help="busy loops at nice 19 during the rounds: keeps idle vCPUs from sleeping, to see how much "
+        "of the 1-client latency is wake-up cost rather than work",
+    )
+    ap.add_argument(
+        "--no-pause",
+        action="store_true",
+        help="leave the other targets running during each run (by default they are stopped with "
+        "SIGSTOP: an idle LiteLLM proxy keeps using CPU, which moved the 1-client figures of the others)",
+    )
+    ap.add_argument(
+        "--chain",
+        action="store_true",
+        help='add gateway-chain-1w: the same pool model behind a fallback chain (engine = "chain", a '
+        "second replica target), side by side with gateway-1w: a healthy chain's overhead",
+    )
+    ap.add_argument("--targets", default="", help="comma-separated targets to run (default: all); the stub always runs")
+    ap.add_argument(
+        "--client",
+        choices=("wrk", "python"),
+        default="wrk",
+        help="python: benchmarks.passthrough_wrk.pyclient (aiohttp) where wrk is not installed; "
+        "compare only figures taken with the same client",
+    )
     args = ap.parse_args()
     if args.client == "wrk" and shutil.which("wrk") is None:
         print("wrk is missing: apt-get install -y wrk (or --client python)", file=sys.stderr)
@@ -87,11 +107,20 @@ def main() -> int:
     urls: dict[str, str] = {}
     results: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
-                    "python": platform.python_version()},
-        "workload": {"documents": args.documents, "top_n": args.top_n, "body_bytes": body.stat().st_size,
-                     "seconds_per_run": args.seconds, "rounds": args.rounds, "clients": clients,
-                     "workers": args.workers},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cpu": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+        },
+        "workload": {
+            "documents": args.documents,
+            "top_n": args.top_n,
+            "body_bytes": body.stat().st_size,
+            "seconds_per_run": args.seconds,
+            "rounds": args.rounds,
+            "clients": clients,
+            "workers": args.workers,
+        },
         "runners": args.runners.split(","),
         "command": " ".join(["python -m benchmarks.passthrough_wrk", *sys.argv[1:]]),
         "client": args.client,
@@ -99,7 +128,9 @@ def main() -> int:
     }
     try:
         sp = free_port()
-        procs["stub"] = Proc("stub", [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(sp), "--keep-alive-s", "600"], logs)
+        procs["stub"] = Proc(
+            "stub", [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(sp), "--keep-alive-s", "600"], logs
+        )
         urls["stub"] = f"http://127.0.0.1:{sp}/v2/rerank"
         runners = [r.strip() for r in args.runners.split(",") if r.strip()]
         gateways = []
@@ -116,21 +147,29 @@ def main() -> int:
         for name, workers, cwd, runner in gateways:
             port = free_port()
             cfg = logs / f"{name}.toml"
-            server = ([f"workers = {workers}"] if workers > 1 else []) + ([f'runner = "{runner}"'] if runner != "uvicorn" else [])
+            server = ([f"workers = {workers}"] if workers > 1 else []) + (
+                [f'runner = "{runner}"'] if runner != "uvicorn" else []
+            )
             pool = f'engine = "pool"\nprotocol = "cohere"\nurls = ["http://127.0.0.1:{sp}"]\nmodel = "stub"\nmax_connections = 64\n'
             # The chain: the same pool model as its first target (a second replica behind it, never
             # used while the first is healthy), so the pair differs by the chain's routing alone.
             models = (
                 '[[models]]\nname = "rerank"\nengine = "chain"\ntargets = ["rerank-local", "rerank-spare"]\n'
                 f'accepts = "replicas"\n\n[[models]]\nname = "rerank-local"\n{pool}\n[[models]]\nname = "rerank-spare"\n{pool}'
-                if name == "gateway-chain-1w" else f'[[models]]\nname = "rerank"\n{pool}'
+                if name == "gateway-chain-1w"
+                else f'[[models]]\nname = "rerank"\n{pool}'
             )
             cfg.write_text(
-                ("[server]\n" + "\n".join(server) + "\n\n" if server else "") + "[logging]\nlevel = \"WARNING\"\n\n"
+                ("[server]\n" + "\n".join(server) + "\n\n" if server else "")
+                + '[logging]\nlevel = "WARNING"\n\n'
                 + models
             )
-            procs[name] = Proc(name, [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port)],
-                               logs, cwd=cwd)
+            procs[name] = Proc(
+                name,
+                [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port)],
+                logs,
+                cwd=cwd,
+            )
             urls[name] = f"http://127.0.0.1:{port}/v2/rerank"
         exe = Path(args.litellm_venv) / "bin" / "litellm"
         if exe.exists() and args.client == "wrk":  # the python client sends no LiteLLM key
@@ -139,15 +178,24 @@ def main() -> int:
                 "model_list:\n  - model_name: rerank\n    litellm_params:\n      model: cohere/rerank-v3.5\n"
                 f"      api_base: http://127.0.0.1:{sp}\n      api_key: sk-stub\n"
             )
-            procs["litellm"] = Proc("litellm", [str(exe), "--config", str(logs / "litellm.yaml"), "--port", str(lp),
-                                                "--num_workers", "1"], logs,
-                                    # The bundled cost map: no network fetch at start (this box has none).
-                                    env={"LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR",
-                                         "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+            procs["litellm"] = Proc(
+                "litellm",
+                [str(exe), "--config", str(logs / "litellm.yaml"), "--port", str(lp), "--num_workers", "1"],
+                logs,
+                # The bundled cost map: no network fetch at start (this box has none).
+                env={"LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+            )
             urls["litellm"] = f"http://127.0.0.1:{lp}/v2/rerank"
-            ver = subprocess.run([str(Path(args.litellm_venv) / "bin" / "python"), "-c",
-                                  "import importlib.metadata as m; print(m.version('litellm'))"],
-                                 capture_output=True, text=True, check=False)
+            ver = subprocess.run(
+                [
+                    str(Path(args.litellm_venv) / "bin" / "python"),
+                    "-c",
+                    "import importlib.metadata as m; print(m.version('litellm'))",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             results["litellm_version"] = ver.stdout.strip()
         else:
             print(f"no LiteLLM at {exe}: gateway only", flush=True)
@@ -168,14 +216,16 @@ def main() -> int:
 
         results["idle_cpu_share"] = _idle_cpu({t: procs[t] for t in targets})
         results["spinners"] = args.spinners
-        spinners = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
-                    for _ in range(args.spinners)]
+        spinners = [
+            subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
+            for _ in range(args.spinners)
+        ]
         results["other_targets_paused"] = not args.no_pause
         print(f"idle CPU (share of a core): {results['idle_cpu_share']}", flush=True)
 
         for rnd in range(args.rounds):
             for c in clients:
-                order = targets[rnd % len(targets):] + targets[: rnd % len(targets)]
+                order = targets[rnd % len(targets) :] + targets[: rnd % len(targets)]
                 for t in order:
                     # The stub serves every target, so it always runs; the other proxies wait stopped.
                     paused = [] if args.no_pause else [procs[o] for o in targets if o not in (t, "stub")]
@@ -189,22 +239,43 @@ def main() -> int:
                         cpu1, sw1 = procs[t].cpu_s(), _switches(procs[t])
                         for other in paused:
                             _signal_tree(other, signal.SIGCONT)
-                    res.update(round=rnd, clients=c, target=t, loadavg_before=load0, loadavg_after=_loadavg(),
-                               cpu_ms_per_request=(cpu1 - cpu0) / max(1, res["requests"]) * 1e3,
-                               switches_per_request=(sw1 - sw0) / max(1, res["requests"]))
+                    res.update(
+                        round=rnd,
+                        clients=c,
+                        target=t,
+                        loadavg_before=load0,
+                        loadavg_after=_loadavg(),
+                        cpu_ms_per_request=(cpu1 - cpu0) / max(1, res["requests"]) * 1e3,
+                        switches_per_request=(sw1 - sw0) / max(1, res["requests"]),
+                    )
                     results["runs"].append(res)
-                    print(f"round {rnd} c={c:>2} {t:<18} {res['req_s']:8.1f} req/s  p50 {res.get('p50_ms', 0):6.2f} ms  "
-                          f"cpu {res['cpu_ms_per_request']:.3f} ms/req  sleeps {res['switches_per_request']:.1f}/req  errors {res['errors']}  load {load0[0]}", flush=True)
+                    print(
+                        f"round {rnd} c={c:>2} {t:<18} {res['req_s']:8.1f} req/s  p50 {res.get('p50_ms', 0):6.2f} ms  "
+                        f"cpu {res['cpu_ms_per_request']:.3f} ms/req  sleeps {res['switches_per_request']:.1f}/req  errors {res['errors']}  load {load0[0]}",
+                        flush=True,
+                    )
 
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
         if args.profile_seconds > 0 and "gateway-1w" in procs:
             prof_out = logs / "gateway-1w.pyspy.txt"
-            proc = subprocess.Popen(["wrk", "-t1", "-c32", f"-d{round(args.profile_seconds) + 4}s", "-s", str(scripts["plain"]),
-                                     urls["gateway-1w"]], stdout=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [
+                    "wrk",
+                    "-t1",
+                    "-c32",
+                    f"-d{round(args.profile_seconds) + 4}s",
+                    "-s",
+                    str(scripts["plain"]),
+                    urls["gateway-1w"],
+                ],
+                stdout=subprocess.DEVNULL,
+            )
             time.sleep(1)
-            results["profile_gateway_1w_32_clients"] = _profile(procs["gateway-1w"].proc.pid, args.profile_seconds, prof_out)
+            results["profile_gateway_1w_32_clients"] = _profile(
+                procs["gateway-1w"].proc.pid, args.profile_seconds, prof_out
+            )
             proc.wait(timeout=60)
     finally:
         for p in procs.values():
@@ -213,7 +284,10 @@ def main() -> int:
         from benchmarks.passthrough_wrk.chain_inprocess import measure
 
         results["chain_inprocess"] = measure(body.read_bytes())
-        print(f"in-process: {results['chain_inprocess']['chain_added_us_per_request']} us of CPU added per request by the chain", flush=True)
+        print(
+            f"in-process: {results['chain_inprocess']['chain_added_us_per_request']} us of CPU added per request by the chain",
+            flush=True,
+        )
     results["summary"] = summarize(results["runs"], clients)
     (out / "passthrough_wrk.json").write_text(json.dumps(results, indent=1))
     (out / "passthrough_wrk.md").write_text(render(results))

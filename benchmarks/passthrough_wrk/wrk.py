@@ -51,8 +51,17 @@ def _lua(body_path: Path, headers: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-
 def _wrk(url: str, script: Path, clients: int, seconds: float, timeout_s: float = 10.0) -> dict[str, Any]:
-    cmd = ["wrk", "-t1", f"-c{clients}", f"-d{max(1, round(seconds))}s", f"--timeout={round(timeout_s)}s", "--latency", "-s", str(script), url]
+    cmd = [
+        "wrk",
+        "-t1",
+        f"-c{clients}",
+        f"-d{max(1, round(seconds))}s",
+        f"--timeout={round(timeout_s)}s",
+        "--latency",
+        "-s",
+        str(script),
+        url,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
     return parse_wrk(out)

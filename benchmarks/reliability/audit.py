@@ -56,8 +56,10 @@ class LatestReleaseService(PyPIService):
         response.raise_for_status()
         latest = Version(response.json()["info"]["version"])
         if spec.version != latest:
-            reason = (f"installed {spec.version} is not the latest release ({latest}); PyPI's JSON for "
-                      f"{spec.version} is not reachable from this machine")
+            reason = (
+                f"installed {spec.version} is not the latest release ({latest}); PyPI's JSON for "
+                f"{spec.version} is not reachable from this machine"
+            )
             return SkippedDependency(name=spec.name, skip_reason=reason), []
         # pip-audit's own parsing of the answer (withdrawn entries, fix versions, aliases).
         session, self.session = self.session, _Answer(response)
@@ -68,8 +70,11 @@ class LatestReleaseService(PyPIService):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.reliability audit", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.reliability audit",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--path", required=True, help="site-packages folder of the environment to audit")
     parser.add_argument("--out", required=True, help="folder for pip-audit-latest.json")
     args = parser.parse_args(argv)
@@ -81,11 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     (out / "pip-audit-latest.json").write_text(json.dumps(doc, indent=1) + "\n")
     audited = [d for d in doc["dependencies"] if "skip_reason" not in d]
     found = [d for d in audited if d["vulns"]]
-    print(f"{len(doc['dependencies'])} distributions: {len(audited)} audited (installed = latest release), "
-          f"{len(doc['dependencies']) - len(audited)} skipped; {sum(len(d['vulns']) for d in found)} findings in "
-          f"{len(found)} packages")
+    print(
+        f"{len(doc['dependencies'])} distributions: {len(audited)} audited (installed = latest release), "
+        f"{len(doc['dependencies']) - len(audited)} skipped; {sum(len(d['vulns']) for d in found)} findings in "
+        f"{len(found)} packages"
+    )
     for dep in found:
         for vuln in dep["vulns"]:
-            print(f"  {dep['name']} {dep['version']}: {vuln['id']} {vuln.get('aliases', [])} fixed in {vuln['fix_versions']}")
+            print(
+                f"  {dep['name']} {dep['version']}: {vuln['id']} {vuln.get('aliases', [])} fixed in {vuln['fix_versions']}"
+            )
     return 0
-

@@ -63,15 +63,27 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.reliability.audit import main as audit_main
 
         return audit_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.reliability", description=_SUITE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.reliability",
+        description=_SUITE_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--soak-s", type=float, default=120.0)
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--out", default=str(ROOT / "docs" / "reliability"))
-    parser.add_argument("--engine-window-s", type=float, default=420.0,
-                        help="engine section: longest wait for the first 200 after the kill")
-    parser.add_argument("--fuzz-examples", type=int, default=100,
-                        help="fuzz section: schemathesis examples per operation and mode (positive, negative)")
+    parser.add_argument(
+        "--engine-window-s",
+        type=float,
+        default=420.0,
+        help="engine section: longest wait for the first 200 after the kill",
+    )
+    parser.add_argument(
+        "--fuzz-examples",
+        type=int,
+        default=100,
+        help="fuzz section: schemathesis examples per operation and mode (positive, negative)",
+    )
     parser.add_argument("--keep-logs", default=None, help="copy the engine section's gateway log into this folder")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
@@ -91,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             "failover": lambda: failover(workdir, args.clients),
             "redis": lambda: redis_faults(workdir, max(2, args.clients // 2)),
             "sigterm": lambda: sigterm(workdir),
-            "engine": lambda: engine_kill(workdir, 4, args.engine_window_s, Path(args.keep_logs) if args.keep_logs else None),
+            "engine": lambda: engine_kill(
+                workdir, 4, args.engine_window_s, Path(args.keep_logs) if args.keep_logs else None
+            ),
         }
         for name in SECTIONS:
             if name not in only:

@@ -47,7 +47,9 @@ def _summary(rows: list[tuple[float, int, float, str]]) -> dict[str, Any]:
     }
 
 
-def failover(workdir: Path, clients: int, healthy_s: float = 5.0, down_s: float = 8.0, after_s: float = 15.0) -> dict[str, Any]:
+def failover(
+    workdir: Path, clients: int, healthy_s: float = 5.0, down_s: float = 8.0, after_s: float = 15.0
+) -> dict[str, Any]:
     ports = {"primary": free_port(), "fallback": free_port()}
     stubs = {name: _stub(port, workdir, name) for name, port in ports.items()}
     pool = 'engine = "pool"\nprotocol = "cohere"\ntimeout_s = 5\nread_timeout_s = 1\nconnect_timeout_s = 0.5\n'
@@ -67,8 +69,12 @@ def failover(workdir: Path, clients: int, healthy_s: float = 5.0, down_s: float 
             start = time.monotonic()
 
             async def client(n: int) -> None:
-                body = {"model": "rerank", "query": f"query {n}", "documents": [f"doc {n}-{j}" for j in range(20)],
-                        "top_n": 5}
+                body = {
+                    "model": "rerank",
+                    "query": f"query {n}",
+                    "documents": [f"doc {n}-{j}" for j in range(20)],
+                    "top_n": 5,
+                }
                 async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
                     while time.monotonic() - start < total:
                         t0 = time.monotonic()
@@ -77,7 +83,9 @@ def failover(workdir: Path, clients: int, healthy_s: float = 5.0, down_s: float 
                             status, target = r.status_code, r.headers.get("x-rerank-target", "")
                         except httpx.HTTPError:
                             status, target = -1, ""
-                        rows.append((t0 - start, status if target or status != 200 else -2, time.monotonic() - t0, target))
+                        rows.append(
+                            (t0 - start, status if target or status != 200 else -2, time.monotonic() - t0, target)
+                        )
 
             async def faults() -> None:
                 await asyncio.sleep(healthy_s)

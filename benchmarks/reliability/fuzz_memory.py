@@ -96,8 +96,14 @@ def build_cases(openapi: dict[str, Any], per_operation: int) -> list[Any]:
         operation = result.ok()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
-            @settings(max_examples=per_operation, derandomize=True, database=None, deadline=None,
-                      phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+            @settings(
+                max_examples=per_operation,
+                derandomize=True,
+                database=None,
+                deadline=None,
+                phases=[Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )
             @given(operation.as_strategy(generation_mode=mode))
             def draw(case: Any) -> None:
                 cases.append(case)
@@ -172,7 +178,10 @@ def _snapshot(pid: int, snap_dir: Path, name: str) -> Path:
 
 def _heap_report(paths: dict[str, Path], top: int = 12) -> dict[str, Any]:
     snaps = {name: pickle.loads(p.read_bytes()) for name, p in paths.items()}
-    ignore = (tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib._bootstrap*>"))
+    ignore = (
+        tracemalloc.Filter(False, tracemalloc.__file__),
+        tracemalloc.Filter(False, "<frozen importlib._bootstrap*>"),
+    )
     snaps = {name: s.filter_traces(ignore) for name, s in snaps.items()}
     out: dict[str, Any] = {
         "traced_mb": {name: round(sum(t.size for t in s.traces) / 2**20, 2) for name, s in snaps.items()}
@@ -181,8 +190,11 @@ def _heap_report(paths: dict[str, Path], top: int = 12) -> dict[str, Any]:
     for before, after in itertools.pairwise(names):
         stats = snaps[after].compare_to(snaps[before], "lineno")
         out[f"{before}->{after}"] = [
-            {"where": f"{s.traceback[0].filename.split('site-packages/')[-1]}:{s.traceback[0].lineno}",
-             "kb": round(s.size_diff / 1024, 1), "blocks": s.count_diff}
+            {
+                "where": f"{s.traceback[0].filename.split('site-packages/')[-1]}:{s.traceback[0].lineno}",
+                "kb": round(s.size_diff / 1024, 1),
+                "blocks": s.count_diff,
+            }
             for s in sorted(stats, key=lambda s: -abs(s.size_diff))[:top]
         ]
     return out
@@ -197,12 +209,17 @@ def fuzz_memory(workdir: Path, gateway_cls: Any, redis: Any, per_operation: int,
     text = config(redis_url)
     (workdir / "fuzz-schema.toml").write_text(text)
     settings = load_settings(workdir / "fuzz-schema.toml", environ={})
-    openapi = json.loads(json.dumps(create_app(settings, configure_logs=False).plugins.get("OpenAPIPlugin").provide_openapi_schema()))
+    openapi = json.loads(
+        json.dumps(create_app(settings, configure_logs=False).plugins.get("OpenAPIPlugin").provide_openapi_schema())
+    )
     t0 = time.monotonic()
     cases = build_cases(openapi, per_operation)
     report: dict[str, Any] = {
-        "redis": redis_url is not None, "warmup_requests": warmup, "examples_per_operation_and_mode": per_operation,
-        "cases_generated": len(cases), "generation_s": round(time.monotonic() - t0, 1),
+        "redis": redis_url is not None,
+        "warmup_requests": warmup,
+        "examples_per_operation_and_mode": per_operation,
+        "cases_generated": len(cases),
+        "generation_s": round(time.monotonic() - t0, 1),
         "bound_second_pass": SECOND_PASS_BOUND,
     }
 

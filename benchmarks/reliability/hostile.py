@@ -51,7 +51,9 @@ class RawResponse:
         return json.loads(self.body)
 
 
-def _request(path: str, body: bytes, *, key: str | None, content_type: str = "application/json", extra: str = "") -> bytes:
+def _request(
+    path: str, body: bytes, *, key: str | None, content_type: str = "application/json", extra: str = ""
+) -> bytes:
     auth = f"Authorization: Bearer {key}\r\n" if key else ""
     return (
         f"POST {path} HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n{auth}"
@@ -104,7 +106,9 @@ def hostile_cases(model: str, *, key: str | None, max_body_bytes: int, max_docum
     yield post("oversize-body", b'{"query":"' + b"x" * (max_body_bytes + 10) + b'"}', statuses=(413,))
     yield Case(
         "oversize-announced",
-        _request("/v2/rerank", b"", key=key).replace(b"Content-Length: 0", b"Content-Length: %d" % (max_body_bytes * 4)),
+        _request("/v2/rerank", b"", key=key).replace(
+            b"Content-Length: 0", b"Content-Length: %d" % (max_body_bytes * 4)
+        ),
         b"{",
         "error",
         statuses=(413,),
@@ -113,7 +117,11 @@ def hostile_cases(model: str, *, key: str | None, max_body_bytes: int, max_docum
     )
     yield post("huge-integer", body(top_n=None).replace(b"null", b"9" * 5000), statuses=(422,))
     yield post("huge-float", body(top_n=None).replace(b"null", b"1e400"), statuses=(400, 422))
-    yield post("huge-number-in-document", body(documents=[{"text": "a", "n": 0}]).replace(b'"n": 0', b'"n": 1e999'), statuses=(422, 400))
+    yield post(
+        "huge-number-in-document",
+        body(documents=[{"text": "a", "n": 0}]).replace(b'"n": 0', b'"n": 1e999'),
+        statuses=(422, 400),
+    )
     yield post("negative-top-n", body(top_n=-1), statuses=(422,))
     yield post("int64-overflow", body(max_tokens_per_doc=2**63), statuses=(422,))
     # -- literals and encodings ---------------------------------------------------------------
@@ -127,7 +135,9 @@ def hostile_cases(model: str, *, key: str | None, max_body_bytes: int, max_docum
     yield post("surrogate-pair-ok", valid.replace(b'"a"', b'"\\ud83d\\ude00"'), "ok")
     yield post("nul-and-controls", valid.replace(b'"a"', b'"\\u0000\\u0001\\u001f"'), "ok")
     yield post("bom", b"\xef\xbb\xbf" + valid, statuses=(400,))
-    yield post("utf16", valid.decode().encode("utf-16"), statuses=(400,), content_type="application/json; charset=utf-16")
+    yield post(
+        "utf16", valid.decode().encode("utf-16"), statuses=(400,), content_type="application/json; charset=utf-16"
+    )
     yield post("latin1-charset", valid, "ok", content_type="application/json; charset=latin-1")
     yield post("gzip-encoded", gzip.compress(valid), statuses=(400,), extra="Content-Encoding: gzip\r\n")
     # -- shapes ---------------------------------------------------------------------------------
@@ -153,27 +163,79 @@ def hostile_cases(model: str, *, key: str | None, max_body_bytes: int, max_docum
     yield post("unicode-soup", body(query="👩‍👩‍👧 \u202e\u0301 ÿ", documents=["\U0010ffff", "日本語"]), "ok")
     # -- content types: the body is read as JSON whatever the header says --------------------
     yield post("text-plain", valid, "ok", content_type="text/plain")
-    yield post("form-urlencoded", b"query=q&documents=a", statuses=(400,), content_type="application/x-www-form-urlencoded")
-    yield post("multipart", b"--b\r\nContent-Disposition: form-data; name=q\r\n\r\nq\r\n--b--\r\n", statuses=(400,), content_type="multipart/form-data; boundary=b")
+    yield post(
+        "form-urlencoded", b"query=q&documents=a", statuses=(400,), content_type="application/x-www-form-urlencoded"
+    )
+    yield post(
+        "multipart",
+        b"--b\r\nContent-Disposition: form-data; name=q\r\n\r\nq\r\n--b--\r\n",
+        statuses=(400,),
+        content_type="multipart/form-data; boundary=b",
+    )
     yield post("msgpack", b"\x82\xa5query\xa1q", statuses=(400,), content_type="application/msgpack")
     # -- framing --------------------------------------------------------------------------------
     yield Case("chunked-valid", _chunked_head("/v2/rerank", key=key), _chunked(valid, 7), "ok")
-    yield Case("chunked-oversize", _chunked_head("/v2/rerank", key=key), _chunked(b'{"query":"' + b"x" * (max_body_bytes + 10) + b'"}', 65536), statuses=(413,))
+    yield Case(
+        "chunked-oversize",
+        _chunked_head("/v2/rerank", key=key),
+        _chunked(b'{"query":"' + b"x" * (max_body_bytes + 10) + b'"}', 65536),
+        statuses=(413,),
+    )
     yield Case("chunked-bad-size", _chunked_head("/v2/rerank", key=key), b"zz\r\n{}\r\n0\r\n\r\n", "parser_400")
-    yield Case("chunked-truncated", _chunked_head("/v2/rerank", key=key), b"ff\r\n{\"q", "no_answer", send_whole=False, partial=6, hang_up=True)
-    yield Case("half-body-hang-up", _request("/v2/rerank", valid, key=key), valid, "no_answer", send_whole=False, partial=10, hang_up=True)
-    yield Case("half-body-wait", _request("/v2/rerank", valid, key=key), valid, "error", statuses=(408,), send_whole=False, partial=10)
+    yield Case(
+        "chunked-truncated",
+        _chunked_head("/v2/rerank", key=key),
+        b'ff\r\n{"q',
+        "no_answer",
+        send_whole=False,
+        partial=6,
+        hang_up=True,
+    )
+    yield Case(
+        "half-body-hang-up",
+        _request("/v2/rerank", valid, key=key),
+        valid,
+        "no_answer",
+        send_whole=False,
+        partial=10,
+        hang_up=True,
+    )
+    yield Case(
+        "half-body-wait",
+        _request("/v2/rerank", valid, key=key),
+        valid,
+        "error",
+        statuses=(408,),
+        send_whole=False,
+        partial=10,
+    )
     yield Case("content-length-short", _request("/v2/rerank", valid[:-5], key=key), valid, statuses=(400,))
-    yield Case("no-content-length", _request("/v2/rerank", b"", key=key).replace(b"Content-Length: 0\r\n", b""), b"", statuses=(400,))
-    yield Case("garbage-request-line", b"", raw=b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64, expect="parser_400")
+    yield Case(
+        "no-content-length",
+        _request("/v2/rerank", b"", key=key).replace(b"Content-Length: 0\r\n", b""),
+        b"",
+        statuses=(400,),
+    )
+    yield Case(
+        "garbage-request-line",
+        b"",
+        raw=b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,
+        expect="parser_400",
+    )
     yield Case("bad-header", b"", raw=b"POST /v2/rerank HTTP/1.1\r\nHost: g\r\nBad Header\r\n\r\n", expect="parser_400")
     # -- routes and methods ---------------------------------------------------------------------
     yield Case("get-on-rerank", b"GET /v2/rerank HTTP/1.1\r\nHost: g\r\nConnection: close\r\n", statuses=(405,))
-    yield Case("put-on-rerank", _request("/v2/rerank", valid, key=key).replace(b"POST", b"PUT", 1), valid, statuses=(405,))
+    yield Case(
+        "put-on-rerank", _request("/v2/rerank", valid, key=key).replace(b"POST", b"PUT", 1), valid, statuses=(405,)
+    )
     yield Case("unknown-route", _request("/v3/rerank", valid, key=key), valid, statuses=(404,))
     yield Case("path-traversal", b"GET /../../etc/passwd HTTP/1.1\r\nHost: g\r\nConnection: close\r\n", statuses=(404,))
-    yield Case("long-url", b"GET /" + b"a" * 60_000 + b" HTTP/1.1\r\nHost: g\r\nConnection: close\r\n", expect="any_non_5xx")
-    yield Case("bad-request-id", _request("/v2/rerank", valid, key=key, extra="X-Request-Id: <script>\r\n"), valid, "ok")
+    yield Case(
+        "long-url", b"GET /" + b"a" * 60_000 + b" HTTP/1.1\r\nHost: g\r\nConnection: close\r\n", expect="any_non_5xx"
+    )
+    yield Case(
+        "bad-request-id", _request("/v2/rerank", valid, key=key, extra="X-Request-Id: <script>\r\n"), valid, "ok"
+    )
     if key:
         yield Case("no-key", _request("/v2/rerank", valid, key=None), valid, statuses=(401,))
         yield Case("wrong-key", _request("/v2/rerank", valid, key="rk-" + "0" * 40), valid, statuses=(401,))

@@ -45,8 +45,18 @@ class Load:
         return round(min(oks) - t, 3) if oks else None
 
 
-async def _load(url: str, clients: int, seconds: float, load: Load, *, model: str, key: str | None = KEY,
-                request_timeout: float = 30.0, backoff_503: float = 0.1, until: Any = None) -> None:
+async def _load(
+    url: str,
+    clients: int,
+    seconds: float,
+    load: Load,
+    *,
+    model: str,
+    key: str | None = KEY,
+    request_timeout: float = 30.0,
+    backoff_503: float = 0.1,
+    until: Any = None,
+) -> None:
     """Closed-loop clients for ``seconds``, or until ``until()`` (checked between requests) is true."""
     load.start = time.monotonic()
     stop_at = load.start + seconds

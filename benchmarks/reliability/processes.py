@@ -30,7 +30,9 @@ class Proc:
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         self._fh = log.open("wb")
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self._fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, stdout=self._fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> float:
         """Signal the process and wait; seconds it took to exit."""
@@ -92,7 +94,10 @@ def _redis(port: int, workdir: Path) -> Proc:
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed")
-    proc = Proc([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)], workdir / f"redis-{port}-{time.monotonic_ns()}.log")
+    proc = Proc(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+        workdir / f"redis-{port}-{time.monotonic_ns()}.log",
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:

@@ -53,7 +53,13 @@ def hostile_pass(gw: Gateway) -> dict[str, Any]:
                 bad_body += 1
                 failures.append(f"{case.name}: {resp.status} without the JSON error body")
     healthy = httpx.get(f"{gw.url}/ready", timeout=10).status_code == 200
-    return {"tried": tried, "five_xx": five, "four_xx_without_json_body": bad_body, "failures": failures, "healthy_after": healthy}
+    return {
+        "tried": tried,
+        "five_xx": five,
+        "four_xx_without_json_body": bad_body,
+        "failures": failures,
+        "healthy_after": healthy,
+    }
 
 
 def soak(workdir: Path, clients: int, seconds: float) -> dict[str, Any]:
@@ -123,7 +129,16 @@ def upstream(workdir: Path, clients: int) -> dict[str, Any]:
                 nonlocal slow
                 marks["slow"] = time.monotonic() - load.start
                 slow = Proc(
-                    [sys.executable, "-m", "benchmarks.reliability", "stub", "--port", str(ports[1]), "--delay-s", "1.0"],
+                    [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.reliability",
+                        "stub",
+                        "--port",
+                        str(ports[1]),
+                        "--delay-s",
+                        "1.0",
+                    ],
                     workdir / "stub-slow.log",
                 )
 
@@ -179,7 +194,9 @@ def redis_faults(workdir: Path, clients: int) -> dict[str, Any]:
                 "recovery_s_after_restart": (
                     load.first_ok_after(marks["restart"]) if mode == "closed" else load.first_ok_after(marks["kill"])
                 ),
-                "five_xx_other_than_503": sum(v for k, v in down["statuses"].items() if k.startswith("5") and k != "503"),
+                "five_xx_other_than_503": sum(
+                    v for k, v in down["statuses"].items() if k.startswith("5") and k != "503"
+                ),
                 "tracebacks_logged": gw.tracebacks(),
             }
         finally:
@@ -258,7 +275,8 @@ def engine_kill(workdir: Path, clients: int, window_s: float, logs: Path | None 
         try:
             # The engine-core process only: its executor's VLLM::Worker child is left to notice.
             cores = [
-                p for p in psutil.Process(gw.proc.pid).children(recursive=True)
+                p
+                for p in psutil.Process(gw.proc.pid).children(recursive=True)
                 if "EngineCore" in " ".join([p.name(), *p.cmdline()])
             ]
 

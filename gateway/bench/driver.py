@@ -86,8 +86,11 @@ class _Reply(msgspec.Struct):
 
 
 _decode_reply = msgspec.json.Decoder(_Reply).decode
-_TIMING_HEADERS = (("process_ms", "x-process-time-ms"), ("tokenize_ms", "x-tokenize-time-ms"),
-                   ("inference_ms", "x-inference-time-ms"))
+_TIMING_HEADERS = (
+    ("process_ms", "x-process-time-ms"),
+    ("tokenize_ms", "x-tokenize-time-ms"),
+    ("inference_ms", "x-inference-time-ms"),
+)
 
 
 def _header_ms(value: str | None) -> float | None:
@@ -95,6 +98,7 @@ def _header_ms(value: str | None) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
+
 
 Progress = Callable[[Sample], None]
 
@@ -244,13 +248,17 @@ async def run_compare(
     concurrency; an endpoint's throughput is its requests over the sum of its rounds' wall
     time. Slow drifts of the machine (other load, clocks, thermals) hit both alike.
     """
-    runs = {a.label: LevelRun(endpoint=a.label, mode="closed", concurrency=concurrency),
-            b.label: LevelRun(endpoint=b.label, mode="closed", concurrency=concurrency)}
+    runs = {
+        a.label: LevelRun(endpoint=a.label, mode="closed", concurrency=concurrency),
+        b.label: LevelRun(endpoint=b.label, mode="closed", concurrency=concurrency),
+    }
     async with make_client(concurrency, timeout) as ca, make_client(concurrency, timeout) as cb:
         clients = {a.label: ca, b.label: cb}
         for ep in (a, b):
             if ep.warmup:
-                await _closed(clients[ep.label], ep, _cycle(ep.warmup, max(len(ep.warmup), concurrency)), concurrency, None)
+                await _closed(
+                    clients[ep.label], ep, _cycle(ep.warmup, max(len(ep.warmup), concurrency)), concurrency, None
+                )
         reqs = {ep.label: _cycle(ep.requests, total) for ep in (a, b)}
         t_ref = time.perf_counter()
         for k, start in enumerate(range(0, total, round_size)):

@@ -73,8 +73,9 @@ def _latency(lat_ms: Sequence[float]) -> dict[str, float]:
 BOOTSTRAP_RESAMPLES = 400
 
 
-def bootstrap_interval(values: Sequence[float], q: float, *, level: float = 0.95,
-                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float]:
+def bootstrap_interval(
+    values: Sequence[float], q: float, *, level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
     """The central ``level`` interval of the ``q``-th percentile over resamples of ``values``.
 
     A percentile-bootstrap: with few samples above the percentile (p99 of 100 is the
@@ -243,9 +244,11 @@ def markdown_table(summaries: Sequence[dict[str, Any]]) -> str:
             f"{_fmt(s['docs_per_s'])} | {_fmt(s['tokens_per_s'])} | {_fmt(lat['p50'], 2)} | {_fmt(lat['p90'], 2)} | "
             f"{_fmt(lat['p99'], 2)} | {_fmt(lat['max'], 2)} | {errs} |"
         )
-    legend = ("\nLatency is over every request, failed and timed-out ones included (each at the time it took; a "
-              "timeout at its whole wait). req/s, docs/s and tokens/s count the OK requests over the level's wall time, "
-              "which the failed requests' time is part of.\n")
+    legend = (
+        "\nLatency is over every request, failed and timed-out ones included (each at the time it took; a "
+        "timeout at its whole wait). req/s, docs/s and tokens/s count the OK requests over the level's wall time, "
+        "which the failed requests' time is part of.\n"
+    )
     failures = []
     for s in summaries:
         if s.get("failed", s["requests"] - s["ok"]):
@@ -254,7 +257,8 @@ def markdown_table(summaries: Sequence[dict[str, Any]]) -> str:
                 f"- {s['endpoint']}, {_load(s, '')}: {_failed(s)} of {s['requests']} requests failed "
                 f"({', '.join(f'{k}: {v}' for k, v in s['errors'].items())}); the {s['ok']} OK requests alone: p50 "
                 f"{_fmt(ok_lat.get('p50'), 2)}, p99 {_fmt(ok_lat.get('p99'), 2)}, max {_fmt(ok_lat.get('max'), 2)} ms"
-                + (f"; first error: {s['first_error']}" if s.get("first_error") else ""))
+                + (f"; first error: {s['first_error']}" if s.get("first_error") else "")
+            )
     failed = ("\nFailed requests:\n\n" + "\n".join(failures) + "\n") if failures else ""
     notes = []
     for s in summaries:
@@ -264,11 +268,22 @@ def markdown_table(summaries: Sequence[dict[str, Any]]) -> str:
             counts = s.get("server_timing_requests") or {}
             covered = counts.get("process", s["requests"])
             of = f" (timing headers on {covered} of {s['requests']} requests)" if covered != s["requests"] else ""
-            notes.append(f"- {s['endpoint']}, {_load(s, '')}{of}: ms per request, mean (p50 / p99 / max): " + ", ".join(
-                f"{k.replace('_', ' ')} {v:.2f}" + (" ({p50:.2f} / {p99:.2f} / {max:.2f})".format(**pct[k]) if k in pct else "")
-                for k, v in t.items()))
-    split = ("\nServer timing headers (process = request in to response out; outside server = client + "
-             "transport):\n\n" + "\n".join(notes) + "\n") if notes else ""
+            notes.append(
+                f"- {s['endpoint']}, {_load(s, '')}{of}: ms per request, mean (p50 / p99 / max): "
+                + ", ".join(
+                    f"{k.replace('_', ' ')} {v:.2f}"
+                    + (" ({p50:.2f} / {p99:.2f} / {max:.2f})".format(**pct[k]) if k in pct else "")
+                    for k, v in t.items()
+                )
+            )
+    split = (
+        (
+            "\nServer timing headers (process = request in to response out; outside server = client + "
+            "transport):\n\n" + "\n".join(notes) + "\n"
+        )
+        if notes
+        else ""
+    )
     return head + "\n".join(rows) + "\n" + legend + failed + split
 
 
@@ -292,7 +307,11 @@ def write_markdown(path: Path, doc: dict[str, Any], *, title: str = "Rerank benc
                 f"**{cmp['a']} / {cmp['b']}** at {cmp['concurrency']} clients (rounds of {cmp['round_size']} "
                 f"requests, ABBA order): req/s x{r['req_per_s']:.2f}, docs/s x{r['docs_per_s']:.2f}, "
                 f"p50 x{r['p50']:.2f} ({r['p50_diff_ms']:+.2f} ms), p99 x{r['p99']:.2f}"
-                + (f"; failed requests: {cmp['failed'][0]} and {cmp['failed'][1]}." if any(cmp.get("failed") or ()) else ".")
+                + (
+                    f"; failed requests: {cmp['failed'][0]} and {cmp['failed'][1]}."
+                    if any(cmp.get("failed") or ())
+                    else "."
+                )
             ),
             "",
         ]
@@ -349,8 +368,14 @@ def write_plots(out_dir: Path, runs: Sequence[LevelRun], summaries: Sequence[dic
             for s in ss:  # a level with failures is marked and labelled: its docs/s is goodput
                 if s.get("failed"):
                     ax.plot([s["concurrency"]], [s["docs_per_s"]], "o", color="red", markersize=9, fillstyle="none")
-                    ax.annotate(f"{s['failed']} failed", (s["concurrency"], s["docs_per_s"]), fontsize=7, color="red",
-                                textcoords="offset points", xytext=(4, -10))
+                    ax.annotate(
+                        f"{s['failed']} failed",
+                        (s["concurrency"], s["docs_per_s"]),
+                        fontsize=7,
+                        color="red",
+                        textcoords="offset points",
+                        xytext=(4, -10),
+                    )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel("documents / s (OK requests)")

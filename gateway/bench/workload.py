@@ -145,7 +145,9 @@ class WorkloadSpec(msgspec.Struct, kw_only=True, frozen=True):
 
     def describe(self) -> str:
         docs = f"texts from {self.docs_file}" if self.docs_file else f"{LengthSpec.parse(self.doc_tokens)} tokens"
-        query = f"texts from {self.queries_file}" if self.queries_file else f"{LengthSpec.parse(self.query_tokens)} tokens"
+        query = (
+            f"texts from {self.queries_file}" if self.queries_file else f"{LengthSpec.parse(self.query_tokens)} tokens"
+        )
         parts = [f"1 query ({query}) x {self.documents} documents ({docs})"]
         if self.duplicate_share:
             parts.append(f"{self.duplicate_share:.0%} duplicates")
@@ -190,9 +192,7 @@ def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(n))
 
 
-def _texts(
-    rng: random.Random, n: int, length: LengthSpec, pool: list[str] | None, counter: TokenCounter
-) -> list[str]:
+def _texts(rng: random.Random, n: int, length: LengthSpec, pool: list[str] | None, counter: TokenCounter) -> list[str]:
     if pool is not None:
         return [rng.choice(pool) for _ in range(n)]
     targets = [length.draw(rng) for _ in range(n)]

@@ -99,8 +99,11 @@ def _resolve(tp: Any, node: Any, path: Path) -> Any:
         raise _Problem(path, f"{dotted(path)} has no {tag_field}; set {tag_field} to one of {_listing(by_tag)}")
     if tag not in by_tag:
         where = dotted((*path, tag_field))
-        raise _Problem((*path, tag_field), f"{where}: unknown {tag_field} {str(tag)!r}; the {tag_field}s are {_listing(by_tag)}",
-                       getattr(tag, "var", None))
+        raise _Problem(
+            (*path, tag_field),
+            f"{where}: unknown {tag_field} {str(tag)!r}; the {tag_field}s are {_listing(by_tag)}",
+            getattr(tag, "var", None),
+        )
     return by_tag[tag]
 
 
@@ -138,8 +141,11 @@ def field_type(path: Path, raw: Any) -> Any:
             tp = _child(_resolve(tp, node, path[:i]), key, path[:i], None)
         except _Problem:
             return Any
-        node = node.get(key) if isinstance(node, dict) else (node[key] if isinstance(node, list) and
-                                                              isinstance(key, int) and key < len(node) else None)
+        node = (
+            node.get(key)
+            if isinstance(node, dict)
+            else (node[key] if isinstance(node, list) and isinstance(key, int) and key < len(node) else None)
+        )
     return tp
 
 
@@ -206,8 +212,16 @@ def _convert_env(value: EnvValue, tp: Any, path: Path) -> Any:
 # Environment values this long are not quoted in errors: RERANK_API_KEY needs at least 16
 # characters, so a key put into the wrong variable (RERANK_AUTH__KEYS=rk-...) stays out of the log.
 _SECRET_LENGTH = 16
-_KIND = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-         "object": "a table", "array": "an array", "null": "nothing", "datetime": "a date-time"}
+_KIND = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "object": "a table",
+    "array": "an array",
+    "null": "nothing",
+    "datetime": "a date-time",
+}
 _BOUND = {">=": "at least", "<=": "at most", ">": "greater than", "<": "less than"}
 
 

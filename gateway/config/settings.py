@@ -48,7 +48,9 @@ _MIN_ENV_KEY_CHARS = 16
 # on by default): a Service named "rerank-gateway" (deploy/k8s) or "rerank" gives RERANK_GATEWAY_PORT,
 # RERANK_SERVICE_HOST, ... They name no config field (no "__"), so they are not overrides. A bare
 # <SERVICE>_PORT is one only with its tcp://IP:PORT value (RERANK_SERVER_PORT=9000 stays a typo).
-_SERVICE_LINK = re.compile(r"(?:[A-Z0-9_]*_)?(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?|PORT_\d+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)")
+_SERVICE_LINK = re.compile(
+    r"(?:[A-Z0-9_]*_)?(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?|PORT_\d+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)"
+)
 _SERVICE_PORT_LINK = re.compile(r"(?:[A-Z0-9_]*_)?PORT")
 _LINK_ADDRESS = re.compile(r"(?:tcp|udp|sctp)://\S+")
 
@@ -251,7 +253,9 @@ def _check_names(settings: Settings) -> None:
     for model in settings.models:
         for name in (model.name, *model.aliases):
             if name in seen:
-                raise ConfigError(f"invalid config: model name {name!r} is used twice (by {seen[name]!r} and {model.name!r})")
+                raise ConfigError(
+                    f"invalid config: model name {name!r} is used twice (by {seen[name]!r} and {model.name!r})"
+                )
             seen[name] = model.name
     try:  # chains (and any model made of others) name configured models: checked once, in schemas
         check_references(settings.models)

@@ -57,12 +57,23 @@ def _positive(text: str) -> int:
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser("eval", help="measure ranking quality (nDCG, MRR, Recall) of served models on your judgements",
-                       description=_DESCRIPTION, epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("url", help="the gateway (or any Cohere-compatible endpoint); a bare http://host:port gets /v2/rerank")
+    p: argparse.ArgumentParser = sub.add_parser(
+        "eval",
+        help="measure ranking quality (nDCG, MRR, Recall) of served models on your judgements",
+        description=_DESCRIPTION,
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "url", help="the gateway (or any Cohere-compatible endpoint); a bare http://host:port gets /v2/rerank"
+    )
     p.add_argument("data", nargs="?", help="a BEIR directory: corpus.jsonl, queries.jsonl, qrels/<split>.tsv")
-    p.add_argument("--model", action="append", required=True,
-                   help="a model to evaluate (repeat, or a comma-separated list; interleaved query by query)")
+    p.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        help="a model to evaluate (repeat, or a comma-separated list; interleaved query by query)",
+    )
     d = p.add_argument_group("judgements and candidates")
     d.add_argument("--split", default="test", help="the BEIR qrels split (default test)")
     d.add_argument("--corpus", help="instead of a BEIR directory: corpus.jsonl (BEIR's _id, title, text)")
@@ -73,8 +84,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     d.add_argument("--max-queries", type=_positive, help="only the first N judged queries")
     m = p.add_argument_group("metrics")
     m.add_argument("--recall-at", type=_ints, default=[10, 100], help="Recall cut-offs (default 10,100)")
-    m.add_argument("--test", choices=("student", "fisher"), default="student",
-                   help="paired significance test: Student's t (default) or Fisher's randomization test")
+    m.add_argument(
+        "--test",
+        choices=("student", "fisher"),
+        default="student",
+        help="paired significance test: Student's t (default) or Fisher's randomization test",
+    )
     m.add_argument("--max-p", type=float, default=0.05, help="p-value at or below which a difference is significant")
     e = p.add_argument_group("endpoint")
     e.add_argument("--api-key", help="sent as Authorization: Bearer KEY (never written to the reports)")
@@ -146,8 +161,19 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     except _Stop as stop:
         return fail(str(stop), 1)
     load_after = os.getloadavg()
-    return _report(args, argv, redactor, judgements, first_stage, candidates, answers, models, out_dir,
-                   load=(load_before, load_after), url=url)
+    return _report(
+        args,
+        argv,
+        redactor,
+        judgements,
+        first_stage,
+        candidates,
+        answers,
+        models,
+        out_dir,
+        load=(load_before, load_after),
+        url=url,
+    )
 
 
 class _Stop(Exception):
@@ -166,8 +192,16 @@ def _candidates(args: argparse.Namespace, judgements: Any) -> tuple[list[Any], d
     qids = list(judgements.queries)[: args.max_queries]
     ranked = top(first, args.depth)
     candidates = {q: [d for d, _ in ranked.get(q, [])] for q in qids}
-    queries = [Query(qid=q, text=judgements.queries[q], doc_ids=candidates[q],
-                     texts=[judgements.corpus[d] for d in candidates[q]]) for q in qids if candidates[q]]
+    queries = [
+        Query(
+            qid=q,
+            text=judgements.queries[q],
+            doc_ids=candidates[q],
+            texts=[judgements.corpus[d] for d in candidates[q]],
+        )
+        for q in qids
+        if candidates[q]
+    ]
     if not queries:
         raise ValueError("the first stage found no candidates for any judged query")
     return queries, candidates, name
@@ -182,8 +216,17 @@ def _drive(args: argparse.Namespace, url: str, headers: dict[str, str], models: 
 
         bar = tqdm(total=len(queries) * len(models), unit="req", desc="eval", file=sys.stderr)
     try:
-        return asyncio.run(run_models(url, headers, models, queries, timeout=args.timeout, warmup=max(0, args.warmup),
-                                      progress=(lambda _: bar.update(1)) if bar is not None else None))
+        return asyncio.run(
+            run_models(
+                url,
+                headers,
+                models,
+                queries,
+                timeout=args.timeout,
+                warmup=max(0, args.warmup),
+                progress=(lambda _: bar.update(1)) if bar is not None else None,
+            )
+        )
     except EvalError as exc:
         raise _Stop(str(exc)) from None
     finally:
@@ -191,9 +234,20 @@ def _drive(args: argparse.Namespace, url: str, headers: dict[str, str], models: 
             bar.close()
 
 
-def _report(args: argparse.Namespace, argv: list[str] | None, redactor: Any, judgements: Any, first_stage: str,
-            candidates: dict[str, list[str]], answers: dict[str, list[Any]], models: list[str], out_dir: Path, *,
-            load: tuple[tuple[float, ...], tuple[float, ...]], url: str) -> int:
+def _report(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    redactor: Any,
+    judgements: Any,
+    first_stage: str,
+    candidates: dict[str, list[str]],
+    answers: dict[str, list[Any]],
+    models: list[str],
+    out_dir: Path,
+    *,
+    load: tuple[tuple[float, ...], tuple[float, ...]],
+    url: str,
+) -> int:
     from gateway.bench.report import environment, write_json
     from gateway.eval.metrics import metric_names, score_systems
     from gateway.eval.report import FIRST_STAGE, speed, write_markdown, write_plot
@@ -206,13 +260,13 @@ def _report(args: argparse.Namespace, argv: list[str] | None, redactor: Any, jud
         orders[model] = {q: by_query.get(q, []) for q in qids}
     qrels = {q: judgements.qrels[q] for q in qids}
     quality = score_systems(qrels, orders, metrics, stat_test=args.test, max_p=args.max_p)
-    per_query = {
-        q: {name: {m: quality["per_query"][name][m][q] for m in metrics} for name in orders} for q in qids
-    }
+    per_query = {q: {name: {m: quality["per_query"][name][m][q] for m in metrics} for name in orders} for q in qids}
     for model in models:
         for a in answers[model]:
             per_query[a.qid][model]["latency_ms"] = round(a.latency_s * 1e3, 3)
-    command = "rerank-gateway eval " + shlex.join(redactor.argv(argv if argv is not None else getattr(args, "argv", sys.argv[2:])))
+    command = "rerank-gateway eval " + shlex.join(
+        redactor.argv(argv if argv is not None else getattr(args, "argv", sys.argv[2:]))
+    )
     doc: dict[str, Any] = {
         "tool": "rerank-gateway eval",
         "command": command,
@@ -220,8 +274,14 @@ def _report(args: argparse.Namespace, argv: list[str] | None, redactor: Any, jud
         "load_average": " / ".join(f"{x:.2f}" for x in load[0]) + " (1 / 5 / 15 min)",
         "load_average_end": " / ".join(f"{x:.2f}" for x in load[1]),
         "endpoint": redactor.url(url),
-        "data": {"source": judgements.source, "queries": len(qids), "documents": len(judgements.corpus),
-                 "judgements": sum(len(qrels[q]) for q in qids), "first_stage": first_stage, "depth": args.depth},
+        "data": {
+            "source": judgements.source,
+            "queries": len(qids),
+            "documents": len(judgements.corpus),
+            "judgements": sum(len(qrels[q]) for q in qids),
+            "first_stage": first_stage,
+            "depth": args.depth,
+        },
         "metrics": metrics,
         "models": models,
         "quality": {k: quality[k] for k in ("mean", "tests", "stat_test", "max_p")},

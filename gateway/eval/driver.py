@@ -98,17 +98,32 @@ async def _one(client: httpx.AsyncClient, url: str, headers: dict[str, str], mod
         raise EvalError(f"model {model!r}, query {q.qid!r}: not a rerank answer ({exc})") from None
     indices = [r.index for r in reply.results]
     if sorted(indices) != list(range(len(q.texts))):
-        raise EvalError(f"model {model!r}, query {q.qid!r}: {len(indices)} results for {len(q.texts)} documents "
-                        "(each document once expected)")
+        raise EvalError(
+            f"model {model!r}, query {q.qid!r}: {len(indices)} results for {len(q.texts)} documents "
+            "(each document once expected)"
+        )
     tokens = reply.meta.tokens.input_tokens if reply.meta and reply.meta.tokens else None
-    return Answer(qid=q.qid, model=model, order=[q.doc_ids[i] for i in indices],
-                  scores={q.doc_ids[r.index]: r.relevance_score for r in reply.results},
-                  latency_s=latency, documents=len(q.texts), tokens=tokens)
+    return Answer(
+        qid=q.qid,
+        model=model,
+        order=[q.doc_ids[i] for i in indices],
+        scores={q.doc_ids[r.index]: r.relevance_score for r in reply.results},
+        latency_s=latency,
+        documents=len(q.texts),
+        tokens=tokens,
+    )
 
 
-async def run_models(url: str, headers: dict[str, str], models: Sequence[str], queries: Sequence[Query], *,
-                     timeout: float, warmup: int = 1,
-                     progress: Callable[[Answer], object] | None = None) -> dict[str, list[Answer]]:
+async def run_models(
+    url: str,
+    headers: dict[str, str],
+    models: Sequence[str],
+    queries: Sequence[Query],
+    *,
+    timeout: float,
+    warmup: int = 1,
+    progress: Callable[[Answer], object] | None = None,
+) -> dict[str, list[Answer]]:
     """Every query to every model, interleaved (see the module doc); ``warmup`` queries are sent
     to each model first, unmeasured (they also find a refusal -- a key not allowed the model, a
     model not served -- before the measured run starts)."""

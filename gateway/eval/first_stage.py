@@ -24,10 +24,12 @@ def bm25_run(judgements: Judgements, depth: int) -> Run:
 
     ids = list(judgements.corpus)
     index = bm25s.BM25()
-    index.index(bm25s.tokenize([judgements.corpus[i] for i in ids], stopwords="en", show_progress=False),
-                show_progress=False)
+    index.index(
+        bm25s.tokenize([judgements.corpus[i] for i in ids], stopwords="en", show_progress=False), show_progress=False
+    )
     qids = list(judgements.queries)
     tokens = bm25s.tokenize([judgements.queries[q] for q in qids], stopwords="en", show_progress=False)
     found, scores = index.retrieve(tokens, k=min(depth, len(ids)), show_progress=False)
-    return {qid: {ids[int(d)]: float(s) for d, s in zip(found[i], scores[i], strict=True)}
-            for i, qid in enumerate(qids)}
+    return {
+        qid: {ids[int(d)]: float(s) for d, s in zip(found[i], scores[i], strict=True)} for i, qid in enumerate(qids)
+    }

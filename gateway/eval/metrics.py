@@ -31,8 +31,14 @@ def as_ranks(order: Sequence[str]) -> dict[str, float]:
     return {doc: float(len(order) - i) for i, doc in enumerate(order)}
 
 
-def score_systems(qrels: dict[str, dict[str, int]], orders: dict[str, dict[str, list[str]]], metrics: list[str], *,
-                  stat_test: str = "student", max_p: float = 0.05) -> dict[str, Any]:
+def score_systems(
+    qrels: dict[str, dict[str, int]],
+    orders: dict[str, dict[str, list[str]]],
+    metrics: list[str],
+    *,
+    stat_test: str = "student",
+    max_p: float = 0.05,
+) -> dict[str, Any]:
     """``orders``: system -> query id -> document ids best first.
 
     Returns ``{"mean": {system: {metric: value}}, "per_query": {system: {metric: {qid: value}}},
@@ -46,17 +52,26 @@ def score_systems(qrels: dict[str, dict[str, int]], orders: dict[str, dict[str, 
         # scipy's "catastrophic cancellation" when two systems score (nearly) alike on every query
         # (the p-value says so) and numba's casts inside ranx: not the user's to act on.
         warnings.simplefilter("ignore")
-        report = compare(judged, runs, metrics, stat_test=stat_test, max_p=max_p, make_comparable=True,
-                         rounding_digits=6, threads=1)
+        report = compare(
+            judged, runs, metrics, stat_test=stat_test, max_p=max_p, make_comparable=True, rounding_digits=6, threads=1
+        )
     mean = {run.name: {m: float(report.results[run.name][m]) for m in metrics} for run in runs}
     per_query = {run.name: {m: {q: float(v) for q, v in run.scores[m].items()} for m in metrics} for run in runs}
     tests = []
     names = [run.name for run in runs]
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             for m in metrics:
                 found = report.comparisons[frozenset([a, b])][m]
                 p = float(found["p_value"])
-                tests.append({"a": a, "b": b, "metric": m, "delta": mean[b][m] - mean[a][m],
-                              "p_value": p, "significant": bool(not math.isnan(p) and p <= max_p)})
+                tests.append(
+                    {
+                        "a": a,
+                        "b": b,
+                        "metric": m,
+                        "delta": mean[b][m] - mean[a][m],
+                        "p_value": p,
+                        "significant": bool(not math.isnan(p) and p <= max_p),
+                    }
+                )
     return {"mean": mean, "per_query": per_query, "tests": tests, "stat_test": stat_test, "max_p": max_p}

@@ -52,8 +52,10 @@ def write_markdown(path: Path, doc: dict[str, Any], *, title: str) -> None:
         f"- date: {env['date_utc']}; machine: {env['cpus']} CPUs, {env['cpu'] or env['platform']}"
         + (f"; load average at start {doc['load_average']}" if doc.get("load_average") else ""),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
-        (f"- data: {data['source']}: {data['queries']} judged queries, {data['documents']} documents, "
-         f"{data['judgements']} judgements; candidates: {data['first_stage']}, top {data['depth']} per query"),
+        (
+            f"- data: {data['source']}: {data['queries']} judged queries, {data['documents']} documents, "
+            f"{data['judgements']} judgements; candidates: {data['first_stage']}, top {data['depth']} per query"
+        ),
         f"- endpoint: {doc['endpoint']}; requests one at a time, models interleaved query by query",
         f"- command: `{doc['command']}`",
         "",
@@ -63,16 +65,26 @@ def write_markdown(path: Path, doc: dict[str, Any], *, title: str) -> None:
     for name, means in q["mean"].items():
         s = doc["speed"].get(name)
         figures = [_fmt(means[m]) for m in metrics]
-        timing = ([_fmt(s["latency_ms"]["p50"], 1), _fmt(s["latency_ms"]["p99"], 1), _fmt(s["docs_per_s"], 0)]
-                  if s else ["–", "–", "–"])
+        timing = (
+            [_fmt(s["latency_ms"]["p50"], 1), _fmt(s["latency_ms"]["p99"], 1), _fmt(s["docs_per_s"], 0)]
+            if s
+            else ["–", "–", "–"]
+        )
         lines.append(f"| {name} | " + " | ".join(figures + timing) + " |")
     test = "paired Student's t-test" if q["stat_test"] == "student" else "Fisher's randomization test"
-    lines += ["", f"Differences (b − a, over the same queries; {test} by ranx, significant at p ≤ {q['max_p']:g}):", "",
-              "| a | b | metric | Δ | p | significant |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"Differences (b − a, over the same queries; {test} by ranx, significant at p ≤ {q['max_p']:g}):",
+        "",
+        "| a | b | metric | Δ | p | significant |",
+        "|---|---|---|---|---|---|",
+    ]
     for t in q["tests"]:
         if t["metric"] in metrics[:2]:
-            lines.append(f"| {t['a']} | {t['b']} | {t['metric']} | {t['delta']:+.4f} | {_p(t['p_value'])} | "
-                         f"{'yes' if t['significant'] else 'no'} |")
+            lines.append(
+                f"| {t['a']} | {t['b']} | {t['metric']} | {t['delta']:+.4f} | {_p(t['p_value'])} | "
+                f"{'yes' if t['significant'] else 'no'} |"
+            )
     lines += ["", "Every test (Recall included) and each query's figures and latency are in `eval.json`.", ""]
     for name in doc.get("plots", []):
         lines += [f"![{name}]({name})", ""]

@@ -111,7 +111,9 @@ class AccessControl:
         shared = []
         for key in self._admin_keys:
             if key.id in ids or key.hash in hashes:
-                log.warning("admin_key_shadowed", key_id=key.id, reason="the config file has a key with this id or hash")
+                log.warning(
+                    "admin_key_shadowed", key_id=key.id, reason="the config file has a key with this id or hash"
+                )
                 continue
             shared.append(key)
         return KeyStore((*file_keys, *shared))
@@ -126,8 +128,9 @@ class AccessControl:
         self.keys = self._merged(self._settings.auth.keys)
         new = {k.id for k in keys}
         if old != new or version:
-            log.info("admin_keys_synced", version=version, keys=len(new), added=sorted(new - old),
-                     removed=sorted(old - new))
+            log.info(
+                "admin_keys_synced", version=version, keys=len(new), added=sorted(new - old), removed=sorted(old - new)
+            )
 
     async def _sync_quietly(self) -> bool:
         try:
@@ -171,13 +174,17 @@ class AccessControl:
         self.keys = store
         self._settings = msgspec.structs.replace(self._settings, auth=fresh.auth)
         ignored = [
-            name for name in ("logging", "limits", "cache", "dialects", "models")
+            name
+            for name in ("logging", "limits", "cache", "dialects", "models")
             if getattr(fresh, name) != getattr(self._settings, name)
         ]
         for warning in scope_warnings(msgspec.structs.replace(fresh, models=self._settings.models)):
             log.warning("keys_scope_matches_no_model", warning=warning)
         log.info(
-            "keys_reloaded", keys=len(new), added=sorted(new - old), removed=sorted(old - new),
+            "keys_reloaded",
+            keys=len(new),
+            added=sorted(new - old),
+            removed=sorted(old - new),
             **({"restart_needed_for": ignored} if ignored else {}),
         )
         return True
@@ -216,8 +223,12 @@ class AccessMiddleware:
                     charged = True
                     try:
                         await control.limiter.charge(
-                            access.key, access.model, documents=usage.documents, tokens=usage.tokens,
-                            search_units=usage.search_units, strict=True,
+                            access.key,
+                            access.model,
+                            documents=usage.documents,
+                            tokens=usage.tokens,
+                            search_units=usage.search_units,
+                            strict=True,
                         )
                     except (RateLimitedError, RateLimitStoreError) as exc:
                         refused = True
@@ -250,7 +261,9 @@ class AccessMiddleware:
                             quotas = bool(quota_rules(key))
                             admission = await control.limiter.admit(key)
                     elif scope["path"].startswith(_ADMIN_PREFIX):
-                        raise AdminOnlyError("the admin API needs an admin key: add one with admin = true to [[auth.keys]]")
+                        raise AdminOnlyError(
+                            "the admin API needs an admin key: add one with admin = true to [[auth.keys]]"
+                        )
                 timing.admission_s = time.perf_counter() - timing.started
                 await self.app(scope, receive, send_with_limits)
             except Exception as exc:
@@ -268,17 +281,32 @@ class AccessMiddleware:
                 if not charged and status == 200 and usage is not None and access.key is not None and access.model:
                     # No quota: the usage ledger only, once the answer is out (an outage is logged).
                     await control.limiter.charge(
-                        access.key, access.model, documents=usage.documents, tokens=usage.tokens,
-                        search_units=usage.search_units, strict=False,
+                        access.key,
+                        access.model,
+                        documents=usage.documents,
+                        tokens=usage.tokens,
+                        search_units=usage.search_units,
+                        strict=False,
                     )
                 # No status: cancelled before any response, by the client leaving (499) or the
                 # server's shutdown (503, answered by gateway.http.middleware).
                 control.metrics.record_request(access.label, access.model, status or cancelled_status(scope))
                 control.telemetry.observe(timing, model=access.model, route=scope.get("path_template", scope["path"]))
                 if tracing.TRACER is not None and access.model is not None:  # on the request's span
-                    tracing.annotate(**{"rerank.model": access.model, **({
-                        "rerank.documents": usage.documents, "rerank.tokens": usage.tokens,
-                        "rerank.search_units": usage.search_units} if usage is not None else {})})
+                    tracing.annotate(
+                        **{
+                            "rerank.model": access.model,
+                            **(
+                                {
+                                    "rerank.documents": usage.documents,
+                                    "rerank.tokens": usage.tokens,
+                                    "rerank.search_units": usage.search_units,
+                                }
+                                if usage is not None
+                                else {}
+                            ),
+                        }
+                    )
                 if usage is not None and access.model is not None and not refused:  # refused: not counted
                     control.metrics.record_usage(
                         access.label,

@@ -68,8 +68,16 @@ def _actor() -> str:
     return current_key_id() or "-"
 
 
-@post("/admin/v1/keys", status_code=201, tags=_TAGS, security=_SECURITY, guards=_GUARDS, dto=StrictBody[KeyCreate], return_dto=None,
-      summary="Create a key (its secret is in this answer only)")
+@post(
+    "/admin/v1/keys",
+    status_code=201,
+    tags=_TAGS,
+    security=_SECURITY,
+    guards=_GUARDS,
+    dto=StrictBody[KeyCreate],
+    return_dto=None,
+    summary="Create a key (its secret is in this answer only)",
+)
 async def create_admin_key(request: Request[Any, Any, Any], data: JSONBody[KeyCreate]) -> Response[KeyCreated]:
     control = _control(request)
     created = await create_key(_store(control), control.file_ids, _actor(), data)
@@ -77,7 +85,13 @@ async def create_admin_key(request: Request[Any, Any, Any], data: JSONBody[KeyCr
     return Response(created, status_code=201)
 
 
-@get("/admin/v1/keys", tags=_TAGS, security=_SECURITY, guards=_GUARDS, summary="List keys (never their secrets or hashes)")
+@get(
+    "/admin/v1/keys",
+    tags=_TAGS,
+    security=_SECURITY,
+    guards=_GUARDS,
+    summary="List keys (never their secrets or hashes)",
+)
 async def list_admin_keys(request: Request[Any, Any, Any]) -> KeyList:
     control = _control(request)
     await control.sync_keys()
@@ -94,9 +108,18 @@ async def get_admin_key(request: Request[Any, Any, Any], key_id: FromPath[str]) 
     raise KeyNotFoundError(f"no key '{key_id}'")
 
 
-@patch("/admin/v1/keys/{key_id:str}", tags=_TAGS, security=_SECURITY, guards=_GUARDS, dto=StrictBody[KeyChange], return_dto=None,
-       summary="Change a key's models, admin flag, expiry, limits or quotas (null removes one)")
-async def change_admin_key(request: Request[Any, Any, Any], key_id: FromPath[str], data: JSONBody[KeyChange]) -> KeyInfo:
+@patch(
+    "/admin/v1/keys/{key_id:str}",
+    tags=_TAGS,
+    security=_SECURITY,
+    guards=_GUARDS,
+    dto=StrictBody[KeyChange],
+    return_dto=None,
+    summary="Change a key's models, admin flag, expiry, limits or quotas (null removes one)",
+)
+async def change_admin_key(
+    request: Request[Any, Any, Any], key_id: FromPath[str], data: JSONBody[KeyChange]
+) -> KeyInfo:
     control = _control(request)
     info = await change_key(_store(control), control.file_ids, _actor(), key_id, data)
     await control.sync_keys()
@@ -110,8 +133,13 @@ async def revoke_admin_key(request: Request[Any, Any, Any], key_id: FromPath[str
     await control.sync_keys()
 
 
-@get("/admin/v1/keys/{key_id:str}/quota", tags=_TAGS, security=_SECURITY, guards=_GUARDS,
-     summary="A key's quotas: used so far in this day and month, and when each resets")
+@get(
+    "/admin/v1/keys/{key_id:str}/quota",
+    tags=_TAGS,
+    security=_SECURITY,
+    guards=_GUARDS,
+    summary="A key's quotas: used so far in this day and month, and when each resets",
+)
 async def admin_key_quota(request: Request[Any, Any, Any], key_id: FromPath[str]) -> QuotaReport:
     control = _control(request)
     await control.sync_keys()
@@ -120,13 +148,20 @@ async def admin_key_quota(request: Request[Any, Any, Any], key_id: FromPath[str]
     return QuotaReport(
         key=key_id,
         timezone=control.limiter.calendar.zone.key,
-        quotas=[QuotaState(quota=s.quota, limit=s.limit, used=s.used, remaining=s.remaining, resets_at=s.resets_at)
-                for s in states],
+        quotas=[
+            QuotaState(quota=s.quota, limit=s.limit, used=s.used, remaining=s.remaining, resets_at=s.resets_at)
+            for s in states
+        ],
     )
 
 
-@get("/admin/v1/usage", tags=_TAGS, security=_SECURITY, guards=_GUARDS,
-     summary="Usage per key and model over whole days (limits.quota_timezone), both ends included")
+@get(
+    "/admin/v1/usage",
+    tags=_TAGS,
+    security=_SECURITY,
+    guards=_GUARDS,
+    summary="Usage per key and model over whole days (limits.quota_timezone), both ends included",
+)
 async def admin_usage(
     request: Request[Any, Any, Any],
     start: Annotated[date | None, Parameter(description="first day (default: the 1st of this month)")] = None,
@@ -141,11 +176,19 @@ async def admin_usage(
     if start > end:
         raise InvalidRequestError(f"invalid request: start {start} is after end {end}")
     if end - start > timedelta(days=USAGE_RETENTION_DAYS):
-        raise InvalidRequestError(f"invalid request: at most {USAGE_RETENTION_DAYS} days at once (usage is kept that long)")
+        raise InvalidRequestError(
+            f"invalid request: at most {USAGE_RETENTION_DAYS} days at once (usage is kept that long)"
+        )
     rows = await control.limiter.usage(start, end)
     data = [
-        UsageEntry(key=r.key, model=r.model, requests=r.requests, documents=r.documents, tokens=r.tokens,
-                   search_units=r.search_units)
+        UsageEntry(
+            key=r.key,
+            model=r.model,
+            requests=r.requests,
+            documents=r.documents,
+            tokens=r.tokens,
+            search_units=r.search_units,
+        )
         for r in rows
         if (key is None or r.key == key) and (model is None or r.model == model)
     ]
@@ -153,5 +196,11 @@ async def admin_usage(
 
 
 ADMIN_ROUTES = [
-    create_admin_key, list_admin_keys, get_admin_key, change_admin_key, revoke_admin_key, admin_key_quota, admin_usage,
+    create_admin_key,
+    list_admin_keys,
+    get_admin_key,
+    change_admin_key,
+    revoke_admin_key,
+    admin_key_quota,
+    admin_usage,
 ]

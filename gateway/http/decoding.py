@@ -137,7 +137,9 @@ def decode_json(body: bytes, type_: type[T]) -> T:
         raise InvalidRequestError(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         text = str(exc)
-        raise MalformedRequestError(text if text.startswith("JSON is malformed") else f"JSON is malformed: {text}") from None
+        raise MalformedRequestError(
+            text if text.startswith("JSON is malformed") else f"JSON is malformed: {text}"
+        ) from None
     except RecursionError:  # unreachable after check_depth; kept so no input can become a 500
         raise MalformedRequestError(f"JSON is nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
 
@@ -191,7 +193,7 @@ def _integral(value: Any, info: msgspec.inspect.Type) -> Any:
     if isinstance(info, _SEQUENCES) and isinstance(value, list):
         return [_integral(v, info.item_type) for v in value]
     if isinstance(info, msgspec.inspect.TupleType) and isinstance(value, list):
-        return [_integral(v, t) for v, t in zip(value, info.item_types, strict=False)] + value[len(info.item_types):]
+        return [_integral(v, t) for v, t in zip(value, info.item_types, strict=False)] + value[len(info.item_types) :]
     return value
 
 

@@ -100,7 +100,16 @@ class _Route:
     """One path's direct ASGI app."""
 
     __slots__ = (
-        "app", "dto", "encoder", "exception_handlers", "fn", "handler", "lean", "path", "request_class", "stack",
+        "app",
+        "dto",
+        "encoder",
+        "exception_handlers",
+        "fn",
+        "handler",
+        "lean",
+        "path",
+        "request_class",
+        "stack",
         "type_encoders",
     )
 
@@ -165,7 +174,9 @@ class _Route:
     async def _send_json(self, response: Response[Any], send: Send) -> None:
         """What ``to_asgi_response(...)`` and ``ASGIResponse.__call__`` send for ``response``."""
         body = self.encoder.encode(response.content)
-        headers = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in response.headers.items()]
+        headers = [
+            (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in response.headers.items()
+        ]
         names = {name for name, _ in headers}
         if b"content-type" not in names:
             headers.append((b"content-type", b"application/json"))

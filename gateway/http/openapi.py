@@ -96,9 +96,7 @@ def finalize_openapi(app: Litestar, settings: Settings) -> None:
     """Edit the app's generated OpenAPI document in place (served as built here)."""
     # Litestar's OpenAPI plugin builds the document once and serves that same dict.
     document: dict[str, Any] = app.plugins.get("OpenAPIPlugin").provide_openapi_schema()
-    _, wire = msgspec.json.schema_components(
-        [RerankRequest, RerankResponse, ErrorBody, ModelList], ref_template=_REF
-    )
+    _, wire = msgspec.json.schema_components([RerankRequest, RerankResponse, ErrorBody, ModelList], ref_template=_REF)
     _request_schemas(settings, wire)
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     schemas.update(wire)

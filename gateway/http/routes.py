@@ -29,11 +29,10 @@ from schemas.rerank import ModelCard, ModelList, RerankRequest, RerankResponse
 
 __all__ = ("ROUTES",)
 
+
 def _response(outcome: RerankOutcome) -> Response[RerankResponse]:
     fields = log_fields()
-    fields.update(
-        model=outcome.model, documents=outcome.documents, items=outcome.items, tokens=outcome.input_tokens
-    )
+    fields.update(model=outcome.model, documents=outcome.documents, items=outcome.items, tokens=outcome.input_tokens)
     headers = {
         "x-tokenize-time-ms": f"{outcome.tokenize_ms:.2f}",
         "x-inference-time-ms": f"{outcome.inference_ms:.2f}",

@@ -63,15 +63,23 @@ def _server(settings: Settings, report: Preflight) -> None:
     from gateway.serving.cache import build_cache
 
     # The app's own constructors: what would raise while it is built raises here first.
-    for check in (lambda: check_exposure(settings), lambda: KeyStore(settings.auth.keys), lambda: build_cache(settings)):
+    for check in (
+        lambda: check_exposure(settings),
+        lambda: KeyStore(settings.auth.keys),
+        lambda: build_cache(settings),
+    ):
         try:
             check()
         except ConfigError as exc:
             report.findings.append(Finding(str(exc), refuses=True))
     if settings.server.runner == "granian" and importlib.util.find_spec("granian") is None:
-        report.findings.append(Finding(
-            "server.runner = \"granian\" needs the granian package: pip install 'rerank-gateway[granian]', "
-            "or set server.runner = \"uvicorn\"", refuses=True))
+        report.findings.append(
+            Finding(
+                "server.runner = \"granian\" needs the granian package: pip install 'rerank-gateway[granian]', "
+                'or set server.runner = "uvicorn"',
+                refuses=True,
+            )
+        )
     report.warnings += scope_warnings(settings)
     workers = settings.server.workers
     limited = [k.id for k in settings.auth.keys if k.rpm or k.tpm or k.max_concurrent]
@@ -101,18 +109,29 @@ def _model(i: int, model: object, report: Preflight) -> None:
     path = getattr(model, "path", None)
     env = f"env RERANK_MODELS__{i}__PATH"
     if isinstance(model, GgufEngineConfig) and not os.path.isfile(model.path):
-        report.findings.append(Finding(
-            f"models[{i}].path ({env}): no file '{model.path}' on this machine; engine 'gguf' needs a local "
-            ".gguf file", refuses=False))
+        report.findings.append(
+            Finding(
+                f"models[{i}].path ({env}): no file '{model.path}' on this machine; engine 'gguf' needs a local "
+                ".gguf file",
+                refuses=False,
+            )
+        )
     elif isinstance(path, str) and missing_local_path(path):
-        report.findings.append(Finding(
-            f"models[{i}].path ({env}): '{path}' does not exist on this machine (and it is not a Hugging "
-            "Face hub id)", refuses=False))
+        report.findings.append(
+            Finding(
+                f"models[{i}].path ({env}): '{path}' does not exist on this machine (and it is not a Hugging "
+                "Face hub id)",
+                refuses=False,
+            )
+        )
     elif isinstance(model, LocalModelConfig) and os.path.exists(model.path) and not os.path.isdir(model.path):
-        report.findings.append(Finding(
-            f"models[{i}].path ({env}): '{model.path}' is a file; engine '{type(model).__struct_config__.tag}' "
-            "needs the checkpoint's directory (the one holding config.json; a .gguf file goes to engine 'gguf')",
-            refuses=True))
+        report.findings.append(
+            Finding(
+                f"models[{i}].path ({env}): '{model.path}' is a file; engine '{type(model).__struct_config__.tag}' "
+                "needs the checkpoint's directory (the one holding config.json; a .gguf file goes to engine 'gguf')",
+                refuses=True,
+            )
+        )
     elif isinstance(model, LocalModelConfig) and os.path.isdir(model.path):
         try:
             report.families[i] = _local_family(i, model)
@@ -124,23 +143,26 @@ def _model(i: int, model: object, report: Preflight) -> None:
         try:
             read_golden_set(model.parity_set)
         except ValueError as exc:  # the line the engine would refuse the model with at load
-            report.findings.append(Finding(
-                f"models[{i}].parity_set (env RERANK_MODELS__{i}__PARITY_SET): {exc}", refuses=False))
+            report.findings.append(
+                Finding(f"models[{i}].parity_set (env RERANK_MODELS__{i}__PARITY_SET): {exc}", refuses=False)
+            )
     if isinstance(model, GatedPrecisionConfig) and model.qrels_set is not None:  # set only with a reduced precision
         from adapters.runtimes.judgements import load_beir
 
         try:
             load_beir(model.qrels_set, model.qrels_split)  # as adapters/runtimes/qrels_gate.py will
         except ValueError as exc:  # the line the engine would refuse the model with at load
-            report.findings.append(Finding(
-                f"models[{i}].qrels_set (env RERANK_MODELS__{i}__QRELS_SET): {exc}", refuses=False))
+            report.findings.append(
+                Finding(f"models[{i}].qrels_set (env RERANK_MODELS__{i}__QRELS_SET): {exc}", refuses=False)
+            )
     if isinstance(model, DashScopeEngineConfig):
         from adapters.upstreams.http import resolve_api_key
 
         if resolve_api_key(model.api_key, model.api_key_env) is None:
             where = f"the environment variable {model.api_key_env}" if model.api_key_env else "api_key_env"
-            report.findings.append(Finding(
-                f"models[{i}] ({model.name}): no DashScope API key: set api_key or {where}", refuses=False))
+            report.findings.append(
+                Finding(f"models[{i}] ({model.name}): no DashScope API key: set api_key or {where}", refuses=False)
+            )
     if isinstance(model, HostedRerankConfig):
         from adapters.base import EngineConfigError
         from adapters.upstreams.http import read_api_key
@@ -152,8 +174,11 @@ def _model(i: int, model: object, report: Preflight) -> None:
             found = True
         if not found:
             where = f"the environment variable {model.api_key_env}" if model.api_key_env else "api_key_env"
-            report.findings.append(Finding(
-                f"models[{i}] ({model.name}): no API key found: set api_key, api_key_file or {where}", refuses=False))
+            report.findings.append(
+                Finding(
+                    f"models[{i}] ({model.name}): no API key found: set api_key, api_key_file or {where}", refuses=False
+                )
+            )
 
 
 def _local_family(i: int, model: LocalModelConfig) -> str:
@@ -192,8 +217,12 @@ def _local_family(i: int, model: LocalModelConfig) -> str:
         # checkpoint's positions is refused (a hub checkpoint: when the engine starts).
         positions = (local_checkpoint_config(model.path) or {}).get("max_position_embeddings")
         try:
-            check_window(model.name, model.max_length, positions if isinstance(positions, int) else None,
-                         extra_tokens=1 if isinstance(model, VllmGenerateEngineConfig) else 0)
+            check_window(
+                model.name,
+                model.max_length,
+                positions if isinstance(positions, int) else None,
+                extra_tokens=1 if isinstance(model, VllmGenerateEngineConfig) else 0,
+            )
         except CheckpointMismatchError as exc:
             raise ConfigError(f"models[{i}].max_length: {exc}") from None
     return f"{detection.family} ({detection.reason})"

@@ -198,7 +198,10 @@ def run_uvicorn(settings: Settings, config_path: str | None = None) -> bool:
         _export_for_workers(settings, config_path)
         uvicorn.run(
             "gateway.launch.servers:create_worker_app",
-            factory=True, workers=server.workers, http=timed_protocol(None), **common
+            factory=True,
+            workers=server.workers,
+            http=timed_protocol(None),
+            **common,
         )
         return True
     from gateway.app import create_app

@@ -84,8 +84,11 @@ def configure(environ: Mapping[str, str]) -> bool:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
-        log.warning("tracing_unavailable", reason="OTEL_* variables ask for traces but the OpenTelemetry SDK is "
-                    "not installed: pip install 'rerank-gateway[otel]'")
+        log.warning(
+            "tracing_unavailable",
+            reason="OTEL_* variables ask for traces but the OpenTelemetry SDK is "
+            "not installed: pip install 'rerank-gateway[otel]'",
+        )
         return False
     named = "OTEL_SERVICE_NAME" in environ or "service.name=" in environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
     provider = TracerProvider(resource=Resource.create({} if named else {"service.name": "rerank-gateway"}))
@@ -116,8 +119,11 @@ def _exporter(name: str, environ: Mapping[str, str]) -> Any:
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
         except ImportError:
-            log.warning("tracing_grpc_unavailable", reason="OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs "
-                        "opentelemetry-exporter-otlp-proto-grpc; exporting with http/protobuf instead")
+            log.warning(
+                "tracing_grpc_unavailable",
+                reason="OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs "
+                "opentelemetry-exporter-otlp-proto-grpc; exporting with http/protobuf instead",
+            )
         else:
             return GrpcExporter()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -143,8 +149,9 @@ def span(name: str, **attributes: Any) -> AbstractContextManager[Any]:
 def _span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
     assert TRACER is not None
     # Our own outcome instead of the SDK's exception event: its message could quote the input.
-    with TRACER.start_as_current_span(name, attributes=attributes, record_exception=False,
-                                      set_status_on_exception=False) as current:
+    with TRACER.start_as_current_span(
+        name, attributes=attributes, record_exception=False, set_status_on_exception=False
+    ) as current:
         try:
             yield current
         except BaseException as exc:
@@ -165,8 +172,10 @@ def annotate(**attributes: Any) -> None:
 def _engine_span(model: str, engine: str, items: int) -> Iterator[Any]:
     assert TRACER is not None
     with TRACER.start_as_current_span(
-        "engine", attributes={"rerank.model": model, "rerank.engine": engine, "rerank.items": items},
-        record_exception=False, set_status_on_exception=False,
+        "engine",
+        attributes={"rerank.model": model, "rerank.engine": engine, "rerank.items": items},
+        record_exception=False,
+        set_status_on_exception=False,
     ) as current:
         token = _engine.set((current, time.time_ns()))
         try:
@@ -186,8 +195,9 @@ def engine_done(current: Any, *, tokens: int, queue_s: float) -> None:
     """The engine answered: its tokens, and its queue wait as a child span ending where the work began."""
     if current is None or TRACER is None:
         return
-    current.set_attributes({"rerank.tokens": tokens, "rerank.queue_ms": round(queue_s * 1e3, 3),
-                            "rerank.outcome": "ok"})
+    current.set_attributes(
+        {"rerank.tokens": tokens, "rerank.queue_ms": round(queue_s * 1e3, 3), "rerank.outcome": "ok"}
+    )
     if queue_s > 0:
         from opentelemetry import trace
 
@@ -207,8 +217,12 @@ def engine_step(rows: int, tokens: int) -> None:
     from opentelemetry import trace
 
     now = time.time_ns()
-    step = TRACER.start_span("engine.step", context=trace.set_span_in_context(parent), start_time=since,
-                             attributes={"rerank.step.rows": rows, "rerank.step.tokens": tokens})
+    step = TRACER.start_span(
+        "engine.step",
+        context=trace.set_span_in_context(parent),
+        start_time=since,
+        attributes={"rerank.step.rows": rows, "rerank.step.tokens": tokens},
+    )
     step.end(end_time=now)
     _engine.set((parent, now))
 
@@ -223,15 +237,21 @@ def _fail(current: Any, exc: BaseException) -> None:
     current.set_status(Status(StatusCode.ERROR, type(exc).__name__))
 
 
-async def serve_request(scope: dict[str, Any], send: Callable[[Any], Awaitable[None]],
-                        run: Callable[[Callable[[Any], Awaitable[None]]], Awaitable[None]]) -> None:
+async def serve_request(
+    scope: dict[str, Any],
+    send: Callable[[Any], Awaitable[None]],
+    run: Callable[[Callable[[Any], Awaitable[None]]], Awaitable[None]],
+) -> None:
     """Run one HTTP request (``run(send)``) under its server span, parented by its traceparent."""
     assert TRACER is not None
     from opentelemetry import propagate
     from opentelemetry.trace import SpanKind, Status, StatusCode
 
-    carrier = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope.get("headers", ())
-               if name in (b"traceparent", b"tracestate", b"baggage")}
+    carrier = {
+        name.decode("latin-1"): value.decode("latin-1")
+        for name, value in scope.get("headers", ())
+        if name in (b"traceparent", b"tracestate", b"baggage")
+    }
     parent = propagate.extract(carrier) if carrier else None
     method = scope.get("method", "")
     status = 0
@@ -243,9 +263,12 @@ async def serve_request(scope: dict[str, Any], send: Callable[[Any], Awaitable[N
         await send(message)
 
     with TRACER.start_as_current_span(
-        f"{method} {scope.get('path', '')}", context=parent, kind=SpanKind.SERVER,
+        f"{method} {scope.get('path', '')}",
+        context=parent,
+        kind=SpanKind.SERVER,
         attributes={"http.request.method": method, "url.path": scope.get("path", "")},
-        record_exception=False, set_status_on_exception=False,
+        record_exception=False,
+        set_status_on_exception=False,
     ) as current:
         try:
             await run(watch)
@@ -254,8 +277,13 @@ async def serve_request(scope: dict[str, Any], send: Callable[[Any], Awaitable[N
             if not status:  # no answer: the client left (499), else the server cancelled it
                 status = 499 if state.get("client_disconnected") else 500
             outcome = "ok" if status < 400 else "cancelled" if status == 499 else "refused" if status < 500 else "error"
-            current.set_attributes({"http.response.status_code": status, "rerank.outcome": outcome,
-                                    "rerank.request_id": str(state.get("request_id", ""))})
+            current.set_attributes(
+                {
+                    "http.response.status_code": status,
+                    "rerank.outcome": outcome,
+                    "rerank.request_id": str(state.get("request_id", "")),
+                }
+            )
             route = scope.get("path_template")
             if route:
                 current.update_name(f"{method} {route}")

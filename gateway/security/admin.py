@@ -117,9 +117,7 @@ async def create_key(store: SharedKeys, file_ids: frozenset[str], actor: str, bo
     return KeyCreated(key=key_info(entry, "admin"), secret=secret)
 
 
-async def change_key(
-    store: SharedKeys, file_ids: frozenset[str], actor: str, key_id: str, body: KeyChange
-) -> KeyInfo:
+async def change_key(store: SharedKeys, file_ids: frozenset[str], actor: str, key_id: str, body: KeyChange) -> KeyInfo:
     current = await _owned(store, file_ids, key_id, "changed")
     changes = {name: value for name, value in msgspec.structs.asdict(body).items() if value is not msgspec.UNSET}
     entry = msgspec.structs.replace(current, **changes)

@@ -136,9 +136,11 @@ def _positive(text: str) -> int:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     keys = sub.add_parser(
-        "keys", help="create API keys and hash them for the config",
+        "keys",
+        help="create API keys and hash them for the config",
         description="Make API keys for the gateway. The config holds only their SHA-256 hashes "
-                    "([[auth.keys]]); the key itself is printed once, by `keys create`.")
+        "([[auth.keys]]); the key itself is printed once, by `keys create`.",
+    )
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="print a new random key once, and its [[auth.keys]] entry")
     create.add_argument("--name", "--id", required=True, help="key id shown in logs and metrics (not secret)")
@@ -150,13 +152,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     create.add_argument("--max-concurrent", type=_positive, help="requests in flight at once")
     for metric, what in (("tokens", "input tokens"), ("search-units", "search units")):
         for period in ("day", "month"):
-            create.add_argument(f"--{metric}-per-{period}", type=_positive,
-                                help=f"quota: {what} per calendar {period} (limits.quota_timezone)")
+            create.add_argument(
+                f"--{metric}-per-{period}",
+                type=_positive,
+                help=f"quota: {what} per calendar {period} (limits.quota_timezone)",
+            )
     create.add_argument("--admin", action="store_true", help="may call the admin API (/admin/v1/...)")
     expiry = create.add_mutually_exclusive_group()
     expiry.add_argument("--expires-at", help="ISO 8601 date/time, in the future (UTC if no offset)")
-    expiry.add_argument("--expires-in-days", type=_positive, metavar="DAYS",
-                        help="the key expires this many days from now (UTC)")
+    expiry.add_argument(
+        "--expires-in-days", type=_positive, metavar="DAYS", help="the key expires this many days from now (UTC)"
+    )
     create.set_defaults(func=_create)
     hash_cmd = keys_sub.add_parser("hash", help="read a key on stdin and print its sha256:<hex> config hash")
     hash_cmd.set_defaults(func=_hash)

@@ -130,8 +130,10 @@ def quota_refusal(
     if cost <= 0 or left == 0:
         what = f"API key '{key.id}' used its quota {rule.name} = {rule.limit} ({used} {unit} used)"
     else:
-        what = (f"API key '{key.id}': this request needs {cost} {unit}, more than the {left} left of its "
-                f"quota {rule.name} = {rule.limit}")
+        what = (
+            f"API key '{key.id}': this request needs {cost} {unit}, more than the {left} left of its "
+            f"quota {rule.name} = {rule.limit}"
+        )
     message = f"{what}; it resets at {reset_at.isoformat()}"
     headers = {
         "Retry-After": str(retry),

@@ -356,6 +356,7 @@ class KeyLimiter:
         caller can still refuse the request, so a store outage under ``redis_failure = "closed"``
         raises 503; otherwise (a key without quotas, answered already) an outage is only logged.
         """
+
         async def work(store: MemoryQuotaStore | RedisQuotaStore) -> None:
             await store.charge(key, model, documents=documents, tokens=tokens, search_units=search_units)
 

@@ -173,7 +173,7 @@ def build_cache(settings: Settings) -> ResponseCache | None:
     if config.backend == "redis":
         url = config.redis_url or settings.limits.redis_url
         if not url:  # unset or empty ("" from an empty RERANK_*__REDIS_URL)
-            raise ConfigError("invalid config: cache.backend = \"redis\" needs cache.redis_url or limits.redis_url")
+            raise ConfigError('invalid config: cache.backend = "redis" needs cache.redis_url or limits.redis_url')
         backend: _Backend = _RedisBackend(url, config.ttl_s, settings.limits.redis_timeout_s)
     else:
         backend = _MemoryBackend(config.max_entries, config.ttl_s)

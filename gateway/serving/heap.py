@@ -48,8 +48,12 @@ def settle(reason: str) -> None:
     started = time.perf_counter()
     gc.collect()
     gc.freeze()
-    log.info("heap_frozen", reason=reason, frozen_objects=gc.get_freeze_count(),
-             collect_ms=round(1e3 * (time.perf_counter() - started), 1))
+    log.info(
+        "heap_frozen",
+        reason=reason,
+        frozen_objects=gc.get_freeze_count(),
+        collect_ms=round(1e3 * (time.perf_counter() - started), 1),
+    )
 
 
 def thaw() -> None:

@@ -188,7 +188,9 @@ def rank_texts(documents: Sequence[str | dict[str, Any]], rank_fields: list[str]
         else:
             text = doc.get("text")
             if not isinstance(text, str):
-                kind = "an image document (not supported)" if "image" in doc else "an object without a string 'text' field"
+                kind = (
+                    "an image document (not supported)" if "image" in doc else "an object without a string 'text' field"
+                )
                 raise InvalidRequestError(
                     f"invalid request: document {i} is {kind}; send a 'text' field or name the fields "
                     "to rank on with rank_fields"

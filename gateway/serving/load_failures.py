@@ -20,13 +20,33 @@ from schemas.config import EngineConfig
 __all__ = ("fix_for", "is_network_failure")
 
 # Exception types (by name: their libraries are optional) that mean the hub could not be reached.
-_NETWORK_TYPES = frozenset({
-    "HubUnreachableError", "LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectionError", "ConnectError", "ConnectTimeout",
-    "NewConnectionError", "MaxRetryError", "NameResolutionError", "gaierror", "ProxyError", "SSLError",
-    "ReadTimeout", "ConnectTimeoutError",
-})
-_NETWORK_TEXT = ("couldn't connect to", "offline mode", "hub is unreachable", "name resolution",
-                 "network is unreachable", "name or service not known", "connection refused")
+_NETWORK_TYPES = frozenset(
+    {
+        "HubUnreachableError",
+        "LocalEntryNotFoundError",
+        "OfflineModeIsEnabled",
+        "ConnectionError",
+        "ConnectError",
+        "ConnectTimeout",
+        "NewConnectionError",
+        "MaxRetryError",
+        "NameResolutionError",
+        "gaierror",
+        "ProxyError",
+        "SSLError",
+        "ReadTimeout",
+        "ConnectTimeoutError",
+    }
+)
+_NETWORK_TEXT = (
+    "couldn't connect to",
+    "offline mode",
+    "hub is unreachable",
+    "name resolution",
+    "network is unreachable",
+    "name or service not known",
+    "connection refused",
+)
 _NOT_ON_HUB_TYPES = frozenset({"RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError"})
 
 

@@ -150,8 +150,13 @@ class ModelRuntime(ModelRuntimeState):
             self.load_attempts += 1
             # /ready says "loading" while an attempt runs; error and fix stay the last attempt's.
             self.state, self.next_load_at, self.loading_since = ModelState.LOADING, None, time.monotonic()
-            log.info("model_loading", model=self.name, engine=self.kind, attempt=self.load_attempts,
-                     path=getattr(self.config, "path", None))
+            log.info(
+                "model_loading",
+                model=self.name,
+                engine=self.kind,
+                attempt=self.load_attempts,
+                path=getattr(self.config, "path", None),
+            )
             started = time.perf_counter()
             try:
                 await self._start_engine()
@@ -161,8 +166,14 @@ class ModelRuntime(ModelRuntimeState):
                 self.state, self.error, self.hint = ModelState.FAILED, describe_exception(exc), self._hint(exc)
                 self.down_since = self.down_since or time.monotonic()
                 self.next_load_at = time.monotonic() + delay
-                log.error("model_load_failed", model=self.name, error=self.error, fix=self.hint,
-                          attempt=self.load_attempts, next_retry_s=delay)
+                log.error(
+                    "model_load_failed",
+                    model=self.name,
+                    error=self.error,
+                    fix=self.hint,
+                    attempt=self.load_attempts,
+                    next_retry_s=delay,
+                )
                 self.first_attempt_done.set()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._server.load_retry_max_s)
@@ -170,8 +181,13 @@ class ModelRuntime(ModelRuntimeState):
             self.state, self.error, self.hint, self.loaded_at = ModelState.READY, None, None, time.time()
             self.down_since = self.next_load_at = None
             self.first_attempt_done.set()
-            log.info("model_ready", model=self.name, engine=self.kind, load_s=round(time.perf_counter() - started, 2),
-                     attempt=self.load_attempts)
+            log.info(
+                "model_ready",
+                model=self.name,
+                engine=self.kind,
+                load_s=round(time.perf_counter() - started, 2),
+                attempt=self.load_attempts,
+            )
             return
 
     def _hint(self, exc: Exception) -> str:
@@ -232,8 +248,11 @@ class ModelRegistry:
         failed); a later vLLM restart spawns its process (adapters.runtimes.vllm_base).
         """
         first = [rt.first_attempt_done for rt in self._runtimes if rt.runs_vllm]
-        self._tasks = [asyncio.create_task(rt.load(None if rt.runs_vllm else first), name=f"load:{rt.name}")
-                       for rt in self._runtimes if not isinstance(rt.config, ComposedModelConfig)]
+        self._tasks = [
+            asyncio.create_task(rt.load(None if rt.runs_vllm else first), name=f"load:{rt.name}")
+            for rt in self._runtimes
+            if not isinstance(rt.config, ComposedModelConfig)
+        ]
 
     async def wait_loaded(self) -> None:
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -297,14 +316,17 @@ class ModelRegistry:
             "(server.liveness_failure_after_s); see GET /ready for the causes"
         )
 
-
     @property
     def ready(self) -> bool:
         """Every model can serve; a chain's target that cannot is covered while the chain serves
         through another one (a replica taken out of its load balancer for a local engine that is
         loading would defeat the chain in front of it; the target's own name answers 503 meanwhile)."""
-        covered = {t.runtime.name for rt in self._runtimes if rt.chain is not None and rt.state is ModelState.READY
-                   for t in rt.chain.targets}
+        covered = {
+            t.runtime.name
+            for rt in self._runtimes
+            if rt.chain is not None and rt.state is ModelState.READY
+            for t in rt.chain.targets
+        }
         return all(rt.state is ModelState.READY or rt.name in covered for rt in self._runtimes)
 
     def statuses(self) -> list[dict[str, Any]]:

@@ -51,8 +51,13 @@ Score = Callable[[ModelRuntime, ScoreJob], Awaitable[ScoreResult]]
 
 
 async def overlapped(
-    limits: LimitsConfig, score: Score,
-    runtime: ModelRuntime, tokenizer: PromptTokenizer, query: str, instruction: str, unique: list[str],
+    limits: LimitsConfig,
+    score: Score,
+    runtime: ModelRuntime,
+    tokenizer: PromptTokenizer,
+    query: str,
+    instruction: str,
+    unique: list[str],
     *rest: Any,
 ) -> tuple[ScoreJob, list[int], float, ScoreResult]:
     """Tokenize and submit the documents in growing parts (``_OVERLAP_PARTS``), each submitted
@@ -90,13 +95,21 @@ async def overlapped(
                 task.exception()  # retrieved: the request answers with the first error only
     job = msgspec.structs.replace(parts[0][0], item_ids=items, raw_scores=raw)
     owners = [o for _, part_owners in parts for o in part_owners]
-    result = ScoreResult(scores=[s for r in results for s in r.scores],
-                         input_tokens=sum(r.input_tokens for r in results), queue_s=results[0].queue_s)
+    result = ScoreResult(
+        scores=[s for r in results for s in r.scores],
+        input_tokens=sum(r.input_tokens for r in results),
+        queue_s=results[0].queue_s,
+    )
     return job, owners, t1, result
 
 
 async def _part_job(
-    limits: LimitsConfig, tokenizer: PromptTokenizer, query: str, instruction: str, unique: list[str], part: slice,
+    limits: LimitsConfig,
+    tokenizer: PromptTokenizer,
+    query: str,
+    instruction: str,
+    unique: list[str],
+    part: slice,
     rest: tuple[Any, ...],
 ) -> tuple[ScoreJob, list[int]]:
     """``token_job`` on ``unique[part]``. A part over ``limits.max_total_chunks`` refuses the

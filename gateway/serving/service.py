@@ -150,8 +150,14 @@ class RerankService:
                 return _answer_from_cache(hit, runtime.name, request_id)
 
         scored = await self.score_documents(
-            runtime, query=query, texts=texts, instruction=asked, max_tokens_per_doc=max_tokens,
-            max_chunks_per_doc=request.max_chunks_per_doc, long_texts=long_texts, raw_scores=raw_scores,
+            runtime,
+            query=query,
+            texts=texts,
+            instruction=asked,
+            max_tokens_per_doc=max_tokens,
+            max_chunks_per_doc=request.max_chunks_per_doc,
+            long_texts=long_texts,
+            raw_scores=raw_scores,
             top_n=request.top_n,
         )
         top_n = min(request.top_n or len(documents), len(documents))
@@ -246,10 +252,18 @@ class RerankService:
             _admit(runtime)
             runtime.in_flight += 1
             try:
-                return Scored(**await runtime.cascade.score(
-                    self.score_documents, query=query, texts=texts, instruction=instruction,
-                    max_tokens_per_doc=max_tokens_per_doc, max_chunks_per_doc=max_chunks_per_doc,
-                    long_texts=long_texts, raw_scores=raw_scores))
+                return Scored(
+                    **await runtime.cascade.score(
+                        self.score_documents,
+                        query=query,
+                        texts=texts,
+                        instruction=instruction,
+                        max_tokens_per_doc=max_tokens_per_doc,
+                        max_chunks_per_doc=max_chunks_per_doc,
+                        long_texts=long_texts,
+                        raw_scores=raw_scores,
+                    )
+                )
             finally:
                 runtime.in_flight -= 1
         args = (query, list(texts), instruction, max_tokens_per_doc, max_chunks_per_doc, long_texts, raw_scores, top_n)
@@ -271,9 +285,17 @@ class RerankService:
         """One chain attempt: the target scores on its engine, or routes on if it is a chain itself."""
         runtime = cast(ModelRuntime, target)  # the registry's runtimes, as the chain was given them
         if runtime.chain is not None:
-            return await self.score_documents(runtime, query=args[0], texts=args[1], instruction=args[2],
-                                              max_tokens_per_doc=args[3], max_chunks_per_doc=args[4],
-                                              long_texts=args[5], raw_scores=args[6], top_n=args[7])
+            return await self.score_documents(
+                runtime,
+                query=args[0],
+                texts=args[1],
+                instruction=args[2],
+                max_tokens_per_doc=args[3],
+                max_chunks_per_doc=args[4],
+                long_texts=args[5],
+                raw_scores=args[6],
+                top_n=args[7],
+            )
         return await self._compute(runtime, *args)
 
     async def _compute(
@@ -319,8 +341,11 @@ class RerankService:
                 configured_chunks: int = getattr(runtime.config, "max_chunks_per_doc", 1)
                 max_chunks = max_chunks_per_doc or configured_chunks
                 args = (tokenizer, query, instruction, unique, max_tokens, max_chunks, long_texts, raw_scores)
-                if (getattr(engine, "overlaps_tokenizing", False) and len(unique) >= _OVERLAP_MIN_DOCUMENTS
-                        and runtime.in_flight == 1):
+                if (
+                    getattr(engine, "overlaps_tokenizing", False)
+                    and len(unique) >= _OVERLAP_MIN_DOCUMENTS
+                    and runtime.in_flight == 1
+                ):
                     job, owners, t1, result = await overlapped(self._limits, self._score, runtime, *args)
                 else:
                     with tracing.span("tokenize", **{"rerank.documents": len(unique)}):
@@ -350,8 +375,16 @@ class RerankService:
             for owner, score in zip(owners, result.scores, strict=True):
                 unique_scores[owner] = max(unique_scores[owner], score)
             scores, indices = [unique_scores[p] for p in positions], None
-        return Scored(scores=scores, indices=indices, input_tokens=result.input_tokens, items=job.size,
-                      queue_s=result.queue_s, tokenize_s=t1 - t0, inference_s=t2 - t1, target=runtime.name)
+        return Scored(
+            scores=scores,
+            indices=indices,
+            input_tokens=result.input_tokens,
+            items=job.size,
+            queue_s=result.queue_s,
+            tokenize_s=t1 - t0,
+            inference_s=t2 - t1,
+            target=runtime.name,
+        )
 
     def _cache_key(
         self,
@@ -380,8 +413,13 @@ class RerankService:
             model=runtime.name,
             request=request,
             effective=effective,
-            fingerprint=(chain.fingerprint if chain is not None
-                         else runtime.cascade.fingerprint if runtime.cascade is not None else runtime.fingerprint),
+            fingerprint=(
+                chain.fingerprint
+                if chain is not None
+                else runtime.cascade.fingerprint
+                if runtime.cascade is not None
+                else runtime.fingerprint
+            ),
         )
 
     async def _score(self, runtime: ModelRuntime, job: ScoreJob) -> Any:

@@ -114,11 +114,13 @@ class _ModelStateCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         state = GaugeMetricFamily(
-            "rerank_model_state", "1 for the model's current state (loading, ready, failed, unhealthy), else 0.",
+            "rerank_model_state",
+            "1 for the model's current state (loading, ready, failed, unhealthy), else 0.",
             labels=("model", "state"),
         )
         in_flight = GaugeMetricFamily(
-            "rerank_in_flight_requests", "Rerank requests admitted to the model and not finished (running + waiting).",
+            "rerank_in_flight_requests",
+            "Rerank requests admitted to the model and not finished (running + waiting).",
             labels=("model",),
         )
         queued = GaugeMetricFamily(
@@ -151,47 +153,70 @@ class GatewayTelemetry:
         def phase(name: str, what: str) -> Histogram:
             return Histogram(name, what, ("model", "route"), buckets=_LATENCY_BUCKETS, registry=registry)
 
-        self.total = phase("rerank_request_duration_seconds", "Whole rerank request as the gateway saw it, failures included.")
+        self.total = phase(
+            "rerank_request_duration_seconds", "Whole rerank request as the gateway saw it, failures included."
+        )
         self.queue = phase(
             "rerank_request_queue_seconds", "Waiting for admission (key, limits) and for a free engine slot."
         )
-        self.tokenize = phase("rerank_request_tokenize_seconds", "Tokenization, truncation and chunking in the gateway.")
+        self.tokenize = phase(
+            "rerank_request_tokenize_seconds", "Tokenization, truncation and chunking in the gateway."
+        )
         self.engine = phase("rerank_request_engine_seconds", "Scoring in the engine or upstream, its queue excluded.")
         self.documents = Histogram(
-            "rerank_request_documents", "Documents per successful rerank request.", ("model",),
-            buckets=_COUNT_BUCKETS, registry=registry,
+            "rerank_request_documents",
+            "Documents per successful rerank request.",
+            ("model",),
+            buckets=_COUNT_BUCKETS,
+            registry=registry,
         )
         self.items = Histogram(
-            "rerank_request_items", "Items scored per successful request (after dedup and chunking).", ("model",),
-            buckets=_COUNT_BUCKETS, registry=registry,
+            "rerank_request_items",
+            "Items scored per successful request (after dedup and chunking).",
+            ("model",),
+            buckets=_COUNT_BUCKETS,
+            registry=registry,
         )
         self.batch_size = Histogram(
-            "rerank_engine_batch_size", "Items per engine step (forward pass or vLLM scheduler step).", ("model",),
-            buckets=_COUNT_BUCKETS, registry=registry,
+            "rerank_engine_batch_size",
+            "Items per engine step (forward pass or vLLM scheduler step).",
+            ("model",),
+            buckets=_COUNT_BUCKETS,
+            registry=registry,
         )
         self.batch_tokens = Histogram(
-            "rerank_engine_batch_tokens", "Tokens per engine step (padded for transformers).", ("model",),
-            buckets=_TOKEN_BUCKETS, registry=registry,
+            "rerank_engine_batch_tokens",
+            "Tokens per engine step (padded for transformers).",
+            ("model",),
+            buckets=_TOKEN_BUCKETS,
+            registry=registry,
         )
         self.prefix_queries = Counter(
-            "rerank_engine_prefix_cache_queries", "Prompt tokens looked up in the engine's prefix cache (vLLM).",
-            ("model",), registry=registry,
+            "rerank_engine_prefix_cache_queries",
+            "Prompt tokens looked up in the engine's prefix cache (vLLM).",
+            ("model",),
+            registry=registry,
         )
         self.prefix_hits = Counter(
-            "rerank_engine_prefix_cache_hits", "Prompt tokens found in the engine's prefix cache (vLLM).",
-            ("model",), registry=registry,
+            "rerank_engine_prefix_cache_hits",
+            "Prompt tokens found in the engine's prefix cache (vLLM).",
+            ("model",),
+            registry=registry,
         )
         # (model, route) -> its histogram children; routes are templates, so this stays small.
         self._children: dict[tuple[str, str], tuple[Any, ...]] = {}
         self.cache = Counter(
-            "rerank_response_cache_requests", "Rerank requests looked up in the response cache, by result.",
-            ("model", "result"), registry=registry,
+            "rerank_response_cache_requests",
+            "Rerank requests looked up in the response cache, by result.",
+            ("model", "result"),
+            registry=registry,
         )
         self.route_attempts = Counter(
             "rerank_route_attempts",
             "Chain attempts per chain model, target and outcome (served, not_ready, overloaded, spilled, timeout, "
             "failed, refused, skipped: see docs/routing.md).",
-            ("model", "target", "outcome"), registry=registry,
+            ("model", "target", "outcome"),
+            registry=registry,
         )
 
     def attach(self, models: ModelRegistry, *, cache_enabled: bool = False) -> None:

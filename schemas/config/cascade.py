@@ -40,16 +40,22 @@ class CascadeEngineConfig(ComposedModelConfig, tag="cascade", kw_only=True, froz
         *first, last = self.stages
         for i, stage in enumerate(first):
             if stage.keep is None:
-                raise ValueError(f"stages[{i}] ({stage.model}): keep is required on every stage but the last "
-                                 "(how many of its best documents the next stage gets)")
+                raise ValueError(
+                    f"stages[{i}] ({stage.model}): keep is required on every stage but the last "
+                    "(how many of its best documents the next stage gets)"
+                )
         if last.keep is not None:
-            raise ValueError(f"stages[{len(first)}] ({last.model}): the last stage orders every document it gets; "
-                             "drop its keep (a request's top_n cuts the answer)")
+            raise ValueError(
+                f"stages[{len(first)}] ({last.model}): the last stage orders every document it gets; "
+                "drop its keep (a request's top_n cuts the answer)"
+            )
         keeps = [stage.keep or 0 for stage in first]
         for i in range(1, len(keeps)):
             if keeps[i] > keeps[i - 1]:
-                raise ValueError(f"stages[{i}].keep ({keeps[i]}) is above stages[{i - 1}].keep ({keeps[i - 1]}): "
-                                 "a stage only gets what the one before kept")
+                raise ValueError(
+                    f"stages[{i}].keep ({keeps[i]}) is above stages[{i - 1}].keep ({keeps[i - 1]}): "
+                    "a stage only gets what the one before kept"
+                )
 
     def references(self) -> tuple[tuple[str, str], ...]:
         return tuple((f"stages[{i}]", stage.model) for i, stage in enumerate(self.stages))

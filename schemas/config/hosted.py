@@ -57,7 +57,9 @@ class HostedRerankConfig(UpstreamHttpConfig, kw_only=True, frozen=True):
         if self.api_key is not None and self.api_key_file is not None:
             raise ValueError("api_key and api_key_file are both set: keep one (a key in the file, or the file's path)")
         if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https:// (got a URL of {len(self.base_url)} characters)")
+            raise ValueError(
+                f"base_url must start with http:// or https:// (got a URL of {len(self.base_url)} characters)"
+            )
         if not self.path.startswith("/"):
             raise ValueError("path must start with '/' (it is appended to base_url)")
 

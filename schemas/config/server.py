@@ -67,13 +67,17 @@ class LimitsConfig(_Strict, frozen=True):
 
 KeyId = Annotated[
     str,
-    msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z",
-                 description="1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"),
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z",
+        description="1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+    ),
 ]
 KeyHash = Annotated[
     str,
-    msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}\Z",
-                 description="'sha256:' and 64 lowercase hex digits, as `rerank-gateway keys hash` prints"),
+    msgspec.Meta(
+        pattern=r"^sha256:[0-9a-f]{64}\Z",
+        description="'sha256:' and 64 lowercase hex digits, as `rerank-gateway keys hash` prints",
+    ),
 ]
 
 

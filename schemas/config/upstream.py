@@ -115,11 +115,14 @@ def _check_replica_url(url: str, *, api_key: bool) -> None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"urls: {_shown(url)} must be an http:// or https:// URL with a host")
     if parts.query or parts.fragment or url.rstrip("/").endswith(("?", "#")):
-        raise ValueError(f"urls: {_shown(url)} has a query string or fragment; the pool appends the API's path "
-                         "to each URL: give the base URL only (a token goes in api_key or api_key_env)")
+        raise ValueError(
+            f"urls: {_shown(url)} has a query string or fragment; the pool appends the API's path "
+            "to each URL: give the base URL only (a token goes in api_key or api_key_env)"
+        )
     if api_key and (parts.username or parts.password):
-        raise ValueError(f"urls: {_shown(url)} holds credentials and api_key / api_key_env is set: a call "
-                         "cannot send both; keep one")
+        raise ValueError(
+            f"urls: {_shown(url)} holds credentials and api_key / api_key_env is set: a call cannot send both; keep one"
+        )
 
 
 def _shown(url: str) -> str:
@@ -127,7 +130,9 @@ def _shown(url: str) -> str:
     try:
         parts = urlsplit(url)
         if "@" in parts.netloc:
-            return repr(urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1], query="", fragment="")))
+            return repr(
+                urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1], query="", fragment=""))
+            )
     except ValueError:
         return "(a URL that does not parse)"
     return repr(url) if "@" not in url else "(a URL that may hold credentials)"

@@ -31,21 +31,27 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # name -> [(file, text as it is, text with the bug)]
 PLANTED: dict[str, list[tuple[str, str, str]]] = {
-    "varlen-offsets": [(
-        "adapters/runtimes/packed/step.py",
-        "    np.cumsum(lens, out=arr[o + 1:o + 1 + n_seq])\n    o += n_seq + 1\n",
-        "    np.cumsum(lens, out=arr[o + 1:o + 1 + n_seq])\n    arr[o + 1:o + n_seq] -= 1\n    o += n_seq + 1\n",
-    )],
-    "fp8-triton-scales": [(
-        "adapters/runtimes/packed/fp8_triton.py",
-        "    tl.store(S + row, scale)\n",
-        "    tl.store(S + row, scale * 2.0)\n",
-    )],
-    "fp8-weight-scales": [(
-        "adapters/runtimes/packed/fp8.py",
-        "    return Fp8Weight(q.t(), s.t().contiguous())\n",
-        "    return Fp8Weight(q.t(), (2 * s).t().contiguous())\n",
-    )],
+    "varlen-offsets": [
+        (
+            "adapters/runtimes/packed/step.py",
+            "    np.cumsum(lens, out=arr[o + 1:o + 1 + n_seq])\n    o += n_seq + 1\n",
+            "    np.cumsum(lens, out=arr[o + 1:o + 1 + n_seq])\n    arr[o + 1:o + n_seq] -= 1\n    o += n_seq + 1\n",
+        )
+    ],
+    "fp8-triton-scales": [
+        (
+            "adapters/runtimes/packed/fp8_triton.py",
+            "    tl.store(S + row, scale)\n",
+            "    tl.store(S + row, scale * 2.0)\n",
+        )
+    ],
+    "fp8-weight-scales": [
+        (
+            "adapters/runtimes/packed/fp8.py",
+            "    return Fp8Weight(q.t(), s.t().contiguous())\n",
+            "    return Fp8Weight(q.t(), (2 * s).t().contiguous())\n",
+        )
+    ],
 }
 
 
@@ -58,7 +64,9 @@ def apply(name: str) -> dict[Path, str]:
         saved.setdefault(path, current)  # the text before this bug's first edit of the file
         if old not in current:
             restore(saved)
-            raise SystemExit(f"planted bug {name!r}: the text to change is no longer in {rel}; update tests/gpu/planted.py")
+            raise SystemExit(
+                f"planted bug {name!r}: the text to change is no longer in {rel}; update tests/gpu/planted.py"
+            )
         path.write_text(current.replace(old, new), encoding="utf-8")  # every occurrence
     return saved
 
@@ -71,8 +79,12 @@ def restore(saved: dict[Path, str]) -> None:
 def _pytest(out: Path, label: str) -> tuple[int, float]:
     started = time.monotonic()
     with (out / f"{label}.log").open("w", encoding="utf-8") as log:
-        rc = subprocess.call([sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-x", "-p", "no:cacheprovider",
-                              "-rs"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        rc = subprocess.call(
+            [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-x", "-p", "no:cacheprovider", "-rs"],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     return rc, time.monotonic() - started
 
 

@@ -31,8 +31,11 @@ from tests import reference
 from tests.corpus import DOCS, Q
 from tests.gpu.conftest import ON_CPU, cuda_only, replica
 
-pytestmark = [pytest.mark.gpu, pytest.mark.anyio,
-              pytest.mark.skipif(not (torch.cuda.is_available() or ON_CPU), reason="the GPU suite needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.anyio,
+    pytest.mark.skipif(not (torch.cuda.is_available() or ON_CPU), reason="the GPU suite needs CUDA"),
+]
 
 BF16_TOL = 0.04
 QUERIES = (Q, "capital punishment", "Which fox is quick and brown, and which dog is lazy?")
@@ -41,13 +44,19 @@ MIXED = [*DOCS, "x", "Click Settings. " * 12, "What?\n", "The quick brown fox ju
 
 
 def _job(tok: Any, query: str, docs: list[str]) -> ScoreJob:
-    return ScoreJob(query=query, instruction=DEFAULT_INSTRUCTION, shared_ids=tok.encode_shared(query, DEFAULT_INSTRUCTION),
-                    item_ids=tok.encode_documents(docs))
+    return ScoreJob(
+        query=query,
+        instruction=DEFAULT_INSTRUCTION,
+        shared_ids=tok.encode_shared(query, DEFAULT_INSTRUCTION),
+        item_ids=tok.encode_documents(docs),
+    )
 
 
 def _config(path: Path, device: torch.device, **kw: Any) -> PackedEngineConfig:
     # Everything else at its default: attention, compile and the kernels "auto", prefixes shared.
-    return PackedEngineConfig(name="p", path=str(path), devices=(str(device),), max_length=512, max_query_tokens=64, **kw)
+    return PackedEngineConfig(
+        name="p", path=str(path), devices=(str(device),), max_length=512, max_query_tokens=64, **kw
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +93,9 @@ async def test_the_default_cuda_engine_scores_as_the_reference(engine: Any, want
     assert stats["steps"] > stats["requests"]
 
 
-async def test_concurrent_requests_in_pipelined_steps_each_get_their_own_scores(engine: Any,
-                                                                                 want: dict[str, list[float]]) -> None:
+async def test_concurrent_requests_in_pipelined_steps_each_get_their_own_scores(
+    engine: Any, want: dict[str, list[float]]
+) -> None:
     """Several requests at once: steps mix their prompts, and the scheduler launches step k+1
     (packed into the other pinned buffer, copied asynchronously) before collecting step k. A
     staging buffer reused while its copy is in flight, or results handed to the wrong request,

@@ -50,8 +50,9 @@ def bf16(spread_dir: Path) -> dict[str, list[float]]:
 
 
 @pytest.mark.parametrize("family", ["triton", "vLLM"])
-def test_each_quantizing_kernel_family_is_picked_and_scores_as_bf16(spread_dir: Path, bf16: dict[str, list[float]],
-                                                                    family: str) -> None:
+def test_each_quantizing_kernel_family_is_picked_and_scores_as_bf16(
+    spread_dir: Path, bf16: dict[str, list[float]], family: str
+) -> None:
     from adapters.runtimes.packed import fp8
 
     if family == "vLLM" and not fp8.vllm_regions():
@@ -77,8 +78,9 @@ def test_each_quantizing_kernel_family_is_picked_and_scores_as_bf16(spread_dir: 
         assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < FP8_TOL + BF16_TOL
 
 
-def test_the_default_fp8_engine_serves_the_fastest_correct_kernels(spread_dir: Path, bf16: dict[str, list[float]],
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_fp8_engine_serves_the_fastest_correct_kernels(
+    spread_dir: Path, bf16: dict[str, list[float]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``precision = "fp8"`` end to end on CUDA (the gate on a small golden set; ``warn`` so that
     random weights' verdict does not stop the start): the kernels ``auto`` picked, and scores."""
     import asyncio
@@ -92,15 +94,28 @@ def test_the_default_fp8_engine_serves_the_fastest_correct_kernels(spread_dir: P
     monkeypatch.setattr(gate, "GOLDEN_DOCS", 12)
 
     async def run() -> tuple[list[list[float]], dict[str, Any]]:
-        eng = PackedQwen3Engine(PackedEngineConfig(name="p", path=str(spread_dir), devices=("cuda",), max_length=512,
-                                                   max_query_tokens=64, precision="fp8", precision_gate="warn"))
+        eng = PackedQwen3Engine(
+            PackedEngineConfig(
+                name="p",
+                path=str(spread_dir),
+                devices=("cuda",),
+                max_length=512,
+                max_query_tokens=64,
+                precision="fp8",
+                precision_gate="warn",
+            )
+        )
         await eng.start()
         try:
             tok: Any = eng.tokenizer
             out = []
             for q in QUERIES:
-                job = ScoreJob(query=q, instruction=DEFAULT_INSTRUCTION,
-                               shared_ids=tok.encode_shared(q, DEFAULT_INSTRUCTION), item_ids=tok.encode_documents(MIXED))
+                job = ScoreJob(
+                    query=q,
+                    instruction=DEFAULT_INSTRUCTION,
+                    shared_ids=tok.encode_shared(q, DEFAULT_INSTRUCTION),
+                    item_ids=tok.encode_documents(MIXED),
+                )
                 out.append((await eng.score(job)).scores)
             return out, eng.stats()
         finally:

@@ -38,7 +38,9 @@ def cross_encoder(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixt
 
 
 def _job(tok: Any, query: str, docs: list[str]) -> ScoreJob:
-    return ScoreJob(query=query, instruction="", shared_ids=tok.encode_shared(query, ""), item_ids=tok.encode_documents(docs))
+    return ScoreJob(
+        query=query, instruction="", shared_ids=tok.encode_shared(query, ""), item_ids=tok.encode_documents(docs)
+    )
 
 
 def test_replayed_steps_score_as_the_reference(cross_encoder: Path) -> None:
@@ -46,13 +48,17 @@ def test_replayed_steps_score_as_the_reference(cross_encoder: Path) -> None:
 
     async def run() -> tuple[list[list[float]], list[list[float]], dict[str, Any]]:
         # Defaults but for a small step budget: requests span several steps, several buckets.
-        eng: Any = build_engine(PackedEngineConfig(name="p", path=str(cross_encoder), devices=("cuda",), batch_tokens=256))
+        eng: Any = build_engine(
+            PackedEngineConfig(name="p", path=str(cross_encoder), devices=("cuda",), batch_tokens=256)
+        )
         await eng.start()
         try:
             tok = eng.tokenizer
             jobs = [_job(tok, q, MIXED) for q in QUERIES]
             first = [r.scores for r in await asyncio.gather(*(eng.score(j) for j in jobs))]
-            again = [r.scores for r in await asyncio.gather(*(eng.score(j) for j in jobs))]  # replays of captured graphs
+            again = [
+                r.scores for r in await asyncio.gather(*(eng.score(j) for j in jobs))
+            ]  # replays of captured graphs
             return first, again, eng.stats()
         finally:
             await eng.stop()
@@ -74,8 +80,11 @@ def test_graphs_off_and_on_agree(cross_encoder: Path) -> None:
     from adapters.registry import build_engine
 
     async def scores(graphs: Literal["auto", "off"]) -> list[float]:
-        eng: Any = build_engine(PackedEngineConfig(name="p", path=str(cross_encoder), devices=("cuda",), batch_tokens=256,
-                                                   cuda_graphs=graphs))
+        eng: Any = build_engine(
+            PackedEngineConfig(
+                name="p", path=str(cross_encoder), devices=("cuda",), batch_tokens=256, cuda_graphs=graphs
+            )
+        )
         await eng.start()
         try:
             return list((await eng.score(_job(eng.tokenizer, QUERIES[0], MIXED))).scores)

@@ -78,9 +78,17 @@ class BatchJob:
 
 
 class RowBatcher:
-    def __init__(self, runners: Sequence[Runner], *, batch_tokens: int, max_batch_size: int, window_tokens: int,
-                 on_batch: Callable[[int, int], None] | None = None, error_type: type[Exception] = RuntimeError,
-                 name: str = "cpu-batcher") -> None:
+    def __init__(
+        self,
+        runners: Sequence[Runner],
+        *,
+        batch_tokens: int,
+        max_batch_size: int,
+        window_tokens: int,
+        on_batch: Callable[[int, int], None] | None = None,
+        error_type: type[Exception] = RuntimeError,
+        name: str = "cpu-batcher",
+    ) -> None:
         self._runners = list(runners)
         self._budget, self._max_rows, self._window = batch_tokens, max_batch_size, window_tokens
         self._on_batch, self._error_type = on_batch, error_type
@@ -91,8 +99,10 @@ class RowBatcher:
         self.batches = self.rows = self.tokens = self.padded_tokens = self.dropped_rows = 0
         self.busy_s = 0.0  # summed over the workers: inference time (idle gaps are what is left)
         self.batches_by_requests: collections.Counter[int] = collections.Counter()
-        self._threads = [threading.Thread(target=self._work, args=(run,), name=f"{name}-{i}", daemon=True)
-                         for i, run in enumerate(self._runners)]
+        self._threads = [
+            threading.Thread(target=self._work, args=(run,), name=f"{name}-{i}", daemon=True)
+            for i, run in enumerate(self._runners)
+        ]
         for t in self._threads:
             t.start()
 
@@ -165,8 +175,9 @@ class RowBatcher:
         oldest = self._queue[0]
         anchor = oldest.untaken[-1]
         # bucket_batches sorts stably by length, so equal lengths keep arrival order.
-        plan = bucket_batches([p[0] for p in pool], batch_tokens=self._budget, max_batch_size=self._max_rows,
-                              parts=len(self._runners))
+        plan = bucket_batches(
+            [p[0] for p in pool], batch_tokens=self._budget, max_batch_size=self._max_rows, parts=len(self._runners)
+        )
         at = next(k for k, p in enumerate(pool) if p[1] is oldest and p[2] == anchor)
         batch = next(b for b in plan if at in b)
         taken = [(pool[k][1], pool[k][2]) for k in batch]
@@ -194,8 +205,9 @@ class RowBatcher:
                 result, error = None, exc
             self._finish(taken, result, error, time.perf_counter() - started)
 
-    def _finish(self, taken: list[tuple[BatchJob, int]], result: np.ndarray | None, error: BaseException | None,
-                busy: float) -> None:
+    def _finish(
+        self, taken: list[tuple[BatchJob, int]], result: np.ndarray | None, error: BaseException | None, busy: float
+    ) -> None:
         finished: list[BatchJob] = []
         failed: list[BatchJob] = []
         width = max(job.lengths[i] for job, i in taken)

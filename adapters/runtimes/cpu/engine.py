@@ -116,9 +116,15 @@ class OpenVinoEngine(OpenVinoStart):
         # they hold a few batches per stream, the oldest's own rows included ("per-request": that one alone).
         window = 0 if cfg.batching == "per-request" else 2 * self.streams * cfg.batch_tokens
         runners = [self._runner(self._requests.get_nowait()) for _ in range(self.streams)]
-        self._batcher = RowBatcher(runners, batch_tokens=cfg.batch_tokens, max_batch_size=cfg.max_batch_size,
-                                   window_tokens=window, on_batch=self._counted, name=f"openvino-{cfg.name}",
-                                   error_type=EngineUnavailableError)  # stopped: retry (503), as once stopped
+        self._batcher = RowBatcher(
+            runners,
+            batch_tokens=cfg.batch_tokens,
+            max_batch_size=cfg.max_batch_size,
+            window_tokens=window,
+            on_batch=self._counted,
+            name=f"openvino-{cfg.name}",
+            error_type=EngineUnavailableError,
+        )  # stopped: retry (503), as once stopped
 
     async def stop(self) -> None:
         batcher, self._batcher = self._batcher, None
@@ -164,8 +170,14 @@ class OpenVinoEngine(OpenVinoStart):
             sub = msgspec.structs.replace(space, item_ids=[job.item_ids[i] for i in pick], top_n=None)
             return family.scores(sub, self._infer_all(family.rows(sub), pool))
 
-        values, refined = refine(values, delta=self._deltas[space.raw_scores], top=self._config.refine_top, exact=exact,
-                                 rounds=self._config.refine_rounds, tied=lambda lo, hi: to_score(hi) - to_score(lo) < tie)
+        values, refined = refine(
+            values,
+            delta=self._deltas[space.raw_scores],
+            top=self._config.refine_top,
+            exact=exact,
+            rounds=self._config.refine_rounds,
+            tied=lambda lo, hi: to_score(hi) - to_score(lo) < tie,
+        )
         self._refined[0] += refined
         self._refined[1] += len(values)
         return [to_score(v) for v in values]
@@ -176,8 +188,12 @@ class OpenVinoEngine(OpenVinoStart):
         so a few rows re-scored in fp32 still use every stream's cores."""
         cfg = self._config
         pool = self._requests if requests is None else requests
-        batches = bucket_batches([len(r.ids) for r in rows], batch_tokens=cfg.batch_tokens,
-                                 max_batch_size=cfg.max_batch_size, parts=self.streams)
+        batches = bucket_batches(
+            [len(r.ids) for r in rows],
+            batch_tokens=cfg.batch_tokens,
+            max_batch_size=cfg.max_batch_size,
+            parts=self.streams,
+        )
         held = [pool.get()]  # waits only while another caller holds every request
         try:
             while len(held) < len(batches):
@@ -206,12 +222,14 @@ class OpenVinoEngine(OpenVinoStart):
 
     def _runner(self, request: Any) -> Any:
         """A worker's batch function: its own infer request, right-padded arrays in, outputs out."""
+
         def run(rows: list[Row]) -> np.ndarray:
             try:
                 result = request.infer(self._arrays(rows))
             except Exception as exc:
                 raise _inference_failed(exc) from exc
             return np.array(result[0], dtype=np.float32, copy=True)  # the request's buffer is reused
+
         return run
 
     def _counted(self, rows: int, tokens: int) -> None:

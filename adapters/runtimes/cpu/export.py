@@ -40,8 +40,15 @@ try:
 except ImportError:  # not POSIX: temporary directories are judged by age alone
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ("EXPORT_VERSION", "ModelCache", "cache_key", "checkpoint_digest", "checkpoint_dir", "default_cache_dir",
-           "hub_patterns")
+__all__ = (
+    "EXPORT_VERSION",
+    "ModelCache",
+    "cache_key",
+    "checkpoint_digest",
+    "checkpoint_dir",
+    "default_cache_dir",
+    "hub_patterns",
+)
 
 log = structlog.get_logger("adapters.runtimes.cpu")
 
@@ -114,7 +121,9 @@ def _sha256(file: Path) -> str:
 def checkpoint_digest(directory: Path) -> str:
     """SHA-256 over the names and contents of config.json and the weight files."""
     h = hashlib.sha256()
-    files = sorted(p for p in directory.iterdir() if p.is_file() and (p.name == "config.json" or p.suffix in _WEIGHT_SUFFIXES))
+    files = sorted(
+        p for p in directory.iterdir() if p.is_file() and (p.name == "config.json" or p.suffix in _WEIGHT_SUFFIXES)
+    )
     if not any(p.suffix in _WEIGHT_SUFFIXES for p in files):
         raise FileNotFoundError(f"no weight files in {directory}")
     for p in files:

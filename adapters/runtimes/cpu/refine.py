@@ -100,8 +100,9 @@ class _Intervals:
     the candidates for the ``top`` (upper end at least the ``top``-th largest lower end), in
     value order, and which pairs of them fp32 could order otherwise than their values."""
 
-    def __init__(self, values: Sequence[float], exact: set[int], *, delta: float, top: int,
-                 tied: Callable[[float, float], bool]) -> None:
+    def __init__(
+        self, values: Sequence[float], exact: set[int], *, delta: float, top: int, tied: Callable[[float, float], bool]
+    ) -> None:
         n = len(values)
         self.values, self.exact, self.delta, self.tied = values, exact, delta, tied
         self.lo = [v if i in exact else v - delta for i, v in enumerate(values)]
@@ -128,8 +129,11 @@ class _Intervals:
         # The tie holds for a and b only: b keeps its value, anywhere in its interval, so it must
         # also stay above every exact non-candidate (``below``); an unexact one lies under the
         # floor by more than delta, below any candidate's value.
-        return (self.lo[a] <= self.hi[b] and not (a in self.exact and b in self.exact)
-                and not (self.values[b] > self.below and self.tied(self.lo[a], self.hi[b])))
+        return (
+            self.lo[a] <= self.hi[b]
+            and not (a in self.exact and b in self.exact)
+            and not (self.values[b] > self.below and self.tied(self.lo[a], self.hi[b]))
+        )
 
     def pairs(self, limit: int) -> list[tuple[int, int]] | None:
         """The open pairs ``(a, b)``, ``a``'s value >= ``b``'s; None past ``limit`` of them."""

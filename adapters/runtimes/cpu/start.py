@@ -70,9 +70,17 @@ class OpenVinoStart:
         if cfg.precision != "fp32":  # the gate's set, read before an export: a bad file refuses at once
             # The operator's judgements, when given, decide on nDCG@10 (adapters/runtimes/qrels_gate.py).
             qrels = read_qrels_set(cfg.name, cfg.qrels_set, cfg.qrels_split) if cfg.qrels_set else None
-            golden = qrels.queries if qrels is not None else golden_set_or_refuse(
-                cfg.name, cfg.parity_set, lambda: generate_golden_set(
-                    family.tokenizer.vocab, queries=cfg.parity_queries, documents=cfg.parity_documents))
+            golden = (
+                qrels.queries
+                if qrels is not None
+                else golden_set_or_refuse(
+                    cfg.name,
+                    cfg.parity_set,
+                    lambda: generate_golden_set(
+                        family.tokenizer.vocab, queries=cfg.parity_queries, documents=cfg.parity_documents
+                    ),
+                )
+            )
         self._inputs = ["input_ids", "attention_mask", *(["token_type_ids"] if family.typed else [])]
         core = ov.Core()
         cache = ModelCache(Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir())
@@ -99,8 +107,9 @@ class OpenVinoStart:
         if cfg.refine_top:
             # Calibration queries of their own (another seed): the bound is then checked by the
             # gate on golden queries it was not measured on.
-            calibration = generate_golden_set(family.tokenizer.vocab, queries=max(4, cfg.parity_queries // 4),
-                                              documents=cfg.parity_documents, seed=21)
+            calibration = generate_golden_set(
+                family.tokenizer.vocab, queries=max(4, cfg.parity_queries // 4), documents=cfg.parity_documents, seed=21
+            )
             calibration_fp32, calibration_s = _timed(self._space_values, calibration)
             # The reduced golden pass below runs after the reduced model's calibration pass, on
             # shapes it has seen: fp32's speed is taken from its second pass too, per document.
@@ -116,16 +125,25 @@ class OpenVinoStart:
         if cfg.refine_top:
             calibration_reduced = self._space_values(calibration)
             self._deltas = {
-                raw: cfg.refine_margin * max(abs(a - b) for ref, red in zip(calibration_fp32[raw], calibration_reduced[raw],
-                                                                            strict=True) for a, b in zip(ref, red, strict=True))
+                raw: cfg.refine_margin
+                * max(
+                    abs(a - b)
+                    for ref, red in zip(calibration_fp32[raw], calibration_reduced[raw], strict=True)
+                    for a, b in zip(ref, red, strict=True)
+                )
                 for raw in (False, True)
             }
             self._delta = self._deltas[cfg.raw_scores]
             self._exact_model, self._exact = exact
         reduced, reduced_s = _timed(self._score_golden, golden)
         report = compare_rankings(reference, reduced, tie=cfg.parity_tie)
-        self.parity = {"queries": report.queries, "kept": report.kept, "agreement": report.agreement,
-                       "mean_shared": report.mean_shared, "max_delta": report.max_delta}
+        self.parity = {
+            "queries": report.queries,
+            "kept": report.kept,
+            "agreement": report.agreement,
+            "mean_shared": report.mean_shared,
+            "max_delta": report.max_delta,
+        }
         mode = cfg.precision
         if self._exact is not None:
             self.parity["refined_share"] = self._refined[0] / max(self._refined[1], 1)
@@ -143,33 +161,42 @@ class OpenVinoStart:
         log.info("parity_gate", model=cfg.name, precision=cfg.precision, **self.parity)
         if verdict is not None and not verdict.admitted:
             self._compiled = self._exact_model = self._exact = None
-            raise EngineConfigError(f"model {cfg.name!r}: {verdict.line(mode)}; refused, use precision = \"fp32\" "
-                                    "or a larger qrels_tolerance")
+            raise EngineConfigError(
+                f'model {cfg.name!r}: {verdict.line(mode)}; refused, use precision = "fp32" or a larger qrels_tolerance'
+            )
         if verdict is None and report.agreement < cfg.parity_min_agreement:
             self._compiled = self._exact_model = self._exact = None
             raise EngineConfigError(
                 f"model {cfg.name!r}: {report.line(mode)}, below parity_min_agreement "
-                f"{cfg.parity_min_agreement:.0%}; refused, use precision = \"fp32\""
+                f'{cfg.parity_min_agreement:.0%}; refused, use precision = "fp32"'
             )
         if self.parity["speed_vs_fp32"] < 1.0:
             # Served as asked (the ranking is the gate's business), but said: fp32 is exact and faster here.
-            log.warning("reduced_precision_slower", model=cfg.name, precision=mode,
-                        speed_vs_fp32=self.parity["speed_vs_fp32"],
-                        hint="this CPU scored the golden set faster in fp32; precision = \"fp32\" is exact and faster")
+            log.warning(
+                "reduced_precision_slower",
+                model=cfg.name,
+                precision=mode,
+                speed_vs_fp32=self.parity["speed_vs_fp32"],
+                hint='this CPU scored the golden set faster in fp32; precision = "fp32" is exact and faster',
+            )
 
     def _use(self, core: ov.Core, model: Any, precision: str, *, dynamic_group: int = 0) -> None:
         """Compile ``model`` with ``streams`` infer requests sharing ``threads`` cores."""
         streams: dict[str, Any] = (
             {"NUM_STREAMS": self._config.streams} if self._config.streams else {"PERFORMANCE_HINT": "THROUGHPUT"}
         )
-        compiled = core.compile_model(model, "CPU", {
-            **streams,
-            "INFERENCE_PRECISION_HINT": precision,
-            "INFERENCE_NUM_THREADS": self.threads,
-            # 0 (fp32, bf16): activations stay in the inference precision, so the exact mode
-            # computes what fp32 torch does. int8: activations quantized per group at run time.
-            "DYNAMIC_QUANTIZATION_GROUP_SIZE": dynamic_group,
-        })
+        compiled = core.compile_model(
+            model,
+            "CPU",
+            {
+                **streams,
+                "INFERENCE_PRECISION_HINT": precision,
+                "INFERENCE_NUM_THREADS": self.threads,
+                # 0 (fp32, bf16): activations stay in the inference precision, so the exact mode
+                # computes what fp32 torch does. int8: activations quantized per group at run time.
+                "DYNAMIC_QUANTIZATION_GROUP_SIZE": dynamic_group,
+            },
+        )
         self.streams = int(compiled.get_property("NUM_STREAMS"))
         requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(self.streams):
@@ -210,7 +237,9 @@ class OpenVinoStart:
             shared = tok.encode_shared(g.query, "")
             room = tok.item_room(shared)
             items = [ids[:room] for ids in tok.encode_documents(g.documents)]
-            job = ScoreJob(query=g.query, instruction="", shared_ids=shared, item_ids=items, raw_scores=self._config.raw_scores)
+            job = ScoreJob(
+                query=g.query, instruction="", shared_ids=shared, item_ids=items, raw_scores=self._config.raw_scores
+            )
             out.append((job, self._family.rows(job)))
         return out
 

@@ -37,4 +37,3 @@ from adapters.runtimes.gguf.metadata import check_rerank_head as check_rerank_he
 from adapters.runtimes.gguf.prompt import GgufPromptTokenizer
 
 __all__ = ("GgufEngine", "GgufInfo", "GgufPromptTokenizer", "NoRerankHeadError", "inspect_gguf", "plan_decodes")
-

@@ -64,7 +64,10 @@ class GgufEngine:
     def describe(self) -> dict[str, str]:
         """Family, runtime, device and dtype for /ready and /v1/models."""
         cfg = self._config
-        out = {"runtime": self.runtime, "device": "cpu" if cfg.n_gpu_layers == 0 else f"gpu ({cfg.n_gpu_layers} layers)"}
+        out = {
+            "runtime": self.runtime,
+            "device": "cpu" if cfg.n_gpu_layers == 0 else f"gpu ({cfg.n_gpu_layers} layers)",
+        }
         info = self._info
         if info is not None:
             out["dtype"] = info.file_type
@@ -100,7 +103,9 @@ class GgufEngine:
         # grows with the square of a batch's tokens. A prompt longer than batch_tokens (up to the
         # window, which n_ctx always holds) is decoded alone.
         for batch in plan_decodes(
-            [len(p) for p in prompts], batch_tokens=self._config.batch_tokens, max_batch_size=self._config.max_batch_size
+            [len(p) for p in prompts],
+            batch_tokens=self._config.batch_tokens,
+            max_batch_size=self._config.max_batch_size,
         ):
             out = await anyio.to_thread.run_sync(self._decode, [prompts[i] for i in batch], limiter=self._limiter)
             for i, vec in zip(batch, out, strict=True):
@@ -122,7 +127,7 @@ class GgufEngine:
         if cfg.family != "auto" and cfg.family != info.family:
             raise ValueError(
                 f"{cfg.path} is a {info.family} GGUF (architecture {info.architecture!r}), not {cfg.family!r}; "
-                "set family = \"auto\" or the matching family"
+                'set family = "auto" or the matching family'
             )
         if info.family == "cross-encoder" and (info.token_type_count or 0) > 1:
             # llama.cpp's BERT graph adds token type 0 to every token ("token types are hardcoded

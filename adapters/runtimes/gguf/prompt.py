@@ -62,7 +62,9 @@ class GgufPromptTokenizer:
             self._query_space = self._doc_space = False
         fixed = len(self._head_ids) + len(self._between_ids) + len(self._suffix_ids)
         if max_length < fixed + 2:
-            raise ValueError(f"max_length={max_length} leaves no room for a query and a document ({fixed} template tokens)")
+            raise ValueError(
+                f"max_length={max_length} leaves no room for a query and a document ({fixed} template tokens)"
+            )
         # A query may take at most half the window, so a document always has room (Cohere's rule too).
         self._max_query_tokens = min(max_query_tokens, (max_length - fixed) // 2)
 
@@ -93,9 +95,11 @@ class GgufPromptTokenizer:
             # The space after "<Instruct>:" goes with the instruction, as with the query (BPE attaches
             # a space to the word after it); special-token parsing off for the request's text (it
             # cannot inject <|im_end|>), on for the template's.
-            ids = [*self._tokenize(before.removesuffix(" "), special=True),
-                   *self._tokenize((" " if before.endswith(" ") else "") + instruction, special=False),
-                   *self._tokenize(self._head_text[b:], special=True)]
+            ids = [
+                *self._tokenize(before.removesuffix(" "), special=True),
+                *self._tokenize((" " if before.endswith(" ") else "") + instruction, special=False),
+                *self._tokenize(self._head_text[b:], special=True),
+            ]
             if len(self._heads) < 64:  # a few instructions per deployment; others are tokenized per request
                 self._heads[instruction] = ids
         return ids

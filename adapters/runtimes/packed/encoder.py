@@ -72,12 +72,14 @@ class PackedEncoderEngine(PackedEngineBase):
         """Shown by ``/ready`` per model: the attention kernel, compilation, and the scheduler's counters."""
         graphs = [r.graphs.stats() for r in self._replicas if r.graphs is not None]
         errors = [r.graph_error for r in self._replicas if r.graph_error]
-        base: dict[str, Any] = {"cuda_graphs": graphs[0] if len(graphs) == 1 else graphs or None,
-                                # the MLP activation in the up-projection's GEMM epilogue ("gelu" / "relu"), or None
-                                "gelu_epilogue": getattr(self._replicas[0], "epilogue", None) if self._replicas else None,
-                                # large idle requests submitted in parts (the rerank service reads it)
-                                "overlap_tokenizing": self.overlaps_tokenizing,
-                                "nonfinite_retries": self.nonfinite_retries}
+        base: dict[str, Any] = {
+            "cuda_graphs": graphs[0] if len(graphs) == 1 else graphs or None,
+            # the MLP activation in the up-projection's GEMM epilogue ("gelu" / "relu"), or None
+            "gelu_epilogue": getattr(self._replicas[0], "epilogue", None) if self._replicas else None,
+            # large idle requests submitted in parts (the rerank service reads it)
+            "overlap_tokenizing": self.overlaps_tokenizing,
+            "nonfinite_retries": self.nonfinite_retries,
+        }
         if errors:
             base["cuda_graph_error"] = errors[0]
         return self._stats(base)
@@ -105,7 +107,9 @@ class PackedEncoderEngine(PackedEngineBase):
             # logged either way, before the retry: a request cancelled meanwhile still leaves a trace.
             self.nonfinite_retries += 1
             log.warning("packed_nonfinite_logits", items=len(bad), of=len(logits))
-            again = scheduler.submit(job.shared_ids, [job.item_ids[i] for i in bad], pair.layout.tail, segment, eager=True)
+            again = scheduler.submit(
+                job.shared_ids, [job.item_ids[i] for i in bad], pair.layout.tail, segment, eager=True
+            )
             redone = await _scores_of(scheduler, again)
             for i, row in zip(bad, redone, strict=True):
                 logits[i] = row
@@ -120,14 +124,20 @@ class PackedEncoderEngine(PackedEngineBase):
     def _load(self) -> None:
         cfg = self._config
         if cfg.precision != "auto":
-            raise EngineConfigError(f"model '{cfg.name}': precision = '{cfg.precision}' is for Qwen3 rerankers; "
-                                    "a cross-encoder on engine 'packed' runs in `dtype`")
+            raise EngineConfigError(
+                f"model '{cfg.name}': precision = '{cfg.precision}' is for Qwen3 rerankers; "
+                "a cross-encoder on engine 'packed' runs in `dtype`"
+            )
         if cfg.split != "none":
-            raise EngineConfigError(f"model '{cfg.name}': split = '{cfg.split}' is for Qwen3 rerankers; a cross-encoder "
-                                    "fits one device: list several devices for one replica each")
+            raise EngineConfigError(
+                f"model '{cfg.name}': split = '{cfg.split}' is for Qwen3 rerankers; a cross-encoder "
+                "fits one device: list several devices for one replica each"
+            )
         family = create_family(cfg, "packed")
         if not isinstance(family, CrossEncoderFamily):
-            raise EngineConfigError(f"model '{cfg.name}': the packed encoder path runs cross-encoders, not {family.name}")
+            raise EngineConfigError(
+                f"model '{cfg.name}': the packed encoder path runs cross-encoders, not {family.name}"
+            )
         why = packed_encoder_refusal(family.files.config)
         if why is not None:
             raise EngineConfigError(f"model '{cfg.name}': {why}")
@@ -144,9 +154,16 @@ class PackedEncoderEngine(PackedEngineBase):
             model = load_cross_encoder(cfg.path, cfg.revision, dtype)
         compile_ = cfg.compile == "on" or (cfg.compile == "auto" and on_gpu)
         try:
-            replicas = [make_replica(model if i == len(devices) - 1 else copy.deepcopy(model), dev,
-                                     attention=cfg.attention, compile=compile_, gelu_epilogue=cfg.gelu_epilogue)
-                        for i, dev in enumerate(devices)]
+            replicas = [
+                make_replica(
+                    model if i == len(devices) - 1 else copy.deepcopy(model),
+                    dev,
+                    attention=cfg.attention,
+                    compile=compile_,
+                    gelu_epilogue=cfg.gelu_epilogue,
+                )
+                for i, dev in enumerate(devices)
+            ]
         except ValueError as exc:  # gelu_epilogue = "on" for an activation without an epilogue
             raise EngineConfigError(f"model '{cfg.name}': {exc}") from None
         for r in replicas:  # compile and warm every replica before traffic
@@ -157,9 +174,15 @@ class PackedEncoderEngine(PackedEngineBase):
                 _reserve_full_step(r, family, cfg.batch_tokens, cfg.max_items_per_step)
         self._family, self._replicas, self._dtype = family, replicas, dtype
         self.overlaps_tokenizing = cfg.overlap_tokenizing == "on" or (
-            cfg.overlap_tokenizing == "auto" and all(r.graphs is not None for r in replicas))
-        self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
-                                          policy=cfg.policy, error_type=EngineError)
+            cfg.overlap_tokenizing == "auto" and all(r.graphs is not None for r in replicas)
+        )
+        self._scheduler = PackedScheduler(
+            replicas,
+            batch_tokens=cfg.batch_tokens,
+            max_items=cfg.max_items_per_step,
+            policy=cfg.policy,
+            error_type=EngineError,
+        )
 
 
 def _warm_up(replica: PackedPairReplica, family: CrossEncoderFamily) -> tuple[list[list[int]], list[int | None]]:
@@ -171,12 +194,15 @@ def _warm_up(replica: PackedPairReplica, family: CrossEncoderFamily) -> tuple[li
     rows = [pair.row(shared, d) for d in docs]
     prompts = [r.ids for r in rows]
     segments = [r.segment_start for r in rows]
-    replica.warm_up([(prompts[:1], segments[:1]), (prompts, segments), (prompts[1:], segments[1:]),
-                     (prompts[:1], segments[:1])])
+    replica.warm_up(
+        [(prompts[:1], segments[:1]), (prompts, segments), (prompts[1:], segments[1:]), (prompts[:1], segments[:1])]
+    )
     return [list(p) for p in prompts], segments
 
 
-def full_step(family: CrossEncoderFamily, batch_tokens: int, max_items: int) -> tuple[list[list[int]], list[int | None]]:
+def full_step(
+    family: CrossEncoderFamily, batch_tokens: int, max_items: int
+) -> tuple[list[list[int]], list[int | None]]:
     """Pairs of window-long prompts filling one step of ``batch_tokens`` (at most ``max_items`` pairs)."""
     pair = family.tokenizer
     shared = pair.encode_shared("warm-up query", "")
@@ -187,7 +213,9 @@ def full_step(family: CrossEncoderFamily, batch_tokens: int, max_items: int) -> 
     return [list(row.ids)] * count, [row.segment_start] * count
 
 
-def _reserve_full_step(replica: PackedPairReplica, family: CrossEncoderFamily, batch_tokens: int, max_items: int) -> None:
+def _reserve_full_step(
+    replica: PackedPairReplica, family: CrossEncoderFamily, batch_tokens: int, max_items: int
+) -> None:
     """Run one step as large as the scheduler will ever build, so CUDA's caching allocator holds
     blocks for it from the start: a request larger than every earlier one otherwise pays for
     fresh device allocations on its own latency (a tail of the idle d100 runs, where the first

@@ -65,7 +65,21 @@ def position_offset(model_type: str, pad_token_id: int | None) -> int:
 class _Layer:
     """One encoder layer's tensors, q/k/v fused into one GEMM (weights and biases)."""
 
-    __slots__ = ("act", "dim", "down_b", "down_w", "heads", "ln1", "ln2", "o_b", "o_w", "qkv_b", "qkv_w", "up_b", "up_w")
+    __slots__ = (
+        "act",
+        "dim",
+        "down_b",
+        "down_w",
+        "heads",
+        "ln1",
+        "ln2",
+        "o_b",
+        "o_w",
+        "qkv_b",
+        "qkv_w",
+        "up_b",
+        "up_w",
+    )
 
     def __init__(self, layer: Any) -> None:
         a, out = layer.attention.self, layer.attention.output
@@ -75,8 +89,8 @@ class _Layer:
         rows = 0
         for lin in lins:  # the modules keep views: no second copy of the weights in memory
             n = lin.weight.shape[0]
-            lin.weight = torch.nn.Parameter(self.qkv_w[rows:rows + n], requires_grad=False)
-            lin.bias = torch.nn.Parameter(self.qkv_b[rows:rows + n], requires_grad=False)
+            lin.weight = torch.nn.Parameter(self.qkv_w[rows : rows + n], requires_grad=False)
+            lin.bias = torch.nn.Parameter(self.qkv_b[rows : rows + n], requires_grad=False)
             rows += n
         self.heads, self.dim = a.num_attention_heads, a.attention_head_size
         self.o_w, self.o_b = out.dense.weight, out.dense.bias
@@ -87,8 +101,9 @@ class _Layer:
         self.ln2 = (layer.output.LayerNorm.weight, layer.output.LayerNorm.bias, float(layer.output.LayerNorm.eps))
 
 
-def add_ln(delta: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
-           real: torch.Tensor) -> torch.Tensor:
+def add_ln(
+    delta: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float, real: torch.Tensor
+) -> torch.Tensor:
     """``LayerNorm(delta + h)``: the residual add and the post-norm in one pointwise region; rows
     where ``real`` (a (rows, 1) bool) is false -- a CUDA graph's padding -- set to 0 (``real_rows``)."""
     return torch.where(real, F.layer_norm(delta + h, (h.shape[-1],), w, b, eps), 0.0)
@@ -156,7 +171,9 @@ class PackedPairReplica(abc.ABC):
         self.pipelined = device.type == "cuda"  # see PackedQwen3Replica: host prep overlaps the device
         self.compiled = compile
         self.compile_error: str | None = None
-        self._staging = HostStaging(device)  # pinned on CUDA; two alternate so step k+1 is filled while step k's copy may run
+        self._staging = HostStaging(
+            device
+        )  # pinned on CUDA; two alternate so step k+1 is filled while step k's copy may run
         self._arange = torch.arange(0)
         self.graphs: StepGraphs | None = None  # set by ``use_graphs``
         self.graph_error: str | None = None
@@ -190,7 +207,9 @@ class PackedPairReplica(abc.ABC):
             for prompts, segments in batches:
                 self.score(prompts, segments)
 
-    def score(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None) -> list[list[float]]:
+    def score(
+        self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None
+    ) -> list[list[float]]:
         """The head's logits (one row per pair)."""
         return self.collect(self.launch(prompts, segments))
 
@@ -200,15 +219,16 @@ class PackedPairReplica(abc.ABC):
         start = 0
         for k, seg in zip(lens, segments, strict=True):
             if seg is not None:
-                out[start + seg:start + k] = 1
+                out[start + seg : start + k] = 1
             start += k
 
     def _per_token_padding(self, pairs: int) -> int:
         """The third row's value on padding tokens (``pairs``: the real pairs; index ``pairs`` is the first empty one)."""
         return 0
 
-    def _pack(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None],
-              pad: tuple[int, int] | None = None) -> tuple[torch.Tensor, list[int]]:
+    def _pack(
+        self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None], pad: tuple[int, int] | None = None
+    ) -> tuple[torch.Tensor, list[int]]:
         """ids, positions, ``_per_token``'s row and cumulative lengths in one int64 host tensor (one copy to the device).
 
         ``pad`` = (tokens, pairs) > the step's: a CUDA graph's bucket (``graphs`` says why the
@@ -223,18 +243,24 @@ class PackedPairReplica(abc.ABC):
         arr[:total] = np.fromiter(itertools.chain.from_iterable(prompts), dtype=np.int64, count=total)
         arr[total:t] = 0
         ar = self._arange.numpy()
-        arr[t:t + total] = np.concatenate([ar[:k] for k in lens]) + self._offset
-        arr[t + total:2 * t] = self._offset
-        self._per_token(arr[2 * t:2 * t + total], lens, segments)
-        arr[2 * t + total:3 * t] = self._per_token_padding(n)
+        arr[t : t + total] = np.concatenate([ar[:k] for k in lens]) + self._offset
+        arr[t + total : 2 * t] = self._offset
+        self._per_token(arr[2 * t : 2 * t + total], lens, segments)
+        arr[2 * t + total : 3 * t] = self._per_token_padding(n)
         arr[3 * t] = 0
-        np.cumsum(lens, out=arr[3 * t + 1:3 * t + 1 + n])
-        arr[3 * t + 1 + n:3 * t + 1 + m] = total
-        return buf[:3 * t + m + 1], lens
+        np.cumsum(lens, out=arr[3 * t + 1 : 3 * t + 1 + n])
+        arr[3 * t + 1 + n : 3 * t + 1 + m] = total
+        return buf[: 3 * t + m + 1], lens
 
     @torch.inference_mode()
-    def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None, *,
-               idle: bool = False, eager: bool = False) -> tuple[torch.Tensor, int, Any]:
+    def launch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        segments: Sequence[int | None] | None = None,
+        *,
+        idle: bool = False,
+        eager: bool = False,
+    ) -> tuple[torch.Tensor, int, Any]:
         """Prepare the step on the host and queue its kernels (or its graph); on CUDA this returns
         before they ran. The handle: logits (on the device, or pinned host memory for a graph),
         pairs, and for a graph the event after its logits reach the host, which replay it was and
@@ -262,11 +288,27 @@ class PackedPairReplica(abc.ABC):
         total = sum(lens)
         per_seq = lens if self._per_sequence else None
         if self.device.type != "cuda":
-            return self._forward(host[:total], host[total:2 * total], host[2 * total:3 * total],
-                                 host[3 * total:], max(lens), per_seq), n, None
+            return (
+                self._forward(
+                    host[:total],
+                    host[total : 2 * total],
+                    host[2 * total : 3 * total],
+                    host[3 * total :],
+                    max(lens),
+                    per_seq,
+                ),
+                n,
+                None,
+            )
         with torch.cuda.device(self.device):
             d = self._staging.to_device(host)
-            return self._forward(d[:total], d[total:2 * total], d[2 * total:3 * total], d[3 * total:], max(lens), per_seq), n, None
+            return (
+                self._forward(
+                    d[:total], d[total : 2 * total], d[2 * total : 3 * total], d[3 * total :], max(lens), per_seq
+                ),
+                n,
+                None,
+            )
 
     def collect(self, handle: tuple[torch.Tensor, int, Any]) -> list[list[float]]:
         logits, n, graph = handle
@@ -302,16 +344,31 @@ class PackedPairReplica(abc.ABC):
             self.graphs = None
 
     @abc.abstractmethod
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, per_token: torch.Tensor, cu_long: torch.Tensor,
-                 max_len: int, lens: list[int] | None) -> torch.Tensor:
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        per_token: torch.Tensor,
+        cu_long: torch.Tensor,
+        max_len: int,
+        lens: list[int] | None,
+    ) -> torch.Tensor:
         """The architecture's layers and head on one packed step: one row of logits per pair."""
 
 
 class PackedEncoderReplica(PackedPairReplica):
     """BERT, ELECTRA, RoBERTa and XLM-R: post-norm layers, absolute positions, token types."""
 
-    def __init__(self, model: Any, device: torch.device, *, attention: str, compile: bool, kernel: str = "auto",
-                 gelu_epilogue: str = "off") -> None:
+    def __init__(
+        self,
+        model: Any,
+        device: torch.device,
+        *,
+        attention: str,
+        compile: bool,
+        kernel: str = "auto",
+        gelu_epilogue: str = "off",
+    ) -> None:
         super().__init__(model, device, compile=compile)
         base = getattr(self.model, self.model.base_model_prefix)
         self._emb = base.embeddings
@@ -337,12 +394,20 @@ class PackedEncoderReplica(PackedPairReplica):
         refusal = epilogue_refusal(act_name)
         if gelu_epilogue == "on" and refusal is not None:
             raise ValueError(f"gelu_epilogue = 'on': {refusal}")
-        wanted = gelu_epilogue == "on" or (gelu_epilogue == "auto" and device.type == "cuda"
-                                           and dtype in (torch.bfloat16, torch.float16))
+        wanted = gelu_epilogue == "on" or (
+            gelu_epilogue == "auto" and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+        )
         self.epilogue: str | None = EPILOGUE_ACTS[act_name] if wanted and refusal is None else None
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor, cu_long: torch.Tensor,
-                 max_len: int, lens: list[int] | None) -> torch.Tensor:
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        types: torch.Tensor,
+        cu_long: torch.Tensor,
+        max_len: int,
+        lens: list[int] | None,
+    ) -> torch.Tensor:
         add_ln_, act = self._regions
         cu = cu_long.to(torch.int32)
         first = cu_long[:-1]

@@ -16,14 +16,18 @@ from adapters.runtimes.packed.modernbert_forward import PackedModernBertReplica
 __all__ = ("make_replica",)
 
 
-def make_replica(model: Any, device: torch.device, *, attention: str, compile: bool, kernel: str = "auto",
-                 gelu_epilogue: str = "off") -> PackedPairReplica:
+def make_replica(
+    model: Any, device: torch.device, *, attention: str, compile: bool, kernel: str = "auto", gelu_epilogue: str = "off"
+) -> PackedPairReplica:
     """The replica class for the checkpoint's model_type (``schemas.config.PACKED_ENCODER_TYPES``).
     ``gelu_epilogue``: the config's (``auto`` / ``on`` / ``off``); ModernBERT's gated MLP has none."""
     if str(model.config.model_type) == "modernbert":
         if gelu_epilogue == "on":
-            raise ValueError("gelu_epilogue = 'on': ModernBERT's MLP is gated (GeGLU): its activation is not the "
-                             "up-projection's epilogue; use 'auto' or 'off'")
+            raise ValueError(
+                "gelu_epilogue = 'on': ModernBERT's MLP is gated (GeGLU): its activation is not the "
+                "up-projection's epilogue; use 'auto' or 'off'"
+            )
         return PackedModernBertReplica(model, device, attention=attention, compile=compile, kernel=kernel)
-    return PackedEncoderReplica(model, device, attention=attention, compile=compile, kernel=kernel,
-                                gelu_epilogue=gelu_epilogue)
+    return PackedEncoderReplica(
+        model, device, attention=attention, compile=compile, kernel=kernel, gelu_epilogue=gelu_epilogue
+    )

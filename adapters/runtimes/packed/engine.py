@@ -89,8 +89,11 @@ class PackedEngineBase(abc.ABC):
 
     def _stats(self, base: dict[str, Any]) -> dict[str, Any]:
         """``base`` with the kernels every replica reports, a compile error, and the scheduler's counters."""
-        out: dict[str, Any] = {"attention": self._replicas[0].attention_name if self._replicas else None,
-                               "compiled": bool(self._replicas and self._replicas[0].compiled), **base}
+        out: dict[str, Any] = {
+            "attention": self._replicas[0].attention_name if self._replicas else None,
+            "compiled": bool(self._replicas and self._replicas[0].compiled),
+            **base,
+        }
         errors = [r.compile_error for r in self._replicas if r.compile_error]
         if errors:
             out["compile_error"] = errors[0]
@@ -121,19 +124,30 @@ class PackedQwen3Engine(PackedEngineBase):
         base: dict[str, Any] = {
             "devices": [{"device": str(r.device)} for r in self._replicas],
             "mode": self._replicas[0].mode if self._replicas else None,
-            "silu": ({"kernel": self._replicas[0].silu_kernel, "timing_ms": self._replicas[0].silu_timing_ms}
-                     if self._replicas else None),
-            "qk_norm_rope": ({"kernel": self._replicas[0].qk_kernel, "timing_ms": self._replicas[0].qk_timing_ms}
-                             if self._replicas else None),
+            "silu": (
+                {"kernel": self._replicas[0].silu_kernel, "timing_ms": self._replicas[0].silu_timing_ms}
+                if self._replicas
+                else None
+            ),
+            "qk_norm_rope": (
+                {"kernel": self._replicas[0].qk_kernel, "timing_ms": self._replicas[0].qk_timing_ms}
+                if self._replicas
+                else None
+            ),
             # configured, and why not in effect if so (an attention kernel failing the bottom-right check)
-            "prefix_sharing": {"configured": self._config.share_prefix,
-                               "not_shared_because": next((r.share_error for r in self._replicas if r.share_error), None)},
+            "prefix_sharing": {
+                "configured": self._config.share_prefix,
+                "not_shared_because": next((r.share_error for r in self._replicas if r.share_error), None),
+            },
         }
         if self._replicas and self._replicas[0].mm_kernel:
-            base["precision"] = {"mode": self._replicas[0].precision, "gemm": self._replicas[0].mm_kernel,
-                                 "gemm_timing": self._replicas[0].mm_timing,
-                                 "quantizing_regions": self._replicas[0].fp8_kernels,
-                                 "gate": msgspec.structs.asdict(self._gate) if self._gate else None}
+            base["precision"] = {
+                "mode": self._replicas[0].precision,
+                "gemm": self._replicas[0].mm_kernel,
+                "gemm_timing": self._replicas[0].mm_timing,
+                "quantizing_regions": self._replicas[0].fp8_kernels,
+                "gate": msgspec.structs.asdict(self._gate) if self._gate else None,
+            }
         if self._config.split == "pipeline" and self._replicas:
             base["split"] = {"mode": "pipeline", "stages": pipeline.describe(self._replicas[0])}
         return self._stats(base)
@@ -159,8 +173,10 @@ class PackedQwen3Engine(PackedEngineBase):
         on_gpu = devices[0].type == "cuda"
         if cfg.precision == "fp8":  # the unquantized parts and the gate's reference run in bf16
             if cfg.dtype not in ("auto", "bfloat16"):
-                raise EngineConfigError(f"model '{cfg.name}': precision = 'fp8' runs the rest of the model in bfloat16; "
-                                        f"drop dtype = '{cfg.dtype}' or precision")
+                raise EngineConfigError(
+                    f"model '{cfg.name}': precision = 'fp8' runs the rest of the model in bfloat16; "
+                    f"drop dtype = '{cfg.dtype}' or precision"
+                )
             dtype = torch.bfloat16
         elif cfg.dtype != "auto":
             dtype = getattr(torch, cfg.dtype)
@@ -171,15 +187,21 @@ class PackedQwen3Engine(PackedEngineBase):
         # The packed kernels run Qwen3 only: a detected Gemma or Qwen2 reranker (family = "auto")
         # would fail deep in the fused layers, or worse, be scored with Qwen3's prompt.
         detection, _ = resolve_for_runtime(cfg, "packed")
-        if detection.family != "qwen3":  # a cross-encoder goes to encoder.PackedEncoderEngine (build.build_packed_engine)
-            raise EngineConfigError(f"model '{cfg.name}': {detection.family} model given to the Qwen3 packed engine; "
-                                    "restart the model (its family is read when the engine is built)")
+        if (
+            detection.family != "qwen3"
+        ):  # a cross-encoder goes to encoder.PackedEncoderEngine (build.build_packed_engine)
+            raise EngineConfigError(
+                f"model '{cfg.name}': {detection.family} model given to the Qwen3 packed engine; "
+                "restart the model (its family is read when the engine is built)"
+            )
         if cfg.gelu_epilogue == "on":
-            raise EngineConfigError(f"model '{cfg.name}': gelu_epilogue = 'on' is for cross-encoders; Qwen3's MLP is "
-                                    "gated (SiLU): drop it")
+            raise EngineConfigError(
+                f"model '{cfg.name}': gelu_epilogue = 'on' is for cross-encoders; Qwen3's MLP is gated (SiLU): drop it"
+            )
         golden = golden_set_or_refuse(cfg.name, cfg.parity_set, gate.golden_set) if cfg.precision == "fp8" else []
-        prompt = Qwen3PromptTokenizer(load_hf_tokenizer(cfg.path, cfg.revision), max_length=cfg.max_length,
-                                      max_query_tokens=cfg.max_query_tokens)
+        prompt = Qwen3PromptTokenizer(
+            load_hf_tokenizer(cfg.path, cfg.revision), max_length=cfg.max_length, max_query_tokens=cfg.max_query_tokens
+        )
         # transformers 5 loads weights under process-wide init contexts (meta device): two packed
         # models loading in parallel failed with "Cannot copy out of meta tensor" on the H200.
         with WEIGHTS_LOCK:
@@ -189,8 +211,11 @@ class PackedQwen3Engine(PackedEngineBase):
         compile_ = cfg.compile == "on" or (cfg.compile == "auto" and on_gpu)
         if cfg.split == "pipeline":  # one replica whose layers are spread over every device
             try:
-                replicas = [pipeline.build_pipeline(backbone, head, devices, cfg.split_layers, attention=cfg.attention,
-                                                    compile=compile_)]
+                replicas = [
+                    pipeline.build_pipeline(
+                        backbone, head, devices, cfg.split_layers, attention=cfg.attention, compile=compile_
+                    )
+                ]
             except pipeline.SplitError as exc:
                 raise EngineConfigError(f"model '{cfg.name}': {exc}") from None
         else:
@@ -201,8 +226,14 @@ class PackedQwen3Engine(PackedEngineBase):
         if cfg.precision == "fp8":
             self._gate = _to_fp8(replicas, prompt, cfg, share, golden)
         self._replicas = replicas
-        self._scheduler = PackedScheduler(replicas, batch_tokens=cfg.batch_tokens, max_items=cfg.max_items_per_step,
-                                          policy=cfg.policy, error_type=EngineError, share_prefix=share)
+        self._scheduler = PackedScheduler(
+            replicas,
+            batch_tokens=cfg.batch_tokens,
+            max_items=cfg.max_items_per_step,
+            policy=cfg.policy,
+            error_type=EngineError,
+            share_prefix=share,
+        )
         self._prompt = prompt
 
 
@@ -218,8 +249,14 @@ def _warm_up(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, share: b
     replica.warm_up([prompts[:1], prompts, prompts[1:], prompts[:1]], groups)
 
 
-def _golden_scores(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, batch_tokens: int,
-                   share: bool, golden: list[GoldenQuery], instruction: str = DEFAULT_INSTRUCTION) -> list[list[float]]:
+def _golden_scores(
+    replica: PackedQwen3Replica,
+    prompt: Qwen3PromptTokenizer,
+    batch_tokens: int,
+    share: bool,
+    golden: list[GoldenQuery],
+    instruction: str = DEFAULT_INSTRUCTION,
+) -> list[list[float]]:
     """The golden set's scores, queries packed together into steps of at most ``batch_tokens``
     computed tokens, as the scheduler packs them (``share``: each query's prefix once per step),
     with the instruction a request without one gets (the model's configured one, else Qwen3's).
@@ -254,13 +291,18 @@ def _golden_scores(replica: PackedQwen3Replica, prompt: Qwen3PromptTokenizer, ba
     scores += run()
     out, i = [], 0
     for _, tails in per_query:
-        out.append(scores[i:i + len(tails)])
+        out.append(scores[i : i + len(tails)])
         i += len(tails)
     return out
 
 
-def _to_fp8(replicas: list[PackedQwen3Replica], prompt: Qwen3PromptTokenizer, cfg: PackedEngineConfig,
-            share: bool, golden: list[GoldenQuery]) -> gate.GateResult:
+def _to_fp8(
+    replicas: list[PackedQwen3Replica],
+    prompt: Qwen3PromptTokenizer,
+    cfg: PackedEngineConfig,
+    share: bool,
+    golden: list[GoldenQuery],
+) -> gate.GateResult:
     """Quantize every replica; the first one's golden-set ranking against its bf16 self decides
     (both scored the way the engine will serve: prefixes shared or not)."""
     instruction = cfg.instruction if cfg.instruction is not None else DEFAULT_INSTRUCTION
@@ -273,11 +315,19 @@ def _to_fp8(replicas: list[PackedQwen3Replica], prompt: Qwen3PromptTokenizer, cf
         _warm_up(r, prompt, share)
     with fixed_threads():
         cand = _golden_scores(replicas[0], prompt, cfg.batch_tokens, share, golden, instruction)
-    result = gate.judge("fp8", base, cand, tie=cfg.parity_tie, min_agreement=cfg.parity_min_agreement,
-                        golden=cfg.parity_set or "generated")
+    result = gate.judge(
+        "fp8",
+        base,
+        cand,
+        tie=cfg.parity_tie,
+        min_agreement=cfg.parity_min_agreement,
+        golden=cfg.parity_set or "generated",
+    )
     if torch.cuda.is_available():  # the gate's 65k-token steps: do not keep their activations cached
         torch.cuda.empty_cache()
     if not result.passed and cfg.precision_gate == "refuse":
-        raise EngineConfigError(f"model '{cfg.name}': {result.line()}: refused; serve it in bf16 (drop precision) "
-                                f"or set precision_gate = 'warn' after checking the ranking on your own data")
+        raise EngineConfigError(
+            f"model '{cfg.name}': {result.line()}: refused; serve it in bf16 (drop precision) "
+            f"or set precision_gate = 'warn' after checking the ranking on your own data"
+        )
     return result

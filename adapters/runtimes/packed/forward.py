@@ -59,8 +59,18 @@ class PackedQwen3Replica:
     modules as they are and compiles the whole forward (the engine's first version, kept to compare).
     """
 
-    def __init__(self, backbone: Any, head: torch.Tensor, device: torch.device, *, attention: str, compile: bool,
-                 mode: str = "fused", kernel: str = "auto", vllm_ops: bool = True) -> None:
+    def __init__(
+        self,
+        backbone: Any,
+        head: torch.Tensor,
+        device: torch.device,
+        *,
+        attention: str,
+        compile: bool,
+        mode: str = "fused",
+        kernel: str = "auto",
+        vllm_ops: bool = True,
+    ) -> None:
         if mode not in ("fused", "modules"):
             raise ValueError(f"mode {mode!r}")
         self.device = device
@@ -134,7 +144,9 @@ class PackedQwen3Replica:
             torch.cuda.empty_cache()
         k, n = self._layers[0].f8[2].qt.shape
         with torch.inference_mode():
-            self.mm_kernel, self._mm, self.mm_timing = fp8.pick_mm(self.device, (16384, k, n), self.backbone.norm.weight.dtype)
+            self.mm_kernel, self._mm, self.mm_timing = fp8.pick_mm(
+                self.device, (16384, k, n), self.backbone.norm.weight.dtype
+            )
         self.precision = "fp8 e4m3 GEMMs (per-channel weight, per-token activation scales)"
         self._run = self._forward_fp8
         self.pick_fp8_regions(regions)
@@ -145,8 +157,9 @@ class PackedQwen3Replica:
         self._fp8_choice = choice
         if self._fp8_cands is None or self._fp8_cands[0] != self.compiled:  # compiled once, not per pick
             self._fp8_cands = (self.compiled, fp8.candidates(self.compiled, self.device.type == "cuda"))
-        self._fp8_regions, self.fp8_kernels = picks.pick_fp8_regions(self._fp8_cands[1], self._layers[0], self._eps, self.device,
-                                                                     self.backbone.norm.weight.dtype, choice)
+        self._fp8_regions, self.fp8_kernels = picks.pick_fp8_regions(
+            self._fp8_cands[1], self._layers[0], self._eps, self.device, self.backbone.norm.weight.dtype, choice
+        )
         self.silu_kernel = f"silu·mul + fp8 quantization: {self.fp8_kernels['silu_mul']['kernel']}"
 
     def _compile(self) -> None:
@@ -157,7 +170,10 @@ class PackedQwen3Replica:
         if self.mode == "modules":
             self._run = torch.compile(self._forward, dynamic=True)
         else:
-            self._regions = tuple(torch.compile(f, dynamic=True) for f in (kernels.rms, kernels.add_rms, kernels.qkv_rope, kernels.silu_mul))
+            self._regions = tuple(
+                torch.compile(f, dynamic=True)
+                for f in (kernels.rms, kernels.add_rms, kernels.qkv_rope, kernels.silu_mul)
+            )
 
     def _uncompile(self) -> None:
         self.compiled = False
@@ -168,7 +184,9 @@ class PackedQwen3Replica:
             self._run = self._forward if self.mode == "modules" else self._forward_fused
 
     @classmethod
-    def replicas(cls, backbone: Any, head: torch.Tensor, devices: Sequence[torch.device], **kw: Any) -> list[PackedQwen3Replica]:
+    def replicas(
+        cls, backbone: Any, head: torch.Tensor, devices: Sequence[torch.device], **kw: Any
+    ) -> list[PackedQwen3Replica]:
         """One replica per device; every replica but the last gets its own copy of the weights."""
         out = []
         for i, dev in enumerate(devices):
@@ -215,7 +233,9 @@ class PackedQwen3Replica:
 
     def _check_sharing(self) -> None:
         """Tails attend to [P; T_i]: prefixes are shared only with a kernel that aligns causal masks bottom-right."""
-        err = picks.sharing_error(self._attend, self.attention_name, self.device, self.backbone.embed_tokens.weight.dtype)
+        err = picks.sharing_error(
+            self._attend, self.attention_name, self.device, self.backbone.embed_tokens.weight.dtype
+        )
         if err is not None:
             self.share_error = err
 
@@ -243,8 +263,16 @@ class PackedQwen3Replica:
                     self._regions = (*self._regions[:3], op)
                     self.silu_kernel = "vLLM silu_and_mul"
             if qk_op is not None:
-                op, self.qk_timing_ms = picks.pick_qk_norm_rope(qk_op, self._regions[2], w, self._eps, dim,
-                                                                self.backbone.rotary_emb, self._cos_sin_cache, self.device)
+                op, self.qk_timing_ms = picks.pick_qk_norm_rope(
+                    qk_op,
+                    self._regions[2],
+                    w,
+                    self._eps,
+                    dim,
+                    self.backbone.rotary_emb,
+                    self._cos_sin_cache,
+                    self.device,
+                )
                 if op is not None:
                     self._qk_vllm = op
                     self.qk_kernel = "vLLM fused_qk_norm_rope"
@@ -254,8 +282,9 @@ class PackedQwen3Replica:
         if self._cos_sin is None or self._cos_sin.shape[0] < n:
             size = max(4096, 1 << (n - 1).bit_length())
             w = self._layers[0].qkv
-            cos, sin = self.backbone.rotary_emb(torch.empty(1, dtype=w.dtype, device=w.device),
-                                                torch.arange(size, device=w.device)[None])
+            cos, sin = self.backbone.rotary_emb(
+                torch.empty(1, dtype=w.dtype, device=w.device), torch.arange(size, device=w.device)[None]
+            )
             half = cos.shape[-1] // 2
             self._cos_sin = torch.cat((cos[0, :, :half], sin[0, :, :half]), dim=-1).to(w.dtype).contiguous()
         return self._cos_sin
@@ -278,8 +307,14 @@ class PackedQwen3Replica:
         """The step in one int64 host tensor (``step.pack``) and its layout."""
         return pack(groups, self._staging)
 
-    def launch(self, prompts: Sequence[Sequence[int]], segments: Sequence[int | None] | None = None, *,
-               idle: bool = False, eager: bool = False) -> tuple[torch.Tensor, int]:
+    def launch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        segments: Sequence[int | None] | None = None,
+        *,
+        idle: bool = False,
+        eager: bool = False,
+    ) -> tuple[torch.Tensor, int]:
         """Prepare the step on the host and queue its kernels; on CUDA this returns before they ran.
 
         ``segments`` (the scheduler's token-type starts) is None throughout for Qwen3 prompts;
@@ -287,7 +322,9 @@ class PackedQwen3Replica:
         return self.launch_groups([((), [p]) for p in prompts])
 
     @torch.inference_mode()
-    def launch_groups(self, groups: Sequence[Group], *, idle: bool = False, eager: bool = False) -> tuple[torch.Tensor, int]:
+    def launch_groups(
+        self, groups: Sequence[Group], *, idle: bool = False, eager: bool = False
+    ) -> tuple[torch.Tensor, int]:
         """``launch`` for prefix + tails groups; without prefix sharing each prompt is packed whole."""
         if not self.can_share and any(len(pre) for pre, _ in groups):
             groups = [((), [[*pre, *tail] for tail in tails]) for pre, tails in groups]
@@ -336,8 +373,9 @@ class PackedQwen3Replica:
         with torch.cuda.device(dev):  # kernels that launch on the current device (Triton, FA3) land here
             return run(None, positions, step, h)
 
-    def _forward_fused(self, ids: torch.Tensor | None, positions: torch.Tensor, step: Step,
-                       h: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward_fused(
+        self, ids: torch.Tensor | None, positions: torch.Tensor, step: Step, h: torch.Tensor | None = None
+    ) -> torch.Tensor:
         rms, add_rms, qkv_rope, silu_mul = self._regions
         bb, eps = self.backbone, self._eps
         h = bb.embed_tokens(ids) if h is None else h
@@ -356,7 +394,9 @@ class PackedQwen3Replica:
             if qk_vllm is None:
                 q, k, v = qkv_rope(F.linear(x, w.qkv), w.q_norm, w.k_norm, eps, cos, sin, w.heads, w.kv_heads, dim)
             else:
-                q, k, v = qk_vllm(F.linear(x, w.qkv), w.q_norm, w.k_norm, eps, positions, cos_sin, w.heads, w.kv_heads, dim)
+                q, k, v = qk_vllm(
+                    F.linear(x, w.qkv), w.q_norm, w.k_norm, eps, positions, cos_sin, w.heads, w.kv_heads, dim
+                )
             o = self._attention(q, k, v, step)
             delta = F.linear(o.view(n_tokens, -1), w.o)
             if i == len(layers) - 1 and self.next_stage is None:
@@ -371,8 +411,9 @@ class PackedQwen3Replica:
         logits = x.float() @ self.head.T  # (prompts, 2): [no, yes]
         return torch.softmax(logits, dim=-1)[:, 1]
 
-    def _forward_fp8(self, ids: torch.Tensor | None, positions: torch.Tensor, step: Step,
-                     h: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward_fp8(
+        self, ids: torch.Tensor | None, positions: torch.Tensor, step: Step, h: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``_forward_fused`` with the four GEMMs of each layer in FP8; their inputs are quantized
         by the region that produces them (the attention output by a small one of its own)."""
         rms_q, add_rms_q, silu_mul_q, quant = self._fp8_regions
@@ -396,7 +437,9 @@ class PackedQwen3Replica:
             if qk_vllm is None:
                 q, k, v = qkv_rope(mm(x, xs, f_qkv, dt), w.q_norm, w.k_norm, eps, cos, sin, w.heads, w.kv_heads, dim)
             else:
-                q, k, v = qk_vllm(mm(x, xs, f_qkv, dt), w.q_norm, w.k_norm, eps, positions, cos_sin, w.heads, w.kv_heads, dim)
+                q, k, v = qk_vllm(
+                    mm(x, xs, f_qkv, dt), w.q_norm, w.k_norm, eps, positions, cos_sin, w.heads, w.kv_heads, dim
+                )
             o = self._attention(q, k, v, step).reshape(n_tokens, -1)
             if i == len(layers) - 1 and self.next_stage is None:
                 h, o = h[last], o[last]  # nothing after this attention mixes positions

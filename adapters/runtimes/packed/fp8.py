@@ -144,11 +144,14 @@ def pick_mm(device: torch.device, shape: tuple[int, int, int], dtype: torch.dtyp
 # -- pointwise regions that end in a quantization (compiled one by one, like kernels.rms etc.) ----
 # Each rounds to the model dtype first, as the bf16 path would hand the GEMM its input.
 
+
 def rms_q(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_rows(kernels.rms(x, w, eps))
 
 
-def add_rms_q(h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def add_rms_q(
+    h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     h, x = kernels.add_rms(h, delta, w, eps)
     return (h, *quantize_rows(x))
 
@@ -205,11 +208,14 @@ def vllm_regions() -> dict[str, Any]:
         return {}
 
     def _out(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.empty(x.shape[0], n, dtype=E4M3, device=x.device),
-                torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device))
+        return (
+            torch.empty(x.shape[0], n, dtype=E4M3, device=x.device),
+            torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device),
+        )
 
     found: dict[str, Any] = {}
     if hasattr(ops, "rms_norm_dynamic_per_token_quant"):
+
         def v_rms_q(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
             q, s = _out(x, x.shape[1])
             ops.rms_norm_dynamic_per_token_quant(q, x.contiguous(), w, s, eps, None, None)
@@ -222,6 +228,7 @@ def vllm_regions() -> dict[str, Any]:
 
         found["norm"] = (v_rms_q, v_add_rms_q)
     if hasattr(ops, "dynamic_per_token_scaled_fp8_quant"):
+
         def v_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             q, s = _out(x, x.shape[1])
             ops.dynamic_per_token_scaled_fp8_quant(q, x.contiguous(), s, None)
@@ -230,6 +237,7 @@ def vllm_regions() -> dict[str, Any]:
         found["quant"] = v_quant
         silu: dict[str, Any] = {}
         if hasattr(ops, "silu_and_mul"):
+
             def v_silu_then_quant(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 y = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype, device=gate_up.device)
                 ops.silu_and_mul(y, gate_up)
@@ -272,6 +280,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def region_error(region: str, fn: Any, inputs: dict[str, torch.Tensor], eps: float) -> float:
     """Largest relative difference (dequantized values, and the residual stream for "norm") from the torch functions'."""
+
     def deq(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return q.double() * s.double()
 
@@ -287,8 +296,13 @@ def region_error(region: str, fn: Any, inputs: dict[str, torch.Tensor], eps: flo
     return _rel(deq(*fn(x)), deq(*ref(x)))
 
 
-def pick_regions(cands: dict[str, dict[str, Any]], inputs: dict[str, torch.Tensor], eps: float,
-                 timer: Callable[[Callable[[], Any]], float] | None, choice: str = "auto") -> tuple[Regions, dict[str, Any]]:
+def pick_regions(
+    cands: dict[str, dict[str, Any]],
+    inputs: dict[str, torch.Tensor],
+    eps: float,
+    timer: Callable[[Callable[[], Any]], float] | None,
+    choice: str = "auto",
+) -> tuple[Regions, dict[str, Any]]:
     """Per region the fastest kernel (``timer(fn) -> ms``) within :data:`REGION_TOL` of the torch functions.
 
     ``choice`` other than "auto" prefers the kernels whose name starts with it (the profile's
@@ -312,8 +326,11 @@ def pick_regions(cands: dict[str, dict[str, Any]], inputs: dict[str, torch.Tenso
                 continue
             if timer is not None:
                 h, delta, w = inputs["h"].clone(), inputs["delta"], inputs["w"]
-                call = ((lambda fn=fn, h=h, delta=delta, w=w: fn[1](h, delta, w, eps)) if region == "norm" else
-                        (lambda fn=fn, r=region: fn(inputs["gate_up"] if r == "silu_mul" else inputs["o"])))
+                call = (
+                    (lambda fn=fn, h=h, delta=delta, w=w: fn[1](h, delta, w, eps))
+                    if region == "norm"
+                    else (lambda fn=fn, r=region: fn(inputs["gate_up"] if r == "silu_mul" else inputs["o"]))
+                )
                 rows[name]["ms"] = timer(call)
         ok = [n for n, r in rows.items() if "rel_err" in r and r["rel_err"] <= REGION_TOL]
         preferred = [n for n in ok if n.startswith(choice)] if choice != "auto" else []
@@ -328,13 +345,26 @@ def pick_regions(cands: dict[str, dict[str, Any]], inputs: dict[str, torch.Tenso
     return (*picked["norm"], picked["silu_mul"], picked["quant"]), info
 
 
-def region_inputs(tokens: int, hidden: int, inter: int, attn: int, w: torch.Tensor, device: torch.device,
-                  dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
+def region_inputs(
+    tokens: int,
+    hidden: int,
+    inter: int,
+    attn: int,
+    w: torch.Tensor,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
     """Random activations of a step's shapes; the residual and its update spread like a real stream's."""
     g = torch.Generator(device=device).manual_seed(seed)
 
     def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
         return (torch.randn(*shape, device=device, generator=g) * scale).to(dtype)
 
-    return {"h": rnd(tokens, hidden, scale=4.0), "delta": rnd(tokens, hidden), "w": w,
-            "gate_up": rnd(tokens, 2 * inter, scale=2.0), "o": rnd(tokens, attn)}
+    return {
+        "h": rnd(tokens, hidden, scale=4.0),
+        "delta": rnd(tokens, hidden),
+        "w": w,
+        "gate_up": rnd(tokens, 2 * inter, scale=2.0),
+        "o": rnd(tokens, attn),
+    }

@@ -25,8 +25,22 @@ __all__ = ("build",)
 _E4M3 = torch.float8_e4m3fn
 
 
-def _norm_q(X, R, W, H, Q, S, stride_x, stride_r, stride_h, stride_q, N, eps,  # Triton's pointer style
-            HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _norm_q(
+    X,
+    R,
+    W,
+    H,
+    Q,
+    S,
+    stride_x,
+    stride_r,
+    stride_h,
+    stride_q,
+    N,
+    eps,  # Triton's pointer style
+    HAS_RES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """[h = x + r (stored, model dtype);] y = w * rms(h) in the model dtype; q, s = per-row e4m3 of y."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -91,8 +105,10 @@ def build() -> tuple[Callable[..., Any], ...]:
     norm_k, silu_k, quant_k = triton.jit(_norm_q), triton.jit(_silu_mul_q), triton.jit(_quant)
 
     def _out(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.empty(x.shape[0], n, dtype=_E4M3, device=x.device),
-                torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device))
+        return (
+            torch.empty(x.shape[0], n, dtype=_E4M3, device=x.device),
+            torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device),
+        )
 
     def rms_q(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         x = _rows(x)
@@ -101,13 +117,29 @@ def build() -> tuple[Callable[..., Any], ...]:
         norm_k[(x.shape[0],)](x, x, w, x, q, s, x.stride(0), 0, 0, q.stride(0), n, eps, HAS_RES=False, **_cfg(n))
         return q, s
 
-    def add_rms_q(h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def add_rms_q(
+        h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         h, delta = _rows(h), _rows(delta)
         n = h.shape[1]
         q, s = _out(h, n)
         out = torch.empty_like(h)
-        norm_k[(h.shape[0],)](h, delta, w, out, q, s, h.stride(0), delta.stride(0), out.stride(0), q.stride(0), n, eps,
-                              HAS_RES=True, **_cfg(n))
+        norm_k[(h.shape[0],)](
+            h,
+            delta,
+            w,
+            out,
+            q,
+            s,
+            h.stride(0),
+            delta.stride(0),
+            out.stride(0),
+            q.stride(0),
+            n,
+            eps,
+            HAS_RES=True,
+            **_cfg(n),
+        )
         return out, q, s
 
     def silu_mul_q(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,8 +31,11 @@ GOLDEN_DOCS = 30
 
 def golden_set(n_queries: int | None = None, n_docs: int | None = None, seed: int = 24) -> list[GoldenQuery]:
     """The generated set (``parity.graded_golden_set``): ``GOLDEN_QUERIES`` x ``GOLDEN_DOCS`` unless told."""
-    return graded_golden_set(queries=GOLDEN_QUERIES if n_queries is None else n_queries,
-                             documents=GOLDEN_DOCS if n_docs is None else n_docs, seed=seed)
+    return graded_golden_set(
+        queries=GOLDEN_QUERIES if n_queries is None else n_queries,
+        documents=GOLDEN_DOCS if n_docs is None else n_docs,
+        seed=seed,
+    )
 
 
 class GateResult(msgspec.Struct, frozen=True):
@@ -47,18 +50,35 @@ class GateResult(msgspec.Struct, frozen=True):
     passed: bool
 
     def line(self) -> str:
-        return (f"precision = '{self.precision}' keeps bf16's top-{TOP_K} order on {self.kept:.1%} of the "
-                f"{self.queries} golden queries ({self.golden}; needs {self.min_agreement:.0%}, swaps of scores "
-                f"within {self.tie:g} aside; {self.mean_shared:.1f} of {TOP_K} top documents shared on average; "
-                f"largest score change {self.max_abs_diff:.3g})")
+        return (
+            f"precision = '{self.precision}' keeps bf16's top-{TOP_K} order on {self.kept:.1%} of the "
+            f"{self.queries} golden queries ({self.golden}; needs {self.min_agreement:.0%}, swaps of scores "
+            f"within {self.tie:g} aside; {self.mean_shared:.1f} of {TOP_K} top documents shared on average; "
+            f"largest score change {self.max_abs_diff:.3g})"
+        )
 
 
-def judge(precision: str, base: Sequence[Sequence[float]], cand: Sequence[Sequence[float]], *,
-          tie: float = PARITY_TIE, min_agreement: float = PARITY_MIN_AGREEMENT, golden: str = "generated") -> GateResult:
+def judge(
+    precision: str,
+    base: Sequence[Sequence[float]],
+    cand: Sequence[Sequence[float]],
+    *,
+    tie: float = PARITY_TIE,
+    min_agreement: float = PARITY_MIN_AGREEMENT,
+    golden: str = "generated",
+) -> GateResult:
     """bf16's scores (``base``, one list per query) against the quantized model's (``cand``)."""
     if len(base) != len(cand) or not base:
         raise ValueError("one score list per query on both sides")
     report = compare_rankings(base, cand, tie=tie)
-    return GateResult(precision=precision, golden=golden, queries=report.queries, kept=report.agreement,
-                      mean_shared=report.mean_shared, max_abs_diff=report.max_delta, tie=tie,
-                      min_agreement=min_agreement, passed=report.agreement >= min_agreement)
+    return GateResult(
+        precision=precision,
+        golden=golden,
+        queries=report.queries,
+        kept=report.agreement,
+        mean_shared=report.mean_shared,
+        max_abs_diff=report.max_delta,
+        tie=tie,
+        min_agreement=min_agreement,
+        passed=report.agreement >= min_agreement,
+    )

@@ -67,8 +67,17 @@ from typing import Any
 
 import torch
 
-__all__ = ("COVER", "HEADROOM", "CaptureError", "StepGraphs", "bucket_key", "pow2_bucket", "replay_mismatch", "run_padded",
-           "token_bucket")
+__all__ = (
+    "COVER",
+    "HEADROOM",
+    "CaptureError",
+    "StepGraphs",
+    "bucket_key",
+    "pow2_bucket",
+    "replay_mismatch",
+    "run_padded",
+    "token_bucket",
+)
 
 # (ids, positions, per-token row, cumulative lengths, max length, host lengths) -> logits
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, Any], torch.Tensor]
@@ -117,7 +126,9 @@ def run_padded(forward: Forward, inputs: torch.Tensor, key: Key) -> torch.Tensor
     """``forward`` on a step in ``key``'s padded layout (``PackedPairReplica._pack(pad=key[:2])``):
     float32 logits, one row per pair slot (the first ``pairs`` rows are the real pairs')."""
     t, n, max_len = key
-    return forward(inputs[:t], inputs[t:2 * t], inputs[2 * t:3 * t], inputs[3 * t:3 * t + n + 1], max_len, None).float()
+    return forward(
+        inputs[:t], inputs[t : 2 * t], inputs[2 * t : 3 * t], inputs[3 * t : 3 * t + n + 1], max_len, None
+    ).float()
 
 
 def replay_mismatch(want: list[list[float]], got: list[list[float]], again: list[list[float]]) -> str | None:
@@ -153,7 +164,9 @@ class StepGraphs:
     larger one runs eagerly); ``limit`` how many graphs are captured at most (see ``key``).
     """
 
-    def __init__(self, forward: Forward, device: torch.device, *, offset: int, max_tokens: int, limit: int = 64) -> None:
+    def __init__(
+        self, forward: Forward, device: torch.device, *, offset: int, max_tokens: int, limit: int = 64
+    ) -> None:
         self._forward, self.device, self._offset = forward, device, offset
         self.max_tokens, self._limit = max_tokens, limit
         self._graphs: dict[Key, _Graph] = {}
@@ -201,13 +214,20 @@ class StepGraphs:
         return min(fits, default=None)
 
     def stats(self) -> dict[str, Any]:
-        return {"graphs": len(self._graphs), "captures": self.captures, "capture_ms_total": round(1e3 * self.capture_s, 1),
-                "replays": self.replays, "eager_steps": self.eager_steps, "covered_steps": self.covered_steps,
-                "headroom_captures": self.headroom_captures,
-                # a list first: the worker thread may add a failure while /ready reads this
-                "failed_captures": {"x".join(map(str, k)): why for k, why in list(self.failed.items())},
-                "padding_share": round(self.padded / (self.tokens + self.padded), 4) if self.replays else 0.0,
-                "nonfinite_steps": self.nonfinite_steps, "recent_nonfinite": list(self.recent_nonfinite)}
+        return {
+            "graphs": len(self._graphs),
+            "captures": self.captures,
+            "capture_ms_total": round(1e3 * self.capture_s, 1),
+            "replays": self.replays,
+            "eager_steps": self.eager_steps,
+            "covered_steps": self.covered_steps,
+            "headroom_captures": self.headroom_captures,
+            # a list first: the worker thread may add a failure while /ready reads this
+            "failed_captures": {"x".join(map(str, k)): why for k, why in list(self.failed.items())},
+            "padding_share": round(self.padded / (self.tokens + self.padded), 4) if self.replays else 0.0,
+            "nonfinite_steps": self.nonfinite_steps,
+            "recent_nonfinite": list(self.recent_nonfinite),
+        }
 
     def nonfinite(self, replay: Replay, bad: list[int], lens: list[int]) -> None:
         """Record a replay whose real pairs ``bad`` (row numbers) got a non-finite logit, with what
@@ -218,11 +238,21 @@ class StepGraphs:
         starts = list(itertools.accumulate(lens, initial=0))
         rows = _spans(bad)
         self.nonfinite_steps += 1
-        self.recent_nonfinite.append({
-            "bucket": "x".join(map(str, key)), "pairs": len(lens), "tokens": starts[-1], "bad_pairs": len(bad),
-            "bad_rows": rows, "bad_token_spans": [[starts[a], starts[b + 1] - 1] for a, b in rows],
-            "graph_number": number, "graphs": len(self._graphs), "graph_replays_before": replays,
-            "at_replay": self.replays, "unix_s": round(time.time(), 3)})
+        self.recent_nonfinite.append(
+            {
+                "bucket": "x".join(map(str, key)),
+                "pairs": len(lens),
+                "tokens": starts[-1],
+                "bad_pairs": len(bad),
+                "bad_rows": rows,
+                "bad_token_spans": [[starts[a], starts[b + 1] - 1] for a, b in rows],
+                "graph_number": number,
+                "graphs": len(self._graphs),
+                "graph_replays_before": replays,
+                "at_replay": self.replays,
+                "unix_s": round(time.time(), 3),
+            }
+        )
 
     def _run(self, inputs: torch.Tensor, key: Key) -> torch.Tensor:
         return run_padded(self._forward, inputs, key)
@@ -230,7 +260,9 @@ class StepGraphs:
     def _capture(self, key: Key) -> _Graph:
         t, n, _ = key
         inputs = torch.zeros(3 * t + n + 1, dtype=torch.long, device=self.device)
-        inputs[t:2 * t] = self._offset  # valid positions; every pair empty: the kernels' launch shapes are what counts
+        inputs[t : 2 * t] = (
+            self._offset
+        )  # valid positions; every pair empty: the kernels' launch shapes are what counts
         t0 = time.perf_counter()
         # One stream for every capture, and nothing but captures on it: see the warm run below.
         stream = self._stream = self._stream or torch.cuda.Stream(self.device)
@@ -275,8 +307,15 @@ class StepGraphs:
         self.capture_s += time.perf_counter() - t0
         return _Graph(graph, inputs, out, self.captures)
 
-    def launch(self, host: torch.Tensor, key: Key, tokens: int, copy_in: Callable[[torch.Tensor, torch.Tensor], None], *,
-               idle: bool = False) -> tuple[torch.Tensor, Any, Replay]:
+    def launch(
+        self,
+        host: torch.Tensor,
+        key: Key,
+        tokens: int,
+        copy_in: Callable[[torch.Tensor, torch.Tensor], None],
+        *,
+        idle: bool = False,
+    ) -> tuple[torch.Tensor, Any, Replay]:
         """Replay ``key``'s graph on ``host`` (``_pack``'s padded layout; ``copy_in(dst, host)``
         queues its copy to the device); returns pinned host logits, the event after their copy
         and which replay it was (for ``nonfinite``).
@@ -309,8 +348,9 @@ class StepGraphs:
                     torch.cuda.empty_cache()
                 return
 
-    def _launch(self, host: torch.Tensor, key: Key, tokens: int,
-                copy_in: Callable[[torch.Tensor, torch.Tensor], None]) -> tuple[torch.Tensor, Any, Replay]:
+    def _launch(
+        self, host: torch.Tensor, key: Key, tokens: int, copy_in: Callable[[torch.Tensor, torch.Tensor], None]
+    ) -> tuple[torch.Tensor, Any, Replay]:
         g = self._graphs.get(key)
         if g is None:
             try:

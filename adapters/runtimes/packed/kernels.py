@@ -48,8 +48,20 @@ __all__ = (
 
 # (q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, lens_q, lens_k) -> (tokens_q, heads, dim);
 # the host lists of lengths are given to the per-prompt SDPA only (None for the varlen kernels).
-Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, Any,
-                      list[int] | None, list[int] | None], torch.Tensor]
+Attention = Callable[
+    [
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        Any,
+        Any,
+        list[int] | None,
+        list[int] | None,
+    ],
+    torch.Tensor,
+]
 
 
 def _fa3_attention(causal: bool = True, window: int | None = None) -> Attention | None:
@@ -63,8 +75,17 @@ def _fa3_attention(causal: bool = True, window: int | None = None) -> Attention 
     except Exception:  # noqa: BLE001  # no vLLM, no FA3 build, or not a Hopper GPU: another kernel
         return None
 
-    def fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: Any,
-            max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
+    def fa3(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_q: torch.Tensor,
+        cu_k: torch.Tensor,
+        max_q: Any,
+        max_k: Any,
+        lens_q: list[int] | None,
+        lens_k: list[int] | None,
+    ) -> torch.Tensor:
         return flash_attn_varlen_func(q, k, v, max_q, cu_q, max_k, cu_k, causal=causal, fa_version=3, **band)
 
     band = _window_kw(window)
@@ -101,8 +122,17 @@ def _torch_varlen(causal: bool = True, window: int | None = None) -> Attention |
 
     # window_size (-1, 0) / is_causal reach aten._flash_attention_forward, FA2's kernel: bottom-right
     # aligned when a key sequence is longer (torch.nn.attention.bias relies on the same for LOWER_RIGHT).
-    def torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
-                     max_q: Any, max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
+    def torch_varlen(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_q: torch.Tensor,
+        cu_k: torch.Tensor,
+        max_q: Any,
+        max_k: Any,
+        lens_q: list[int] | None,
+        lens_k: list[int] | None,
+    ) -> torch.Tensor:
         if not gqa and k.shape[1] != q.shape[1]:
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -121,15 +151,26 @@ def _flash_attn(causal: bool = True, window: int | None = None) -> Attention | N
     except ImportError:
         return None
 
-    def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: Any,
-              max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
+    def flash(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_q: torch.Tensor,
+        cu_k: torch.Tensor,
+        max_q: Any,
+        max_k: Any,
+        lens_q: list[int] | None,
+        lens_k: list[int] | None,
+    ) -> torch.Tensor:
         return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, **band)  # GQA native
 
     band = _window_kw(window)
     return flash
 
 
-def _varlen_attention(kernel: str = "auto", causal: bool = True, window: int | None = None) -> tuple[str, Attention] | None:
+def _varlen_attention(
+    kernel: str = "auto", causal: bool = True, window: int | None = None
+) -> tuple[str, Attention] | None:
     """The first importable varlen kernel of: vLLM's FA3 (GQA native), flash-attn, PyTorch's ``varlen_attn``.
 
     FA3 first: on the H200 it was the fastest (docs/benchmarks/gpu-h200-2026-12-01-b) and needs
@@ -140,8 +181,11 @@ def _varlen_attention(kernel: str = "auto", causal: bool = True, window: int | N
             continue
         fn = make(causal, window)
         if fn is not None:
-            label = {"fa3": "vLLM FlashAttention-3 varlen", "flash_attn": "flash_attn varlen",
-                     "torch": "torch varlen_attn"}[name]
+            label = {
+                "fa3": "vLLM FlashAttention-3 varlen",
+                "flash_attn": "flash_attn varlen",
+                "torch": "torch varlen_attn",
+            }[name]
             if name == "torch" and not getattr(fn, "gqa", False):
                 label += " (KV heads expanded)"
             return label + _window_label(window), fn
@@ -152,9 +196,18 @@ def _window_label(window: int | None) -> str:
     return "" if window is None else f", window ±{window}"
 
 
-def sdpa_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
-                      max_q: Any, max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None,
-                      window: int | None = None) -> torch.Tensor:
+def sdpa_per_sequence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: Any,
+    max_k: Any,
+    lens_q: list[int] | None,
+    lens_k: list[int] | None,
+    window: int | None = None,
+) -> torch.Tensor:
     """Exact fallback for encoders: bidirectional SDPA over each sequence alone (no padding).
 
     ``window``: query i sees keys j with |i - j| <= window (a band mask, built only for a sequence
@@ -168,14 +221,28 @@ def sdpa_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: t
         if window is not None and n > window + 1:
             pos = torch.arange(n, device=q.device)
             mask = (pos[:, None] - pos[None, :]).abs() <= window
-        o = F.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
-                                           attn_mask=mask, enable_gqa=ki.shape[1] != qi.shape[1])
+        o = F.scaled_dot_product_attention(
+            qi.transpose(0, 1)[None],
+            ki.transpose(0, 1)[None],
+            vi.transpose(0, 1)[None],
+            attn_mask=mask,
+            enable_gqa=ki.shape[1] != qi.shape[1],
+        )
         out.append(o[0].transpose(0, 1))
     return torch.cat(out)
 
 
-def sdpa_per_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
-                    max_q: Any, max_k: Any, lens_q: list[int] | None, lens_k: list[int] | None) -> torch.Tensor:
+def sdpa_per_prompt(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: Any,
+    max_k: Any,
+    lens_q: list[int] | None,
+    lens_k: list[int] | None,
+) -> torch.Tensor:
     """Exact fallback: causal SDPA over each sequence alone (no T x T mask is ever built).
 
     A query sequence shorter than its keys (a tail after its shared prefix) gets the bottom-right
@@ -188,8 +255,14 @@ def sdpa_per_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: tor
         # bottom-right: query i sees keys 0 .. lk - lq + i
         mask = None if lq == lk else torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
         # (L, heads, D) -> (1, heads, L, D); GQA by SDPA itself, as transformers does.
-        o = F.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
-                                           attn_mask=mask, is_causal=mask is None, enable_gqa=ki.shape[1] != qi.shape[1])
+        o = F.scaled_dot_product_attention(
+            qi.transpose(0, 1)[None],
+            ki.transpose(0, 1)[None],
+            vi.transpose(0, 1)[None],
+            attn_mask=mask,
+            is_causal=mask is None,
+            enable_gqa=ki.shape[1] != qi.shape[1],
+        )
         out.append(o[0].transpose(0, 1))
     return torch.cat(out)
 
@@ -210,9 +283,24 @@ def bottom_right_error(attend: Attention, device: torch.device, dtype: torch.dty
         p = s.masked_fill(~allowed, float("-inf")).softmax(-1)
         want.append(torch.einsum("hqk,khd->qhd", p, vi.repeat_interleave(heads // kv_heads, dim=1)))
     ref = torch.cat(want)
-    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32, device=device) for n in (lens_q, lens_k))
-    got = attend(q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), cu_q, cu_k, max(lens_q), max(lens_k),
-                 lens_q, lens_k).float().cpu()
+    cu_q, cu_k = (
+        torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32, device=device) for n in (lens_q, lens_k)
+    )
+    got = (
+        attend(
+            q.to(device, dtype),
+            k.to(device, dtype),
+            v.to(device, dtype),
+            cu_q,
+            cu_k,
+            max(lens_q),
+            max(lens_k),
+            lens_q,
+            lens_k,
+        )
+        .float()
+        .cpu()
+    )
     return ((got - ref).norm() / ref.norm()).item()
 
 
@@ -226,8 +314,11 @@ def band_error(attend: Attention, device: torch.device, dtype: torch.dtype, wind
     q, k, v = (torch.randn(sum(lens), 4, 64, generator=g) for _ in range(3))
     ref = sdpa_per_sequence(q, k, v, None, None, None, None, lens, lens, window=window)
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
-    got = attend(q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), cu, cu, max(lens), max(lens),
-                 lens, lens).float().cpu()
+    got = (
+        attend(q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), cu, cu, max(lens), max(lens), lens, lens)
+        .float()
+        .cpu()
+    )
     return ((got - ref).norm() / ref.norm()).item()
 
 
@@ -240,8 +331,15 @@ def needs_lengths(attend: Attention) -> bool:
     return getattr(attend, "func", attend) in PER_SEQUENCE
 
 
-def pick_attention(choice: str, device: torch.device, kernel: str = "auto", *, causal: bool = True,
-                   dtype: torch.dtype | None = None, window: int | None = None) -> tuple[str, Attention]:
+def pick_attention(
+    choice: str,
+    device: torch.device,
+    kernel: str = "auto",
+    *,
+    causal: bool = True,
+    dtype: torch.dtype | None = None,
+    window: int | None = None,
+) -> tuple[str, Attention]:
     """``kernel`` ("auto", "fa3", "flash_attn", "torch") narrows which varlen kernel may serve.
 
     ``causal=False``: bidirectional within each sequence (encoders). ``dtype`` float32: the
@@ -262,7 +360,9 @@ def pick_attention(choice: str, device: torch.device, kernel: str = "auto", *, c
     found = _varlen_attention(kernel, causal, window) if device.type == "cuda" else None
     if found is None:
         if choice == "varlen":
-            raise RuntimeError("attention = 'varlen' needs CUDA and vLLM's FA3, flash-attn or torch >= 2.10 (varlen_attn)")
+            raise RuntimeError(
+                "attention = 'varlen' needs CUDA and vLLM's FA3, flash-attn or torch >= 2.10 (varlen_attn)"
+            )
         return fallback
     return found
 
@@ -274,6 +374,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 # -- the pointwise regions between GEMMs (compiled one by one in "regions" mode) -------------------
 # Same arithmetic as transformers' Qwen3RMSNorm / apply_rotary_pos_emb / Qwen3MLP, so fp32 parity holds.
+
 
 def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.to(torch.float32)
@@ -287,8 +388,17 @@ def add_rms(h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float) -
     return h, rms(h, w, eps)
 
 
-def qkv_rope(qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-              heads: int, kv_heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def qkv_rope(
+    qkv: torch.Tensor,
+    qw: torch.Tensor,
+    kw: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split the fused projection, per-head q/k norms, RoPE; contiguous (T, heads, dim) outputs for the kernel."""
     n = qkv.shape[0]
     q, k, v = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
@@ -330,8 +440,17 @@ def vllm_qk_norm_rope() -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch
     except Exception:  # noqa: BLE001
         return None
 
-    def qk_norm_rope(qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor, eps: float, positions: torch.Tensor,
-                     cos_sin: torch.Tensor, heads: int, kv_heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qk_norm_rope(
+        qkv: torch.Tensor,
+        qw: torch.Tensor,
+        kw: torch.Tensor,
+        eps: float,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         op(qkv, heads, kv_heads, kv_heads, dim, eps, qw, kw, cos_sin, True, positions, -1)
         n = qkv.shape[0]
         q, k, v = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)

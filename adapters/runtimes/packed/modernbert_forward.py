@@ -52,7 +52,21 @@ def _norm(module: torch.nn.LayerNorm) -> Norm:
 class _Layer:
     """One ModernBERT layer's tensors and its attention type."""
 
-    __slots__ = ("attn_norm", "dim", "heads", "local", "mlp_norm", "o_b", "o_w", "qkv_b", "qkv_w", "wi_b", "wi_w", "wo_b", "wo_w")
+    __slots__ = (
+        "attn_norm",
+        "dim",
+        "heads",
+        "local",
+        "mlp_norm",
+        "o_b",
+        "o_w",
+        "qkv_b",
+        "qkv_w",
+        "wi_b",
+        "wi_w",
+        "wo_b",
+        "wo_w",
+    )
 
     def __init__(self, layer: Any, heads: int) -> None:
         # transformers makes layer 0's attn_norm an Identity: the embeddings' norm precedes it.
@@ -67,15 +81,18 @@ class _Layer:
         self.local = layer.attention_type == "sliding_attention"
 
 
-def add_ln(h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float,
-           real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def add_ln(
+    h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, real: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add and the next pre-norm in one pass: ``h + delta`` and its LayerNorm; the
     residual's padding rows (``real`` false) set to 0 (``encoder_forward.real_rows`` says why)."""
     h = torch.where(real, h + delta, 0.0)
     return h, F.layer_norm(h, (h.shape[-1],), w, b, eps)
 
 
-def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def qkv_rope(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split the fused projection and rotate q and k as transformers' ``apply_rotary_pos_emb``:
     in float32, with cos/sin (T, 1, dim) already rounded to the model dtype, back to the dtype."""
     q, k, v = qkv.view(qkv.shape[0], 3, heads, dim).unbind(1)
@@ -88,7 +105,9 @@ def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int
 class PackedModernBertReplica(PackedPairReplica):
     """ModernBERT's ``ModernBertForSequenceClassification`` on one device, packed (see the module docstring)."""
 
-    def __init__(self, model: Any, device: torch.device, *, attention: str, compile: bool, kernel: str = "auto") -> None:
+    def __init__(
+        self, model: Any, device: torch.device, *, attention: str, compile: bool, kernel: str = "auto"
+    ) -> None:
         super().__init__(model, device, compile=compile)
         cfg = self.model.config
         if cfg.classifier_pooling not in ("cls", "mean"):
@@ -108,12 +127,16 @@ class PackedModernBertReplica(PackedPairReplica):
         self.window = int(cfg.local_attention) // 2
         dtype = self._layers[0].qkv_w.dtype
         name, self._attend = kernels.pick_attention(attention, device, kernel, causal=False, dtype=dtype)
-        local_name, self._attend_local = kernels.pick_attention(attention, device, kernel, causal=False, dtype=dtype,
-                                                                window=self.window)
+        local_name, self._attend_local = kernels.pick_attention(
+            attention, device, kernel, causal=False, dtype=dtype, window=self.window
+        )
         # A varlen kernel's window is checked against the exact banded SDPA before it is trusted
         # (a build may lack local attention); where it fails, the banded SDPA serves the local layers.
-        self.window_error = None if kernels.needs_lengths(self._attend_local) else picks.window_error(
-            self._attend_local, local_name, device, dtype, self.window)
+        self.window_error = (
+            None
+            if kernels.needs_lengths(self._attend_local)
+            else picks.window_error(self._attend_local, local_name, device, dtype, self.window)
+        )
         if self.window_error is not None:
             local_name, self._attend_local = kernels.pick_attention("sdpa", device, causal=False, window=self.window)
             local_name += f" (the varlen kernel failed the band check: {self.window_error})"
@@ -143,8 +166,15 @@ class PackedModernBertReplica(PackedPairReplica):
             out[t] = (cos[0, :, None, :], sin[0, :, None, :])
         return out
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, pair: torch.Tensor, cu_long: torch.Tensor,
-                 max_len: int, lens: list[int] | None) -> torch.Tensor:
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        pair: torch.Tensor,
+        cu_long: torch.Tensor,
+        max_len: int,
+        lens: list[int] | None,
+    ) -> torch.Tensor:
         add_ln_, rope_, geglu = self._regions
         cu = cu_long.to(torch.int32)
         first = cu_long[:-1]

@@ -22,12 +22,33 @@ class PendingRequest:
     ``segment``: where token type 1 starts in every prompt (``len(shared)`` for a BERT pair), or None.
     """
 
-    __slots__ = ("_loop", "cancelled", "done", "eager", "future", "items", "next", "queued_at", "scores", "segment",
-                 "shared", "started_at", "suffix", "tokens_left")
+    __slots__ = (
+        "_loop",
+        "cancelled",
+        "done",
+        "eager",
+        "future",
+        "items",
+        "next",
+        "queued_at",
+        "scores",
+        "segment",
+        "shared",
+        "started_at",
+        "suffix",
+        "tokens_left",
+    )
 
-    def __init__(self, shared: Sequence[int], items: Sequence[Sequence[int]], suffix: Sequence[int],
-                 loop: asyncio.AbstractEventLoop, future: asyncio.Future[list[Any]], segment: int | None = None,
-                 eager: bool = False) -> None:
+    def __init__(
+        self,
+        shared: Sequence[int],
+        items: Sequence[Sequence[int]],
+        suffix: Sequence[int],
+        loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future[list[Any]],
+        segment: int | None = None,
+        eager: bool = False,
+    ) -> None:
         self.shared, self.items, self.suffix, self.segment = shared, items, suffix, segment
         self.eager = eager  # its steps are launched eagerly (no CUDA graph): see ``submit``
         self.scores: list[Any] = [0.0] * len(items)

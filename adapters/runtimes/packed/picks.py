@@ -44,7 +44,9 @@ def sharing_error(attend: kernels.Attention, name: str, device: torch.device, dt
 
 
 @torch.inference_mode()
-def window_error(attend: kernels.Attention, name: str, device: torch.device, dtype: torch.dtype, window: int) -> str | None:
+def window_error(
+    attend: kernels.Attention, name: str, device: torch.device, dtype: torch.dtype, window: int
+) -> str | None:
     """Why ``attend`` (a varlen kernel given ``window_size=(window, window)``) cannot serve local
     attention, or None where it computes the band: a build without local-attention kernels
     raises, one that ignores the window is off by ~1."""
@@ -58,8 +60,9 @@ def window_error(attend: kernels.Attention, name: str, device: torch.device, dty
     return None
 
 
-def pick_silu_mul(op: Callable[[torch.Tensor], torch.Tensor], current: Callable[[torch.Tensor], torch.Tensor],
-                  x: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, dict[str, Any] | None]:
+def pick_silu_mul(
+    op: Callable[[torch.Tensor], torch.Tensor], current: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, dict[str, Any] | None]:
     """vLLM's silu_and_mul ``op`` where it computes silu(gate) * up and beats ``current`` on ``x``
     (else None), and the timings (None: nothing measured, the op computes something else).
 
@@ -73,9 +76,16 @@ def pick_silu_mul(op: Callable[[torch.Tensor], torch.Tensor], current: Callable[
     return None, None
 
 
-def pick_qk_norm_rope(op: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]], region: Callable[..., Any],
-                      w: Any, eps: float, dim: int, rotary_emb: Any, cos_sin_cache: Callable[[int], torch.Tensor],
-                      device: torch.device) -> tuple[Callable[..., Any] | None, dict[str, Any]]:
+def pick_qk_norm_rope(
+    op: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    region: Callable[..., Any],
+    w: Any,
+    eps: float,
+    dim: int,
+    rotary_emb: Any,
+    cos_sin_cache: Callable[[int], torch.Tensor],
+    device: torch.device,
+) -> tuple[Callable[..., Any] | None, dict[str, Any]]:
     """vLLM's fused q/k norm + RoPE ``op`` where it computes ``region``'s q, k, v (layer ``w``'s
     shapes, ``rotary_emb``'s RoPE) and is faster (else None), and the relative error / timings."""
     try:
@@ -90,22 +100,28 @@ def pick_qk_norm_rope(op: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.
         err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, want, strict=True))
         if not err < 1e-2:
             return None, {"rel_err": err}
-        timing = {"compiled": kernels.median_ms(lambda: region(qkv, w.q_norm, w.k_norm, eps, cos, sin, w.heads, w.kv_heads, dim)),
-                  "vllm": kernels.median_ms(lambda: op(qkv, w.q_norm, w.k_norm, eps, pos, cos_sin, w.heads, w.kv_heads, dim)),
-                  "rel_err": err}
+        timing = {
+            "compiled": kernels.median_ms(
+                lambda: region(qkv, w.q_norm, w.k_norm, eps, cos, sin, w.heads, w.kv_heads, dim)
+            ),
+            "vllm": kernels.median_ms(lambda: op(qkv, w.q_norm, w.k_norm, eps, pos, cos_sin, w.heads, w.kv_heads, dim)),
+            "rel_err": err,
+        }
         return (op if timing["vllm"] < timing["compiled"] else None), timing
     except Exception as exc:  # noqa: BLE001
         return None, {"error": f"{type(exc).__name__}: {exc}"[:200]}
 
 
 @torch.inference_mode()
-def pick_fp8_regions(cands: dict[str, dict[str, Any]], w: Any, eps: float, device: torch.device, dtype: torch.dtype,
-                     choice: str = "auto") -> tuple[fp8.Regions, dict[str, Any]]:
+def pick_fp8_regions(
+    cands: dict[str, dict[str, Any]], w: Any, eps: float, device: torch.device, dtype: torch.dtype, choice: str = "auto"
+) -> tuple[fp8.Regions, dict[str, Any]]:
     """Each quantizing region's kernel among ``cands`` (``fp8.candidates``): the fastest on a
     16k-token step's shapes (layer ``w``'s, quantized) that computes fp8.REFERENCE's result; per
     region the kernel picked and each candidate's error / ms. ``choice`` prefers one family."""
     cuda = device.type == "cuda"
-    inputs = fp8.region_inputs(16384 if cuda else 64, w.ln1.shape[0], w.f8[2].out_features // 2, w.f8[1].qt.shape[0],
-                               w.ln2, device, dtype)
+    inputs = fp8.region_inputs(
+        16384 if cuda else 64, w.ln1.shape[0], w.f8[2].out_features // 2, w.f8[1].qt.shape[0], w.ln2, device, dtype
+    )
     with on_device(device):
         return fp8.pick_regions(cands, inputs, eps, kernels.median_ms if cuda else None, choice)

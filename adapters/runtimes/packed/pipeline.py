@@ -42,14 +42,18 @@ def stage_ranges(n_layers: int, n_stages: int, layers: Sequence[int] | None = No
     if n_stages < 2:
         raise SplitError(f"split = 'pipeline' needs at least 2 devices, got {n_stages}")
     if n_layers < n_stages:
-        raise SplitError(f"split = 'pipeline': {n_stages} devices for a model of {n_layers} layers; list at most {n_layers}")
+        raise SplitError(
+            f"split = 'pipeline': {n_stages} devices for a model of {n_layers} layers; list at most {n_layers}"
+        )
     if layers is None:
         base, extra = divmod(n_layers, n_stages)
         counts = [base + (s < extra) for s in range(n_stages)]
     else:
         counts = list(layers)
         if len(counts) != n_stages:
-            raise SplitError(f"split_layers has {len(counts)} entries for {n_stages} devices; give one count per device")
+            raise SplitError(
+                f"split_layers has {len(counts)} entries for {n_stages} devices; give one count per device"
+            )
         if sum(counts) != n_layers:
             raise SplitError(f"split_layers {counts} sums to {sum(counts)}; the model has {n_layers} layers")
     out, start = [], 0
@@ -73,14 +77,17 @@ class _StageBackbone(torch.nn.Module):
         self.norm = backbone.norm if last else copy.deepcopy(backbone.norm)
 
 
-def build_pipeline(backbone: Any, head: torch.Tensor, devices: Sequence[torch.device], layers: Sequence[int] | None = None,
-                   **kw: Any) -> PackedQwen3Replica:
+def build_pipeline(
+    backbone: Any, head: torch.Tensor, devices: Sequence[torch.device], layers: Sequence[int] | None = None, **kw: Any
+) -> PackedQwen3Replica:
     """The first stage's replica, its ``next_stage`` chain holding the rest; a runner like any replica."""
     if kw.get("mode", "fused") != "fused":
         raise SplitError("split = 'pipeline' runs the fused mode only")
     ranges = stage_ranges(len(backbone.layers), len(devices), layers)
-    stages = [PackedQwen3Replica(_StageBackbone(backbone, r, s == 0, s == len(devices) - 1), head, dev, **kw)
-              for s, (r, dev) in enumerate(zip(ranges, devices, strict=True))]
+    stages = [
+        PackedQwen3Replica(_StageBackbone(backbone, r, s == 0, s == len(devices) - 1), head, dev, **kw)
+        for s, (r, dev) in enumerate(zip(ranges, devices, strict=True))
+    ]
     for s, stage in enumerate(stages):
         stage.layer_range = (ranges[s].start, ranges[s].stop)  # the model's numbering, not the stage's
         stage.next_stage = stages[s + 1] if s + 1 < len(stages) else None

@@ -65,8 +65,16 @@ class _Lane:
 
 
 class PackedScheduler:
-    def __init__(self, runners: Sequence[Runner], *, batch_tokens: int, max_items: int, policy: str = "fifo",
-                 error_type: type[Exception] = RuntimeError, share_prefix: bool = False) -> None:
+    def __init__(
+        self,
+        runners: Sequence[Runner],
+        *,
+        batch_tokens: int,
+        max_items: int,
+        policy: str = "fifo",
+        error_type: type[Exception] = RuntimeError,
+        share_prefix: bool = False,
+    ) -> None:
         self._runners = list(runners)
         self._budget, self._max_items, self._policy = batch_tokens, max_items, policy
         self._share = share_prefix
@@ -77,8 +85,19 @@ class PackedScheduler:
         # Counters (read by ``stats``; written under the lock).
         self.steps_by_requests: collections.Counter[int] = collections.Counter()
         # tokens: prompt tokens served; computed_tokens: those the steps computed (shared prefixes once)
-        self._dev = [{"device": str(getattr(r, "label", r.device)), "steps": 0, "items": 0, "tokens": 0, "computed_tokens": 0,
-                      "busy_s": 0.0, "prep_s": 0.0, "wait_s": 0.0} for r in runners]
+        self._dev = [
+            {
+                "device": str(getattr(r, "label", r.device)),
+                "steps": 0,
+                "items": 0,
+                "tokens": 0,
+                "computed_tokens": 0,
+                "busy_s": 0.0,
+                "prep_s": 0.0,
+                "wait_s": 0.0,
+            }
+            for r in runners
+        ]
         # (host prep, device wait) of the latest steps, for their percentiles: a mean hides a tail
         self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=1024)
         self._requests = 0
@@ -89,16 +108,28 @@ class PackedScheduler:
         self._dropped = 0
         self._lanes = [_Lane() for _ in runners]
         names = [f"packed-{getattr(r, 'label', r.device)}" for r in runners]
-        self._threads = [threading.Thread(target=self._work, args=(i,), name=names[i], daemon=True)
-                         for i in range(len(self._runners))]
-        self._threads += [threading.Thread(target=self._collect_loop, args=(i,), name=f"{names[i]}-collect", daemon=True)
-                          for i, r in enumerate(self._runners) if getattr(r, "pipelined", False)]
+        self._threads = [
+            threading.Thread(target=self._work, args=(i,), name=names[i], daemon=True)
+            for i in range(len(self._runners))
+        ]
+        self._threads += [
+            threading.Thread(target=self._collect_loop, args=(i,), name=f"{names[i]}-collect", daemon=True)
+            for i, r in enumerate(self._runners)
+            if getattr(r, "pipelined", False)
+        ]
         for t in self._threads:
             t.start()
 
     # -- event-loop side --------------------------------------------------------------------
-    def submit(self, shared: Sequence[int], items: Sequence[Sequence[int]], suffix: Sequence[int],
-               segment: int | None = None, *, eager: bool = False) -> PendingRequest:
+    def submit(
+        self,
+        shared: Sequence[int],
+        items: Sequence[Sequence[int]],
+        suffix: Sequence[int],
+        segment: int | None = None,
+        *,
+        eager: bool = False,
+    ) -> PendingRequest:
         """Queue a request; ``eager``: every step holding one of its items is launched eagerly, not
         as a CUDA graph (a pipelined runner's ``launch(..., eager=True)``; the packed engine's
         second try of non-finite logits)."""
@@ -280,8 +311,11 @@ class PackedScheduler:
             launch = runner.launch_groups if self._share else runner.launch  # type: ignore[attr-defined]
             handle, error = None, None
             try:
-                handle = (launch(work, idle=idle, eager=eager) if self._share
-                          else launch(work, segments, idle=idle, eager=eager))
+                handle = (
+                    launch(work, idle=idle, eager=eager)
+                    if self._share
+                    else launch(work, segments, idle=idle, eager=eager)
+                )
             except Exception as exc:  # noqa: BLE001  # fails this step's requests when collected
                 error = exc
             with self._cond:
@@ -316,14 +350,19 @@ class PackedScheduler:
                 lane.out -= 1
                 self._cond.notify_all()  # a slot is free: the launcher may go on
 
-    def _assemble(self, taken: list[tuple[PendingRequest, int]]) -> tuple[list[Any], list[int | None] | None, tuple[int, int]]:
+    def _assemble(
+        self, taken: list[tuple[PendingRequest, int]]
+    ) -> tuple[list[Any], list[int | None] | None, tuple[int, int]]:
         """The step's work for the runner -- whole prompts with their token-type starts, or (shared,
         tails) per request (``_take`` keeps each request's items together) -- and its (prompt,
         computed) token counts."""
         prompt_tokens = sum(r.prompt_len(i) for r, i in taken)
         if not self._share:
-            return ([[*r.shared, *r.items[i], *r.suffix] for r, i in taken], [r.segment for r, _ in taken],
-                    (prompt_tokens, prompt_tokens))
+            return (
+                [[*r.shared, *r.items[i], *r.suffix] for r, i in taken],
+                [r.segment for r, _ in taken],
+                (prompt_tokens, prompt_tokens),
+            )
         groups: list[tuple[Any, list[list[int]]]] = []
         last: PendingRequest | None = None
         for r, i in taken:
@@ -334,9 +373,18 @@ class PackedScheduler:
         computed = sum(len(p) + sum(map(len, tails)) for p, tails in groups)
         return groups, None, (prompt_tokens, computed)
 
-    def _finish(self, counters: dict[str, Any], runner: Runner, taken: list[tuple[PendingRequest, int]],
-                tokens: tuple[int, int], scores: list[Any] | None, error: BaseException | None, t0: float,
-                prep: float = 0.0, wait_from: float | None = None) -> None:
+    def _finish(
+        self,
+        counters: dict[str, Any],
+        runner: Runner,
+        taken: list[tuple[PendingRequest, int]],
+        tokens: tuple[int, int],
+        scores: list[Any] | None,
+        error: BaseException | None,
+        t0: float,
+        prep: float = 0.0,
+        wait_from: float | None = None,
+    ) -> None:
         """Count one step and hand its scores (or its error) to the requests it served.
 
         ``t0``: the step's start (after assembling); ``prep``: its host preparation; ``wait_from``:
@@ -384,6 +432,9 @@ def _percentiles(steps: Sequence[tuple[float, float]]) -> dict[str, dict[str, fl
     for k, name in enumerate(("prep", "wait")):
         xs = sorted(1e3 * s[k] for s in steps)
         if xs:
-            out[name] = {"p50": round(xs[math.ceil(0.5 * len(xs)) - 1], 3), "p99": round(xs[math.ceil(0.99 * len(xs)) - 1], 3),
-                         "max": round(xs[-1], 3)}
+            out[name] = {
+                "p50": round(xs[math.ceil(0.5 * len(xs)) - 1], 3),
+                "p99": round(xs[math.ceil(0.99 * len(xs)) - 1], 3),
+                "max": round(xs[-1], 3),
+            }
     return out

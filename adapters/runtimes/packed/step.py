@@ -43,9 +43,13 @@ def gather_kv(k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> tuple[tor
     RoPE leaves them as views of the q/k/v projection) one gather copies both: one kernel, whole rows."""
     n, heads, dim = k.shape
     width = heads * dim
-    if (v.shape == k.shape and k.stride() == v.stride() and k.stride()[1:] == (dim, 1)
-            and k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
-            and v.data_ptr() == k.data_ptr() + width * k.element_size()):
+    if (
+        v.shape == k.shape
+        and k.stride() == v.stride()
+        and k.stride()[1:] == (dim, 1)
+        and k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+        and v.data_ptr() == k.data_ptr() + width * k.element_size()
+    ):
         kv = k.as_strided((n, 2 * width), (k.stride(0), 1)).index_select(0, rows)
         return kv[:, :width].view(-1, heads, dim), kv[:, width:].view(-1, heads, dim)
     return k.index_select(0, rows), v.index_select(0, rows)
@@ -83,7 +87,7 @@ class HostStaging:
 
     def copy_into(self, dst: torch.Tensor, host: torch.Tensor) -> None:
         """As ``to_device``, into ``dst`` (a CUDA graph's static inputs)."""
-        dst[:host.numel()].copy_(host, non_blocking=True)
+        dst[: host.numel()].copy_(host, non_blocking=True)
         self._copied()
 
     def _copied(self) -> None:
@@ -121,27 +125,36 @@ def pack(groups: Sequence[Group], staging: HostStaging) -> tuple[torch.Tensor, d
     size = 2 * t + (n_seq + 1) * (2 if shared else 1) + n_last + n_kv
     buf = staging.buffer(size)
     arr = buf.numpy()
-    arr[:t] = np.fromiter(itertools.chain.from_iterable(itertools.chain(pre, *tails) for pre, tails in groups),
-                          dtype=np.int64, count=t)
+    arr[:t] = np.fromiter(
+        itertools.chain.from_iterable(itertools.chain(pre, *tails) for pre, tails in groups), dtype=np.int64, count=t
+    )
     # positions: 0.. within a prefix, len(P).. within each of its tails
-    arr[t:2 * t] = np.arange(t) + np.repeat(np.array(pos0, dtype=np.int64) - qstart, lens)
+    arr[t : 2 * t] = np.arange(t) + np.repeat(np.array(pos0, dtype=np.int64) - qstart, lens)
     o = 2 * t
     arr[o] = 0
-    np.cumsum(lens, out=arr[o + 1:o + 1 + n_seq])
+    np.cumsum(lens, out=arr[o + 1 : o + 1 + n_seq])
     o += n_seq + 1
     if shared:
         arr[o] = 0
-        np.cumsum(klen, out=arr[o + 1:o + 1 + n_seq])
+        np.cumsum(klen, out=arr[o + 1 : o + 1 + n_seq])
         o += n_seq + 1
-    arr[o:o + n_last] = last
+    arr[o : o + n_last] = last
     o += n_last
     if shared:
         # each sequence's keys: rows [pstart, pstart + kpre) then its own [qstart, qstart + qlen)
         seg_start = np.stack((np.array(pstart, dtype=np.int64), qstart), axis=1).ravel()
         seg_len = np.stack((np.array(kpre, dtype=np.int64), lens), axis=1).ravel()
-        arr[o:o + n_kv] = np.arange(n_kv) + np.repeat(seg_start - (np.cumsum(seg_len) - seg_len), seg_len)
-    meta = {"tokens": t, "sequences": n_seq, "scored": n_last, "kv": n_kv, "max_q": int(lens.max()),
-            "max_k": int(klen.max()), "lens_q": qlen, "lens_k": klen.tolist() if shared else qlen}
+        arr[o : o + n_kv] = np.arange(n_kv) + np.repeat(seg_start - (np.cumsum(seg_len) - seg_len), seg_len)
+    meta = {
+        "tokens": t,
+        "sequences": n_seq,
+        "scored": n_last,
+        "kv": n_kv,
+        "max_q": int(lens.max()),
+        "max_k": int(klen.max()),
+        "lens_q": qlen,
+        "lens_k": klen.tolist() if shared else qlen,
+    }
     return buf[:size], meta
 
 
@@ -150,9 +163,16 @@ def unpack(d: torch.Tensor, meta: dict[str, Any], per_seq: bool) -> tuple[torch.
     ``per_seq``: keep the host lengths (the per-sequence SDPA needs them)."""
     t, n_seq, n_last, n_kv = meta["tokens"], meta["sequences"], meta["scored"], meta["kv"]
     n_cu = (n_seq + 1) * (2 if n_kv else 1)
-    cu = d[2 * t:2 * t + n_cu].to(torch.int32)  # one conversion for cu_q and cu_k
+    cu = d[2 * t : 2 * t + n_cu].to(torch.int32)  # one conversion for cu_q and cu_k
     o = 2 * t + n_cu
-    step = Step(cu_q=cu[:n_seq + 1], cu_k=cu[n_seq + 1:] if n_kv else cu, max_q=meta["max_q"], max_k=meta["max_k"],
-                kv=d[o + n_last:o + n_last + n_kv] if n_kv else None, last=d[o:o + n_last],
-                lens_q=meta["lens_q"] if per_seq else None, lens_k=meta["lens_k"] if per_seq else None)
-    return d[:t], d[t:2 * t], step
+    step = Step(
+        cu_q=cu[: n_seq + 1],
+        cu_k=cu[n_seq + 1 :] if n_kv else cu,
+        max_q=meta["max_q"],
+        max_k=meta["max_k"],
+        kv=d[o + n_last : o + n_last + n_kv] if n_kv else None,
+        last=d[o : o + n_last],
+        lens_q=meta["lens_q"] if per_seq else None,
+        lens_k=meta["lens_k"] if per_seq else None,
+    )
+    return d[:t], d[t : 2 * t], step

@@ -47,7 +47,7 @@ class FusedLayer:
         # The modules keep views of the fused weights: no second copy in memory.
         rows = 0
         for lin in (a.q_proj, a.k_proj, a.v_proj):
-            lin.weight = torch.nn.Parameter(self.qkv[rows:rows + lin.weight.shape[0]], requires_grad=False)
+            lin.weight = torch.nn.Parameter(self.qkv[rows : rows + lin.weight.shape[0]], requires_grad=False)
             rows += lin.weight.shape[0]
         half = m.gate_proj.weight.shape[0]
         m.gate_proj.weight = torch.nn.Parameter(self.gate_up[:half], requires_grad=False)
@@ -55,7 +55,9 @@ class FusedLayer:
         self.heads = a.q_proj.weight.shape[0] // a.head_dim
         self.kv_heads = a.k_proj.weight.shape[0] // a.head_dim
         # Biases would need adding to the fused GEMMs; Qwen3 has none (attention_bias=False).
-        if any(p.bias is not None for p in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)):
+        if any(
+            p.bias is not None for p in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+        ):
             raise ValueError("fused projections: this checkpoint's projections have biases")
         self.f8: tuple[fp8.Fp8Weight, ...] = ()  # (qkv, o, gate_up, down) once quantized
 
@@ -65,4 +67,6 @@ class FusedLayer:
         a, m = layer.self_attn, layer.mlp
         for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
             lin.weight = torch.nn.Parameter(lin.weight.new_empty(lin.weight.shape[0], 0), requires_grad=False)
-        self.qkv, self.o, self.gate_up, self.down = (t.new_empty(t.shape[0], 0) for t in (self.qkv, self.o, self.gate_up, self.down))
+        self.qkv, self.o, self.gate_up, self.down = (
+            t.new_empty(t.shape[0], 0) for t in (self.qkv, self.o, self.gate_up, self.down)
+        )

@@ -81,7 +81,9 @@ class BedrockEngine:
         try:
             session = boto3.session.Session(profile_name=cfg.profile, region_name=cfg.region)
         except botocore.exceptions.ProfileNotFound:
-            raise EngineConfigError(f"profile: no AWS profile named {cfg.profile!r} in the shared config files") from None
+            raise EngineConfigError(
+                f"profile: no AWS profile named {cfg.profile!r} in the shared config files"
+            ) from None
         if session.get_credentials() is None:
             raise EngineConfigError(
                 "no AWS credentials: set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile, or run with a role"
@@ -131,8 +133,9 @@ class BedrockEngine:
     async def _call(self, client: Any, query: str, texts: Sequence[str]) -> tuple[list[float], int | None]:
         request = {
             "queries": [{"type": "TEXT", "textQuery": {"text": query}}],
-            "sources": [{"type": "INLINE", "inlineDocumentSource": {"type": "TEXT", "textDocument": {"text": t}}}
-                        for t in texts],
+            "sources": [
+                {"type": "INLINE", "inlineDocumentSource": {"type": "TEXT", "textDocument": {"text": t}}} for t in texts
+            ],
             "rerankingConfiguration": {
                 "type": "BEDROCK_RERANKING_MODEL",
                 "bedrockRerankingConfiguration": {
@@ -145,14 +148,19 @@ class BedrockEngine:
             answer = await asyncio.to_thread(client.rerank, **request)
         except botocore.exceptions.ClientError as exc:
             raise self._client_error(exc) from None
-        except botocore.exceptions.ParamValidationError as exc:  # refused by the SDK before sending (e.g. an empty text)
+        except (
+            botocore.exceptions.ParamValidationError
+        ) as exc:  # refused by the SDK before sending (e.g. an empty text)
             raise EngineInputError(f"Bedrock cannot take the request: {str(exc)[:300]}") from None
         except botocore.exceptions.ReadTimeoutError:
             raise EngineTimeoutError(
                 f"{self._upstream} sent nothing for {self._config.read_timeout_s:g}s (read_timeout_s)"
             ) from None
-        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectionClosedError,
-                botocore.exceptions.ConnectTimeoutError) as exc:
+        except (
+            botocore.exceptions.EndpointConnectionError,
+            botocore.exceptions.ConnectionClosedError,
+            botocore.exceptions.ConnectTimeoutError,
+        ) as exc:
             raise RetryableUpstreamError(f"{self._upstream} is unreachable ({type(exc).__name__})") from None
         except botocore.exceptions.BotoCoreError as exc:
             raise EngineError(f"{self._upstream} call failed ({type(exc).__name__})") from None
@@ -168,8 +176,13 @@ class BedrockEngine:
         message = str(error.get("Message", ""))[:500]
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         outcome = _CODES.get(code) or _by_status(status)
-        fields = {"model": self._config.name, "provider": "AWS Bedrock", "status": status, "code": code,
-                  "message": message}
+        fields = {
+            "model": self._config.name,
+            "provider": "AWS Bedrock",
+            "status": status,
+            "code": code,
+            "message": message,
+        }
         if outcome is Outcome.INPUT:
             log.info("hosted_rejected_input", **fields)
             return EngineInputError(f"Bedrock rejected the request ({code or status}): {message}")

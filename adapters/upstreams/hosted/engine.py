@@ -112,7 +112,10 @@ class HostedEngine:
         query_tokens = min(estimate_tokens(job.query), cap)
         item_tokens = [min(estimate_tokens(t), cap) for t in job.texts]
         calls = plan_calls(
-            query_tokens, item_tokens, max_items=cfg.max_documents_per_call, max_request_tokens=cfg.max_tokens_per_request
+            query_tokens,
+            item_tokens,
+            max_items=cfg.max_documents_per_call,
+            max_request_tokens=cfg.max_tokens_per_request,
         )
         result = await score_in_calls(
             calls,
@@ -128,7 +131,9 @@ class HostedEngine:
             return ScoreResult(scores=[_sigmoid(x) for x in result.scores], input_tokens=result.input_tokens)
         return result
 
-    async def _call(self, client: httpx.AsyncClient, job: ScoreJob, texts: Sequence[str]) -> tuple[list[float], int | None]:
+    async def _call(
+        self, client: httpx.AsyncClient, job: ScoreJob, texts: Sequence[str]
+    ) -> tuple[list[float], int | None]:
         body = _encoder.encode(self._provider.body(self._config, job, texts))
         response, content = await post_bounded(
             client, self._config.path, body, upstream=self._upstream, read_timeout_s=self._config.read_timeout_s
@@ -138,8 +143,12 @@ class HostedEngine:
         try:
             results, tokens = self._provider.parse(content)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.error("hosted_malformed_response", model=self._config.name, provider=self._provider.name,
-                      error=self._redact(str(exc))[:300])
+            log.error(
+                "hosted_malformed_response",
+                model=self._config.name,
+                provider=self._provider.name,
+                error=self._redact(str(exc))[:300],
+            )
             raise EngineError(f"{self._upstream} returned a malformed response") from None
         return place_scores(results, len(texts), self._upstream), tokens
 
@@ -169,8 +178,9 @@ class HostedEngine:
         if outcome is Outcome.RETRY:
             log.warning("hosted_retryable_error", **fields)
             wait = parse_retry_after(response.headers.get("retry-after"))
-            return RetryableUpstreamError(f"{name} is unavailable or rate limited (HTTP {status}); retry later",
-                                          wait_hint=wait)
+            return RetryableUpstreamError(
+                f"{name} is unavailable or rate limited (HTTP {status}); retry later", wait_hint=wait
+            )
         log.error("hosted_unexpected_status", **fields)
         return EngineError(f"{self._upstream} answered HTTP {status}: {message}")
 

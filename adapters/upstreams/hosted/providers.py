@@ -42,9 +42,19 @@ class Outcome(enum.Enum):
 Parsed = tuple[list[tuple[int, float]], int | None]
 
 # Statuses every provider shares: a timeout of the request (408) is worth another try, 413 is a body too large.
-_COMMON = {400: Outcome.INPUT, 401: Outcome.ACCOUNT, 403: Outcome.ACCOUNT, 404: Outcome.MISCONFIGURED,
-           408: Outcome.RETRY, 413: Outcome.INPUT, 422: Outcome.INPUT, 429: Outcome.RETRY,
-           502: Outcome.RETRY, 503: Outcome.RETRY, 504: Outcome.RETRY}
+_COMMON = {
+    400: Outcome.INPUT,
+    401: Outcome.ACCOUNT,
+    403: Outcome.ACCOUNT,
+    404: Outcome.MISCONFIGURED,
+    408: Outcome.RETRY,
+    413: Outcome.INPUT,
+    422: Outcome.INPUT,
+    429: Outcome.RETRY,
+    502: Outcome.RETRY,
+    503: Outcome.RETRY,
+    504: Outcome.RETRY,
+}
 
 
 @dataclass(frozen=True)
@@ -132,7 +142,12 @@ def _parse_cohere(body: bytes) -> Parsed:
     answer = _cohere.decode(body)
     tokens = None
     for part in (answer.meta.tokens, answer.meta.billed_units) if answer.meta else ():
-        if part is not None and part.input_tokens is not None and math.isfinite(part.input_tokens) and part.input_tokens >= 0:
+        if (
+            part is not None
+            and part.input_tokens is not None
+            and math.isfinite(part.input_tokens)
+            and part.input_tokens >= 0
+        ):
             tokens = int(part.input_tokens)
             break
     return [(r.index, r.relevance_score) for r in answer.results], tokens
@@ -162,23 +177,43 @@ def _parse_nvidia(body: bytes) -> Parsed:
 # Every body asks for all scores and no documents back: ordering, top_n and echo are the gateway's.
 def _cohere_body(cfg: HostedRerankConfig, job: ScoreJob, texts: Sequence[str]) -> dict[str, object]:
     assert isinstance(cfg, CohereEngineConfig)
-    limit = cfg.max_tokens_per_doc if job.max_tokens_per_doc is None else min(job.max_tokens_per_doc, cfg.max_tokens_per_doc)
-    body: dict[str, object] = {"model": cfg.model, "query": job.query, "documents": list(texts),
-                               "top_n": len(texts), "max_tokens_per_doc": limit}
+    limit = (
+        cfg.max_tokens_per_doc
+        if job.max_tokens_per_doc is None
+        else min(job.max_tokens_per_doc, cfg.max_tokens_per_doc)
+    )
+    body: dict[str, object] = {
+        "model": cfg.model,
+        "query": job.query,
+        "documents": list(texts),
+        "top_n": len(texts),
+        "max_tokens_per_doc": limit,
+    }
     if cfg.priority is not None:
         body["priority"] = cfg.priority
     return body
 
 
 def _jina_body(cfg: HostedRerankConfig, job: ScoreJob, texts: Sequence[str]) -> dict[str, object]:
-    return {"model": cfg.model, "query": job.query, "documents": list(texts), "top_n": len(texts),
-            "return_documents": False}
+    return {
+        "model": cfg.model,
+        "query": job.query,
+        "documents": list(texts),
+        "top_n": len(texts),
+        "return_documents": False,
+    }
 
 
 def _voyage_body(cfg: HostedRerankConfig, job: ScoreJob, texts: Sequence[str]) -> dict[str, object]:
     assert isinstance(cfg, VoyageEngineConfig)
-    return {"model": cfg.model, "query": job.query, "documents": list(texts), "top_k": len(texts),
-            "return_documents": False, "truncation": cfg.truncation}
+    return {
+        "model": cfg.model,
+        "query": job.query,
+        "documents": list(texts),
+        "top_k": len(texts),
+        "return_documents": False,
+        "truncation": cfg.truncation,
+    }
 
 
 def _mixedbread_body(cfg: HostedRerankConfig, job: ScoreJob, texts: Sequence[str]) -> dict[str, object]:
@@ -187,33 +222,47 @@ def _mixedbread_body(cfg: HostedRerankConfig, job: ScoreJob, texts: Sequence[str
 
 def _nvidia_body(cfg: HostedRerankConfig, job: ScoreJob, texts: Sequence[str]) -> dict[str, object]:
     assert isinstance(cfg, NvidiaEngineConfig)
-    return {"model": cfg.model, "query": {"text": job.query}, "passages": [{"text": t} for t in texts],
-            "truncate": cfg.truncate}
+    return {
+        "model": cfg.model,
+        "query": {"text": job.query},
+        "passages": [{"text": t} for t in texts],
+        "truncate": cfg.truncate,
+    }
 
 
 def _together_body(cfg: HostedRerankConfig, job: ScoreJob, texts: Sequence[str]) -> dict[str, object]:
-    return {"model": cfg.model, "query": job.query, "documents": list(texts), "top_n": len(texts),
-            "return_documents": False}
+    return {
+        "model": cfg.model,
+        "query": job.query,
+        "documents": list(texts),
+        "top_n": len(texts),
+        "return_documents": False,
+    }
 
 
 PROVIDERS: dict[type[HostedRerankConfig], Provider] = {
     # Cohere's SDK retries 429 and 5xx; 402 is billing, 498 a deny-listed token in the request, 501 not implemented.
     CohereEngineConfig: Provider(
-        "Cohere", _cohere_body, _parse_cohere,
-        {**_COMMON, 402: Outcome.ACCOUNT, 498: Outcome.INPUT, 500: Outcome.RETRY}),
+        "Cohere", _cohere_body, _parse_cohere, {**_COMMON, 402: Outcome.ACCOUNT, 498: Outcome.INPUT, 500: Outcome.RETRY}
+    ),
     # Jina documents no error table: the common one, 402 for an exhausted balance; a 500 is not retried.
     JinaEngineConfig: Provider("Jina AI", _jina_body, _parse_results, {**_COMMON, 402: Outcome.ACCOUNT}),
     # Voyage's error page: 403 is a forbidden IP (the gateway's), 500 and 502-504 "retry after a brief wait".
     VoyageEngineConfig: Provider("Voyage AI", _voyage_body, _parse_voyage, {**_COMMON, 500: Outcome.RETRY}),
     # Mixedbread's SDK retries 408, 409, 429 and 5xx; 402 is an exhausted balance.
     MixedbreadEngineConfig: Provider(
-        "Mixedbread", _mixedbread_body, _parse_mixedbread,
-        {**_COMMON, 402: Outcome.ACCOUNT, 409: Outcome.RETRY, 500: Outcome.RETRY}),
+        "Mixedbread",
+        _mixedbread_body,
+        _parse_mixedbread,
+        {**_COMMON, 402: Outcome.ACCOUNT, 409: Outcome.RETRY, 500: Outcome.RETRY},
+    ),
     # NIM: 422 for a request it cannot take (a pair over the window with truncate NONE); 500 not retried.
-    NvidiaEngineConfig: Provider(
-        "NVIDIA", _nvidia_body, _parse_nvidia, {**_COMMON, 402: Outcome.ACCOUNT}, logits=True),
+    NvidiaEngineConfig: Provider("NVIDIA", _nvidia_body, _parse_nvidia, {**_COMMON, 402: Outcome.ACCOUNT}, logits=True),
     # Together's error table: 402 spending limit, 403 over the model's context (the input), 500 / 503 "try again".
     TogetherEngineConfig: Provider(
-        "Together", _together_body, _parse_results,
-        {**_COMMON, 402: Outcome.ACCOUNT, 403: Outcome.INPUT, 500: Outcome.RETRY}),
+        "Together",
+        _together_body,
+        _parse_results,
+        {**_COMMON, 402: Outcome.ACCOUNT, 403: Outcome.INPUT, 500: Outcome.RETRY},
+    ),
 }

@@ -56,40 +56,73 @@ class Cascade:
 
     def status(self) -> dict[str, Any]:
         """``/ready``: the stages and what each keeps."""
-        return {"stages": [{"model": rt.name, "keep": k, "state": rt.state.value}
-                           for rt, k in zip(self.stages, self.keeps, strict=True)]}
+        return {
+            "stages": [
+                {"model": rt.name, "keep": k, "state": rt.state.value}
+                for rt, k in zip(self.stages, self.keeps, strict=True)
+            ]
+        }
 
-    async def score(self, score_documents: ScoreFn, *, query: str, texts: Sequence[str], instruction: str | None,
-                    max_tokens_per_doc: int | None, max_chunks_per_doc: int | None, long_texts: Any,
-                    raw_scores: bool) -> dict[str, Any]:
+    async def score(
+        self,
+        score_documents: ScoreFn,
+        *,
+        query: str,
+        texts: Sequence[str],
+        instruction: str | None,
+        max_tokens_per_doc: int | None,
+        max_chunks_per_doc: int | None,
+        long_texts: Any,
+        raw_scores: bool,
+    ) -> dict[str, Any]:
         """The fields of one ``Scored`` for ``texts`` (the caller builds it: see the module doc)."""
         if raw_scores:
             raise RawScoresUnsupportedError(
                 f"raw scores are not available for model '{self.config.name}': a cascade's answer joins several "
-                "models' scores; ask without raw scores")
+                "models' scores; ask without raw scores"
+            )
         try:
             async with asyncio.timeout(self.config.timeout_s):
-                return await self._stages(score_documents, query, texts, instruction, max_tokens_per_doc,
-                                          max_chunks_per_doc, long_texts)
+                return await self._stages(
+                    score_documents, query, texts, instruction, max_tokens_per_doc, max_chunks_per_doc, long_texts
+                )
         except TimeoutError:
             raise EngineTimeoutError(
                 f"model '{self.config.name}' (cascade) did not answer within {self.config.timeout_s:g}s (timeout_s)"
             ) from None
 
-    async def _stages(self, score_documents: ScoreFn, query: str, texts: Sequence[str], instruction: str | None,
-                      max_tokens: int | None, max_chunks: int | None, long_texts: Any) -> dict[str, Any]:
+    async def _stages(
+        self,
+        score_documents: ScoreFn,
+        query: str,
+        texts: Sequence[str],
+        instruction: str | None,
+        max_tokens: int | None,
+        max_chunks: int | None,
+        long_texts: Any,
+    ) -> dict[str, Any]:
         alive = list(range(len(texts)))  # request indices the current stage scores, in request order
         dropped: list[list[int]] = []  # per stage, the documents it did not pass on, in its order
         final: dict[int, float] = {}
         tokens = items = 0
         queue_s = tokenize_s = inference_s = 0.0
         for rt, keep in zip(self.stages, self.keeps, strict=True):
-            scored = await score_documents(rt, query=query, texts=[texts[i] for i in alive], instruction=instruction,
-                                           max_tokens_per_doc=max_tokens, max_chunks_per_doc=max_chunks,
-                                           long_texts=long_texts, raw_scores=False, top_n=None)
+            scored = await score_documents(
+                rt,
+                query=query,
+                texts=[texts[i] for i in alive],
+                instruction=instruction,
+                max_tokens_per_doc=max_tokens,
+                max_chunks_per_doc=max_chunks,
+                long_texts=long_texts,
+                raw_scores=False,
+                top_n=None,
+            )
             if scored.indices is not None or len(scored.scores) != len(alive):  # no top_n was asked
-                raise EngineError(f"cascade '{self.config.name}': stage '{rt.name}' returned "
-                                  f"{len(scored.scores)} scores for {len(alive)} documents")
+                raise EngineError(
+                    f"cascade '{self.config.name}': stage '{rt.name}' returned "
+                    f"{len(scored.scores)} scores for {len(alive)} documents"
+                )
             tokens, items = tokens + scored.input_tokens, items + scored.items
             queue_s, tokenize_s = queue_s + scored.queue_s, tokenize_s + scored.tokenize_s
             inference_s += scored.inference_s
@@ -106,5 +139,13 @@ class Cascade:
             scores[i] = s
         for j, i in enumerate(tail):
             scores[i] = floor * (len(tail) - j) / (len(tail) + 1)
-        return {"scores": scores, "indices": None, "input_tokens": tokens, "items": items, "queue_s": queue_s,
-                "tokenize_s": tokenize_s, "inference_s": inference_s, "target": self.config.name}
+        return {
+            "scores": scores,
+            "indices": None,
+            "input_tokens": tokens,
+            "items": items,
+            "queue_s": queue_s,
+            "tokenize_s": tokenize_s,
+            "inference_s": inference_s,
+            "target": self.config.name,
+        }

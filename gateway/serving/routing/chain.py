@@ -106,7 +106,13 @@ def failover_outcome(exc: BaseException) -> tuple[str, bool] | None:
 class Chain:
     """The routing state of one chain model; :meth:`route` runs one request through it."""
 
-    def __init__(self, config: ChainEngineConfig, targets: list[ModelRuntimeState], *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: ChainEngineConfig,
+        targets: list[ModelRuntimeState],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
         self.name = config.name
         self.targets = [Target(rt) for rt in targets]
@@ -186,7 +192,9 @@ class Chain:
         passed: list[Target] = []  # saturated: tried only if every other target fails
         for i, target in enumerate(admitted):
             if self._spill and i < len(admitted) - 1:
-                why = saturated(target.runtime, max_depth=self.config.spill_queue_depth, max_wait_s=self.config.spill_wait_s)
+                why = saturated(
+                    target.runtime, max_depth=self.config.spill_queue_depth, max_wait_s=self.config.spill_wait_s
+                )
                 if why is not None:
                     self._record(attempts, target, "spilled")
                     passed.append(target)
@@ -199,14 +207,20 @@ class Chain:
             if done is not None:
                 return Attempted(done[0], target.name, attempts)
         if time.monotonic() >= deadline:
-            raise EngineTimeoutError(f"chain '{self.name}' did not answer within {self.config.timeout_s:g}s (timeout_s)")
+            raise EngineTimeoutError(
+                f"chain '{self.name}' did not answer within {self.config.timeout_s:g}s (timeout_s)"
+            )
         tried = ", ".join(f"{name}: {outcome}" for name, outcome in attempts)
         raise EngineUnavailableError(
-            f"no target of model '{self.name}' could take the request ({tried})", retry_after=self.outliers.retry_after()
+            f"no target of model '{self.name}' could take the request ({tried})",
+            retry_after=self.outliers.retry_after(),
         )
 
     async def _attempt(
-        self, target: Target, compute: Callable[[ModelRuntimeState], Awaitable[T]], deadline: float,
+        self,
+        target: Target,
+        compute: Callable[[ModelRuntimeState], Awaitable[T]],
+        deadline: float,
         attempts: list[tuple[str, str]],
     ) -> tuple[T] | None:
         """One attempt on one target, as one ``route.attempt`` span (gateway.observability.tracing)."""
@@ -216,7 +230,10 @@ class Chain:
             return done
 
     async def _attempt_once(
-        self, target: Target, compute: Callable[[ModelRuntimeState], Awaitable[T]], deadline: float,
+        self,
+        target: Target,
+        compute: Callable[[ModelRuntimeState], Awaitable[T]],
+        deadline: float,
         attempts: list[tuple[str, str]],
     ) -> tuple[T] | None:
         """One attempt on one target: the single place where an attempt starts and ends.
