@@ -6,7 +6,7 @@ The shared (Redis, two replicas) case is tests/test_teams.py.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from litestar.testing import TestClient
@@ -15,7 +15,7 @@ from gateway.app import create_app
 from gateway.config.settings import ConfigError, load_settings
 from gateway.errors import AuthError
 from gateway.security.auth import generate_key, hash_key
-from gateway.security.quotas import Calendar
+from gateway.security.quotas import Calendar, QuotaRule, _days, quota_refusal
 from schemas.config import ApiKeyConfig, AuthConfig, LimitsConfig, Settings, StaticEngineConfig
 
 KEY, ADMIN = generate_key(), generate_key()
@@ -32,6 +32,23 @@ def test_day_and_month_windows_follow_the_time_zone_across_dst_and_year_end() ->
     assert month == "2027-01" and reset.isoformat() == "2027-02-01T00:00:00+01:00"
     month, reset = Calendar("UTC").window("month", datetime(2026, 12, 31, 23, 30, tzinfo=UTC))
     assert month == "2026-12" and reset.isoformat() == "2027-01-01T00:00:00+00:00"
+
+
+def test_retry_after_counts_real_seconds_across_a_dst_change() -> None:
+    # 00:30 local on Berlin's 23-hour spring-forward day: the day resets in 22.5 real hours. Two
+    # datetimes in the same ZoneInfo subtract as local times (23.5 h): Retry-After must not.
+    berlin = Calendar("Europe/Berlin")
+    now = datetime(2026, 3, 28, 23, 30, tzinfo=UTC).astimezone(berlin.zone)
+    _, reset = berlin.window("day", now)
+    rule = QuotaRule(metric="tokens", period="day", limit=10)
+    refusal = quota_refusal(ApiKeyConfig(id="team", hash=hash_key(KEY), models=("*",)), rule, 10, 5, reset, now)
+    assert refusal.headers["Retry-After"] == str(int(22.5 * 3600))
+
+
+def test_usage_days_stop_at_the_range_end_even_at_the_last_date() -> None:
+    # Stepping one day past 9999-12-31 overflowed date.max: the usage route answered 500.
+    assert list(_days(date(9999, 12, 30), date.max)) == [date(9999, 12, 30), date.max]
+    assert list(_days(date(2026, 12, 4), date(2026, 12, 3))) == []
 
 
 def test_a_bad_time_zone_fails_at_load_with_the_field_path(tmp_path) -> None:
@@ -95,6 +112,20 @@ def test_daily_token_quota_refuses_with_its_name_and_reset_then_resets_at_local_
         # A non-admin key never reaches the admin API.
         assert client.get("/admin/v1/keys", headers=headers).status_code == 403
         assert client.get("/admin/v1/keys").status_code == 401
+
+
+def test_a_request_its_quota_refused_is_not_counted_against_tpm_either() -> None:
+    keys = (ApiKeyConfig(id="team", hash=hash_key(KEY), models=("*",), tokens_per_day=20, tpm=1000),)
+    settings = Settings(auth=AuthConfig(keys=keys), models=(StaticEngineConfig(name="m"),))
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "m", "query": "q", "documents": ["one two three four", "five"]}  # 7 tokens
+    with TestClient(create_app(settings, configure_logs=False)) as client:
+        for _ in range(2):
+            assert client.post("/v1/rerank", json=body, headers=headers).status_code == 200
+        assert client.post("/v1/rerank", json=body, headers=headers).status_code == 429  # scored, then refused
+        small = client.post("/v1/rerank", json={"model": "m", "query": "q", "documents": ["a"]}, headers=headers)
+        # 1000 - 14 (the two answers) - 2 (this one): the refused request's 7 tokens count nowhere.
+        assert small.status_code == 200 and small.headers["x-ratelimit-remaining-tokens"] == "984"
 
 
 def test_keys_create_writes_quotas_and_the_admin_flag_as_valid_toml(capsys: pytest.CaptureFixture[str]) -> None:

@@ -71,6 +71,7 @@ class AccessControl:
         self.shared_keys: SharedKeys | None = None
         self._admin_keys: tuple[ApiKeyConfig, ...] = ()
         self._version = -1
+        self._sync_lock = asyncio.Lock()
         self._sync_task: asyncio.Task[None] | None = None
         self._last_sync_warning = -math.inf
 
@@ -120,9 +121,16 @@ class AccessControl:
 
     async def sync_keys(self) -> None:
         """Re-read the admin API's keys when their version moved (one GET when it did not)."""
-        if self.shared_keys is None or await self.shared_keys.version() == self._version:
+        if self.shared_keys is None:
             return
-        version, keys = await self.shared_keys.load()
+        # The poll task and an admin handler may both sync: serialized, the later load always wins.
+        async with self._sync_lock:
+            await self._sync_keys(self.shared_keys)
+
+    async def _sync_keys(self, shared_keys: SharedKeys) -> None:
+        if await shared_keys.version() == self._version:
+            return
+        version, keys = await shared_keys.load()
         old = {k.id for k in self._admin_keys}
         self._admin_keys, self._version = keys, version
         self.keys = self._merged(self._settings.auth.keys)
@@ -277,7 +285,8 @@ class AccessMiddleware:
             finally:
                 usage = access.usage
                 if admission is not None:
-                    await control.limiter.finish(admission, usage.tokens if usage else 0)
+                    # A quota-refused answer was dropped: its tokens count nowhere, tpm included.
+                    await control.limiter.finish(admission, usage.tokens if usage and not refused else 0)
                 if not charged and status == 200 and usage is not None and access.key is not None and access.model:
                     # No quota: the usage ledger only, once the answer is out (an outage is logged).
                     await control.limiter.charge(

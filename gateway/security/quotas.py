@@ -124,7 +124,8 @@ def quota_refusal(
     key: ApiKeyConfig, rule: QuotaRule, used: int, cost: int, reset_at: datetime, now: datetime
 ) -> RateLimitedError:
     """429 naming the quota, what is left and when it resets; ``Retry-After`` until then."""
-    retry = max(1, math.ceil((reset_at - now).total_seconds()))
+    # Timestamps: two datetimes in the same ZoneInfo subtract as local times, an hour off across DST.
+    retry = max(1, math.ceil(reset_at.timestamp() - now.timestamp()))
     unit = rule.metric.replace("_", " ")
     left = max(0, rule.limit - used)
     if cost <= 0 or left == 0:
@@ -154,10 +155,9 @@ def _usage_hash(day: str) -> str:
 
 
 def _days(start: date, end: date) -> Iterator[date]:
-    day = start
-    while day <= end:
-        yield day
-        day += timedelta(days=1)
+    # Counted, not stepped past ``end``: a step beyond date.max (end = 9999-12-31) would raise.
+    for offset in range((end - start).days + 1):
+        yield start + timedelta(days=offset)
 
 
 def _rows(fields: dict[str, int]) -> list[UsageRow]:
@@ -295,7 +295,7 @@ class RedisQuotaStore(_Store):
         args: list[Any] = [len(windows)]
         for rule, _, reset in windows:
             # Kept a day past the window's end, so a late reader still sees its final count.
-            ttl = max(1, math.ceil((reset - now).total_seconds())) + 86_400
+            ttl = max(1, math.ceil(reset.timestamp() - now.timestamp())) + 86_400
             args += [rule.limit, self._cost(rule, tokens, search_units), ttl]
         args.append(USAGE_RETENTION_DAYS * 86_400)
         for field, value in zip(USAGE_FIELDS, (1, documents, tokens, search_units), strict=True):

@@ -304,8 +304,10 @@ class KeyLimiter:
 
         timeout = self._config.redis_timeout_s
         # One immediate retry (a restarted Redis drops pooled connections), no backoff: a
-        # request must not wait seconds on an unreachable store.
-        retry = Retry(NoBackoff(), 1)
+        # request must not wait seconds on an unreachable store. On a connection error only: after
+        # a timeout the command may have run (a quota charge, an admin write), and a second send
+        # would apply it twice (redis-py's default retries timeouts too).
+        retry = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
         pool = redis.asyncio.ConnectionPool.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=retry
         )
