@@ -182,6 +182,50 @@ def test_the_chain_deadline_holds_across_targets(upstream):
         assert _attempts(client)[("slow", "timeout")] == 1
 
 
+def test_a_target_hanging_past_the_chains_deadline_is_ejected_like_one_that_fails():
+    # The target's own timeout_s (60 s) is longer than the chain's: the chain's timer ends each
+    # attempt. Those ends count as failures, so the hanging target is ejected and later requests
+    # go straight to the fallback instead of spending the whole deadline on it every time.
+    hung = StaticEngineConfig(name="hung", score=PRIMARY_SCORE, delay_s=30.0)
+    fallback = StaticEngineConfig(name="fallback", score=FALLBACK_SCORE)
+    chain = ChainEngineConfig(
+        name="chained", targets=("hung", "fallback"), accepts="replicas", timeout_s=0.3, eject_after_failures=2
+    )
+    app = create_app(Settings(models=(chain, hung, fallback)))
+    with TestClient(app) as client:
+        for _ in range(2):
+            assert client.post("/v2/rerank", json=BODY).status_code == 504
+        assert not app.state.registry.get("chained").chain.targets[0].admitted
+        assert _served(client.post("/v2/rerank", json=BODY)) == "fallback"
+        assert _attempts(client)[("hung", "timeout")] == 2 and _attempts(client)[("hung", "skipped")] == 1
+
+
+def test_a_chain_target_that_is_a_chain_is_readmitted_once_it_can_serve(upstream):
+    base = _settings(upstream.url, eject_after_failures=1, cooldown_s=30.0)
+    inner = ChainEngineConfig(name="inner", targets=("primary",), accepts="replicas")
+    outer = ChainEngineConfig(
+        name="chained", targets=("inner", "fallback"), accepts="other-models", eject_after_failures=1, cooldown_s=30.0
+    )
+    app = create_app(Settings(models=(outer, inner, *base.models[1:])))
+    with TestClient(app) as client:
+        chain = app.state.registry.get("chained").chain
+        now = [1000.0]
+        chain.outliers.clock = lambda: now[0]
+        upstream.set("500")
+        assert _served(client.post("/v2/rerank", json=BODY)) == "fallback"
+        assert not chain.targets[0].admitted
+        upstream.set("ok")
+        now[0] += 31.0  # the cooldown is over: the next request starts the readmission probe
+        assert _served(client.post("/v2/rerank", json=BODY)) == "fallback"
+        for _ in range(500):  # the probe runs in the app's loop: bounded wait for its verdict
+            if chain.targets[0].admitted:
+                break
+            time.sleep(0.01)
+        # A chain has no engine of its own: it was probed by whether a target of it can serve.
+        assert chain.targets[0].admitted
+        assert _served(client.post("/v2/rerank", json=BODY)) == "primary"
+
+
 def test_every_target_failing_is_a_503_naming_what_each_did(upstream):
     upstream.set("503")
     settings = _settings(upstream.url)

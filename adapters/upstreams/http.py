@@ -196,6 +196,11 @@ async def post_bounded(
     except httpx.TransportError as exc:
         outcome = type(exc).__name__
         raise map_transport_error(exc, upstream, read_timeout_s=read_timeout_s) from None
+    except httpx.RequestError as exc:
+        # Not a transport error but as much the upstream's fault: a body that does not decode
+        # (corrupt gzip), redirects without end. A 502, and a chain moves on.
+        outcome = type(exc).__name__
+        raise EngineError(f"{upstream} sent an answer that could not be read ({outcome})") from None
     except EngineError:
         outcome = "answer_too_large"
         raise

@@ -250,6 +250,9 @@ class Chain:
                 value = await compute(target.runtime)
         except TimeoutError:  # the chain's deadline, not the target's own timeout_s (that is EngineTimeoutError)
             self._record(attempts, target, "timeout")
+            # A failure like its own timeout: a target that hangs past the chain's deadline again
+            # and again is ejected, so later requests go straight to the next target.
+            self.outliers.failed(target, "timeout: the chain's deadline")
             return None
         except Exception as exc:
             verdict = failover_outcome(exc)
@@ -274,6 +277,10 @@ class Chain:
         """Readmission check of a target whose cooldown is over: its model is ready and its engine healthy."""
         runtime = target.runtime
         ok, reason = True, "ready"
+        if runtime.chain is not None:  # a chain has no engine of its own: readmitted once a target of it can serve
+            ok = runtime.chain.serving()
+            self.outliers.probed(target, ok, "ready" if ok else "no target of it can serve")
+            return
         try:
             # What a request would get (a pool that heals with traffic is usable while unhealthy).
             engine = runtime.usable_engine()
