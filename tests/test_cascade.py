@@ -104,6 +104,19 @@ def test_the_last_stage_orders_what_it_saw_and_the_dropped_follow_in_their_stage
         ]
 
 
+def test_the_dropped_stay_below_a_last_stage_score_of_zero_in_their_order() -> None:
+    # A share of a floor of 0 (or a negative one: logits of a raw_scores stage) is not below it:
+    # then the dropped documents step down from it by 1, still in their stage's order.
+    zero = StaticEngineConfig(name="zero", scores={"d1 x": 0.0, "d2 x": 0.6})
+    settings = Settings(
+        models=(StaticEngineConfig(name="fast", scores=FAST), zero, _cascade("z", ("fast", 2), ("zero", None)))
+    )
+    with TestClient(create_app(settings, configure_logs=False)) as client:
+        wait_loaded(client)
+        # fast keeps d1 d2; zero: d2 .6, d1 0; then fast's dropped d4 d3 d0 at -1, -2, -3.
+        assert _same(_pairs(_rerank(client, "z")), [(2, 0.6), (1, 0.0), (4, -1.0), (3, -2.0), (0, -3.0)])
+
+
 def test_a_failing_stage_fails_the_cascade_and_a_chain_stage_fails_over() -> None:
     with TestClient(create_app(_settings(), configure_logs=False)) as client:
         wait_loaded(client)

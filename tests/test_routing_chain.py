@@ -335,6 +335,12 @@ def _chain(targets: str, name: str = "c", extra: str = "") -> str:
             '[[models]]\nname = "c"\nengine = "chain"\ntargets = ["a"]\n' + STATIC.format(name="a"),
             "models[0].accepts is required",
         ),
+        (
+            _chain('["k"]')
+            + STATIC.format(name="a")
+            + '[[models]]\nname = "k"\nengine = "cascade"\nstages = [{model = "a", keep = 1}, {model = "a"}]\n',
+            "models[0].targets[0]: 'k' is a cascade, which a chain cannot try",
+        ),
     ],
 )
 def test_config_errors_name_the_field(tmp_path: Path, text: str, wanted: str) -> None:

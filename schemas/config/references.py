@@ -41,6 +41,7 @@ def check_references(models: Sequence[ModelConfig]) -> dict[str, tuple[str, ...]
     back. Raises :class:`ModelReferenceError` naming ``models[i].<field>`` and what is wrong.
     """
     canonical = {name: m.name for m in models for name in (m.name, *m.aliases)}
+    kinds = {m.name: type(m).__struct_config__.tag for m in models}
     graph: dict[str, tuple[str, ...]] = {}
     where: dict[str, int] = {}
     for i, model in enumerate(models):
@@ -59,6 +60,14 @@ def check_references(models: Sequence[ModelConfig]) -> dict[str, tuple[str, ...]
                 )
             if target == model.name:
                 raise ModelReferenceError(f"models[{i}].{field}: {kind} {model.name!r} names itself", path)
+            if kind == "chain" and kinds[target] == "cascade":
+                # A chain tries one engine per target; a cascade has none (it runs other models'):
+                # every attempt would be "not ready" while the chain reported itself ready.
+                raise ModelReferenceError(
+                    f"models[{i}].{field}: {name!r} is a cascade, which a chain cannot try; chain its "
+                    "stages' models instead (a cascade's stage may be a chain)",
+                    path,
+                )
             if target in names:
                 raise ModelReferenceError(
                     f"models[{i}].{field}: {name!r} names {target!r} a second time (each is used at most once)", path

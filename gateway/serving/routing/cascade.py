@@ -138,7 +138,10 @@ class Cascade:
         for i, s in final.items():
             scores[i] = s
         for j, i in enumerate(tail):
-            scores[i] = floor * (len(tail) - j) / (len(tail) + 1)
+            # Below the last stage's lowest score, in the earlier stages' order: a share of it while
+            # it is positive, else steps of 1 under it (a stage with raw_scores answers logits, and a
+            # share of a negative floor would rise above it).
+            scores[i] = floor * (len(tail) - j) / (len(tail) + 1) if floor > 0 else floor - (j + 1)
         return {
             "scores": scores,
             "indices": None,
