@@ -23,6 +23,7 @@ from gateway.security.auth import generate_key, hash_key
 from schemas.config import (
     ApiKeyConfig,
     AuthConfig,
+    CacheConfig,
     CascadeEngineConfig,
     CascadeStage,
     ChainEngineConfig,
@@ -124,6 +125,16 @@ def test_a_failing_stage_fails_the_cascade_and_a_chain_stage_fails_over() -> Non
         assert failed.status_code == 503 and "model 'broken' failed to load" in failed.json()["message"]
         # guarded: broken is down, so fast serves the first stage, as it does for "two".
         assert _pairs(_rerank(client, "chained")) == _pairs(_rerank(client, "two"))
+
+
+def test_a_cascade_through_a_chain_of_other_models_is_not_cached() -> None:
+    # "chained"'s first stage is served by the chain's fallback (broken is down): another model's
+    # scores. Cached under the cascade's name, that answer would be served for as long as the cache
+    # keeps it, also once the preferred model is back. "two" (no such stage) is cached as before.
+    with TestClient(create_app(_settings(cache=CacheConfig(enabled=True)), configure_logs=False)) as client:
+        wait_loaded(client)
+        assert [_rerank(client, "chained").headers["x-cache"] for _ in range(2)] == ["miss", "miss"]
+        assert [_rerank(client, "two").headers["x-cache"] for _ in range(2)] == ["miss", "hit"]
 
 
 def test_a_key_scoped_to_the_cascade_reaches_it_without_its_stages() -> None:

@@ -51,6 +51,7 @@ from gateway.serving.jobs import (
 from gateway.serving.model_state import ModelRuntimeState
 from gateway.serving.models import ModelRegistry, ModelRuntime
 from gateway.serving.parts import _OVERLAP_MIN_DOCUMENTS, _OVERLAP_PARTS, overlapped  # noqa: F401  (tests read _PARTS here)
+from gateway.serving.routing.chain import mixes_models
 from gateway.serving.telemetry import current_timing, record_phases
 from schemas.config import LimitsConfig
 from schemas.rerank import (
@@ -203,7 +204,9 @@ class RerankService:
         )
         target = scored.target if chain is not None else None
         if self.cache is not None and key is not None:
-            if chain is None or chain.cacheable(scored.target):
+            if (chain is None or chain.cacheable(scored.target)) and (
+                runtime.cascade is None or not any(mixes_models(stage) for stage in runtime.cascade.stages)
+            ):
                 answer = CachedAnswer(_json.encode(response), len(documents), scored.items, scored.input_tokens, target)
                 await self.cache.put(key, answer)
             _mark_cache("miss")

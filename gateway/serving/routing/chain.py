@@ -59,6 +59,16 @@ _OWN_TIMER_SLACK_S = 0.05
 _PROBE_TIMEOUT_S = 5.0
 
 
+def mixes_models(runtime: ModelRuntimeState) -> bool:
+    """Whether ``runtime``'s answers may be another model's scores: it is (or routes through) a
+    chain of other models. Such answers are never cached under a name (the preferred model's
+    answers would be mixed with a fallback's for as long as the cache keeps them)."""
+    chain = runtime.chain
+    if chain is None:
+        return False
+    return chain.config.accepts == "other-models" or any(mixes_models(t.runtime) for t in chain.targets)
+
+
 class Target(Member):
     """One configured model in a chain, and its passive health (:class:`adapters.outliers.Member`)."""
 
@@ -149,7 +159,10 @@ class Chain:
         only the first target's, so the fallback's scores are never served from the cache
         once the preferred model is back (and a hit is always the preferred model's answer).
         """
-        return self.config.accepts == "replicas" or target == self.targets[0].name
+        if self.config.accepts == "replicas":
+            # Unless a target is itself a chain that may answer with another model's scores.
+            return not any(mixes_models(t.runtime) for t in self.targets)
+        return target == self.targets[0].name and not mixes_models(self.targets[0].runtime)
 
     def status(self) -> dict[str, Any]:
         """The chain's ``/ready`` entry: each target's state and health."""
