@@ -38,6 +38,7 @@ __all__ = (
     "InvalidRequestError",
     "KeyConflictError",
     "KeyNotFoundError",
+    "KeyStoreUnavailableError",
     "MalformedRequestError",
     "ModelUnavailableError",
     "PayloadTooLargeError",
@@ -121,6 +122,12 @@ class AdminUnavailableError(GatewayError):
     """The admin API needs the shared key store, ``limits.redis_url``, and none is set (501)."""
 
 
+class KeyStoreUnavailableError(GatewayError):
+    """The shared key store (Redis, ``limits.redis_url``) failed or timed out during an admin call (503)."""
+
+    headers: Mapping[str, str] | None = MappingProxyType({"Retry-After": "5"})
+
+
 class RateLimitedError(GatewayError):
     """The API key is over one of its limits (429); headers carry Retry-After and X-RateLimit-*."""
 
@@ -163,6 +170,7 @@ ERROR_TABLE: Final[dict[type[Exception], int]] = {
     KeyNotFoundError: 404,
     KeyConflictError: 409,
     AdminUnavailableError: 501,
+    KeyStoreUnavailableError: 503,
     RateLimitStoreError: 503,
     EngineInputError: 422,
     EngineUnavailableError: 503,

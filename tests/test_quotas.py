@@ -178,6 +178,22 @@ def test_redis_down_follows_redis_failure_for_quotas_as_for_rate_limits() -> Non
         assert [client.post("/v1/rerank", json=body, headers=headers).status_code for _ in range(3)] == [200, 200, 429]
 
 
+def test_the_admin_api_answers_503_not_500_while_the_shared_store_is_down() -> None:
+    settings = _unreachable("closed")
+    admin = ApiKeyConfig(id="root", hash=hash_key(ADMIN), models=("*",), admin=True)
+    settings = Settings(limits=settings.limits, auth=AuthConfig(keys=(admin,)), models=settings.models)
+    headers = {"X-API-Key": ADMIN}
+    with TestClient(create_app(settings, configure_logs=False)) as client:
+        for response in (
+            client.get("/admin/v1/keys", headers=headers),
+            client.post("/admin/v1/keys", json={"id": "x", "models": ["*"]}, headers=headers),
+        ):
+            assert response.status_code == 503, response.text
+            assert "shared key store" in response.json()["message"] and response.headers["retry-after"] == "5"
+        usage = client.get("/admin/v1/usage?start=2026-12-01&end=2026-12-02", headers=headers)
+        assert usage.status_code == 503 and "limit store unreachable" in usage.json()["message"]
+
+
 def test_a_file_key_wins_over_an_admin_key_with_its_id_or_hash() -> None:
     from gateway.http.access import AccessControl
 

@@ -81,7 +81,7 @@ class AccessControl:
         # only then is there a shared key store to read, and a Redis to poll.
         if self.limiter.client is not None and any(k.admin for k in self._settings.auth.keys):
             self.shared_keys = SharedKeys(self.limiter.client)
-            await self._sync_quietly()  # Redis down at start: the file's keys, and the poll retries
+            await self.sync_keys_quietly()  # Redis down at start: the file's keys, and the poll retries
             self._sync_task = asyncio.create_task(self._poll(), name="admin-keys-sync")
 
     async def stop(self) -> None:
@@ -140,7 +140,7 @@ class AccessControl:
                 "admin_keys_synced", version=version, keys=len(new), added=sorted(new - old), removed=sorted(old - new)
             )
 
-    async def _sync_quietly(self) -> bool:
+    async def sync_keys_quietly(self) -> bool:
         try:
             await self.sync_keys()
         except Exception as exc:  # noqa: BLE001 -- Redis down or slow: keep the keys we have
@@ -157,7 +157,7 @@ class AccessControl:
         while True:
             # While Redis fails, poll less (up to every 30 s): a hung store is not asked 4 times a second.
             await asyncio.sleep(min(30.0, interval * 2**failures) if failures else interval)
-            failures = 0 if await self._sync_quietly() else min(failures + 1, 16)
+            failures = 0 if await self.sync_keys_quietly() else min(failures + 1, 16)
 
     def reload_keys(self, load: Callable[[], Settings]) -> bool:
         """Swap in ``auth.keys`` from a fresh read of the config (SIGHUP); nothing else changes.

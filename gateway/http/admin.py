@@ -11,10 +11,19 @@ from __future__ import annotations
 from datetime import date, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
-from litestar import Request, Response, delete, get, patch, post
+import redis.exceptions
+from litestar import Request, Response, Router, delete, get, patch, post
+from litestar.exceptions import HTTPException
 from litestar.params import FromPath, JSONBody, Parameter
 
-from gateway.errors import AdminOnlyError, AdminUnavailableError, InvalidRequestError, KeyNotFoundError
+from gateway.errors import (
+    AdminOnlyError,
+    AdminUnavailableError,
+    InvalidRequestError,
+    KeyNotFoundError,
+    KeyStoreUnavailableError,
+    error_response,
+)
 from gateway.http.decoding import StrictBody
 from gateway.security.admin import SharedKeys, change_key, create_key, revoke_key
 from gateway.security.auth import current_key_id, current_key_is_admin
@@ -81,7 +90,9 @@ def _actor() -> str:
 async def create_admin_key(request: Request[Any, Any, Any], data: JSONBody[KeyCreate]) -> Response[KeyCreated]:
     control = _control(request)
     created = await create_key(_store(control), control.file_ids, _actor(), data)
-    await control.sync_keys()
+    # The key is written: its secret must reach the caller even if this replica's re-read fails
+    # (the poll catches up); a 503 here would lose a secret that is never shown again.
+    await control.sync_keys_quietly()
     return Response(created, status_code=201)
 
 
@@ -195,12 +206,25 @@ async def admin_usage(
     return UsageReport(start=start, end=end, timezone=control.limiter.calendar.zone.key, data=data)
 
 
+def _store_failure(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """redis-py's errors (the shared store down or slow) are a 503 to retry, not a 500."""
+    if isinstance(exc, redis.exceptions.RedisError | OSError):
+        exc = KeyStoreUnavailableError("the shared key store (limits.redis_url) did not answer; retry later")
+    return error_response(request, exc)
+
+
 ADMIN_ROUTES = [
-    create_admin_key,
-    list_admin_keys,
-    get_admin_key,
-    change_admin_key,
-    revoke_admin_key,
-    admin_key_quota,
-    admin_usage,
+    Router(
+        path="/",
+        route_handlers=[
+            create_admin_key,
+            list_admin_keys,
+            get_admin_key,
+            change_admin_key,
+            revoke_admin_key,
+            admin_key_quota,
+            admin_usage,
+        ],
+        exception_handlers={Exception: _store_failure, HTTPException: error_response},
+    )
 ]
