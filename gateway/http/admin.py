@@ -11,7 +11,6 @@ from __future__ import annotations
 from datetime import date, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
-import redis.exceptions
 from litestar import Request, Response, Router, delete, get, patch, post
 from litestar.exceptions import HTTPException
 from litestar.params import FromPath, JSONBody, Parameter
@@ -208,6 +207,10 @@ async def admin_usage(
 
 def _store_failure(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """redis-py's errors (the shared store down or slow) are a 503 to retry, not a 500."""
+    # Imported here, not at the top: importing redis loads OpenTelemetry's SDK where it is
+    # installed, and gateway.app must import nothing of it while tracing is off.
+    import redis.exceptions
+
     if isinstance(exc, redis.exceptions.RedisError | OSError):
         exc = KeyStoreUnavailableError("the shared key store (limits.redis_url) did not answer; retry later")
     return error_response(request, exc)
