@@ -34,8 +34,8 @@ PLANTED: dict[str, list[tuple[str, str, str]]] = {
     "varlen-offsets": [
         (
             "adapters/runtimes/packed/step.py",
-            "    np.cumsum(lens, out=arr[o + 1:o + 1 + n_seq])\n    o += n_seq + 1\n",
-            "    np.cumsum(lens, out=arr[o + 1:o + 1 + n_seq])\n    arr[o + 1:o + n_seq] -= 1\n    o += n_seq + 1\n",
+            "    np.cumsum(lens, out=arr[o + 1 : o + 1 + n_seq])\n    o += n_seq + 1\n",
+            "    np.cumsum(lens, out=arr[o + 1 : o + 1 + n_seq])\n    arr[o + 1 : o + n_seq] -= 1\n    o += n_seq + 1\n",
         )
     ],
     "fp8-triton-scales": [

@@ -67,7 +67,7 @@ def test_each_quantizing_kernel_family_is_picked_and_scores_as_bf16(
     for region, info in picked.items():
         if family == "vLLM" and not any(n.startswith("vLLM") for n in info["candidates"]):
             continue  # this vLLM build has no kernel for the region
-        # A kernel of the family was correct (within fp8.REGION_TOL of the torch functions) and served.
+        # A kernel of the family was correct (fp8.region_error: no farther from the exact values than the torch functions) and served.
         assert info["kernel"].startswith(family) and "note" not in info, (region, info)
     assert rep.mm_kernel in ("torch._scaled_mm", "vLLM cutlass_scaled_mm"), (rep.mm_kernel, rep.mm_timing)
     for q, p in prompts.items():
