@@ -111,7 +111,13 @@ def _traceparent() -> tuple[str, str, str]:
 
 def _post(server: ServerProcess, model: str, traceparent: str, **kw: Any) -> httpx.Response:
     body = {"model": model, "query": "q", "documents": ["alpha beta", SECRET_DOC]}
-    headers = {"Authorization": f"Bearer {KEY}", "traceparent": traceparent, "tracestate": "vendor=x"}
+    # baggage is the client's own (user ids, tenant names...): it stays at the gateway
+    headers = {
+        "Authorization": f"Bearer {KEY}",
+        "traceparent": traceparent,
+        "tracestate": "vendor=x",
+        "baggage": "user.email=someone%40example.com",
+    }
     return httpx.post(f"{server.url}/v2/rerank", json=body, headers=headers, **kw)
 
 
@@ -178,6 +184,7 @@ def test_an_upstream_receives_the_trace_context_of_the_gateways_call(traced) -> 
     sent = [h for h in Upstream.seen if "traceparent" in h]
     assert sent and sent[-1]["traceparent"] == f"00-{trace_id}-{call.span_id}-01"
     assert sent[-1]["tracestate"] == "vendor=x"
+    assert "baggage" not in sent[-1]  # the client's baggage never leaves the gateway
     _contained(root)
 
 
@@ -189,6 +196,7 @@ def test_dashscope_receives_the_trace_context_too(traced) -> None:
     call = next(s for s in _all(root) if s.name == "upstream.call")
     assert call.kind == 3 and call.attributes["rerank.outcome"] == "ok"
     assert dashscope.requests[-1].headers["traceparent"] == f"00-{trace_id}-{call.span_id}-01"
+    assert "baggage" not in dashscope.requests[-1].headers
     assert "sk-ds-test" not in str(call.attributes)
     _contained(root)
 

@@ -301,8 +301,12 @@ def _start_client(name: str, attributes: dict[str, Any]) -> Any:
 
 def _inject(current: Any, carrier: dict[str, str]) -> None:
     from opentelemetry import propagate, trace
+    from opentelemetry.context import Context
 
-    propagate.inject(carrier, context=trace.set_span_in_context(current))
+    # A context holding the call's span alone: the configured propagators write its trace context
+    # (traceparent, tracestate, b3...), and no baggage -- whatever a client sent or code attached
+    # (user ids, tenant names) stays here, never reaching a replica or a hosted API.
+    propagate.inject(carrier, context=trace.set_span_in_context(current, Context()))
 
 
 def _end_client(current: Any, outcome: str, attributes: dict[str, Any]) -> None:
