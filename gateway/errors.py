@@ -47,6 +47,7 @@ __all__ = (
     "RawScoresUnsupportedError",
     "ShuttingDownError",
     "UnknownModelError",
+    "UnsupportedByEngineError",
     "describe_error",
     "error_response",
     "exception_handlers",
@@ -71,7 +72,12 @@ class InvalidRequestError(GatewayError):
     """The body is JSON but not a valid rerank request (422)."""
 
 
-class RawScoresUnsupportedError(InvalidRequestError):
+class UnsupportedByEngineError(InvalidRequestError):
+    """The request is valid, but this model's engine cannot do what it asks (422): another engine
+    could (a chain moves on to its next target; gateway.serving.routing.chain)."""
+
+
+class RawScoresUnsupportedError(UnsupportedByEngineError):
     """Raw scores were asked for (TEI ``raw_scores``, vLLM ``use_activation: false``) but the
     model's engine only outputs scores in [0, 1] (422; the TEI dialect answers TEI's 424)."""
 

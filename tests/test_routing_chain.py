@@ -182,22 +182,58 @@ def test_the_chain_deadline_holds_across_targets(upstream):
         assert _attempts(client)[("slow", "timeout")] == 1
 
 
-def test_a_target_hanging_past_the_chains_deadline_is_ejected_like_one_that_fails():
+def test_a_target_hanging_past_its_share_of_the_deadline_leaves_the_next_one_time_and_is_ejected():
     # The target's own timeout_s (60 s) is longer than the chain's: the chain's timer ends each
-    # attempt. Those ends count as failures, so the hanging target is ejected and later requests
-    # go straight to the fallback instead of spending the whole deadline on it every time.
+    # attempt, at half of what is left while another target remains (attempt_timeout_s unset), so
+    # the fallback still answers within the deadline. Those ends count as failures: the hanging
+    # target is ejected and later requests go straight to the fallback.
     hung = StaticEngineConfig(name="hung", score=PRIMARY_SCORE, delay_s=30.0)
     fallback = StaticEngineConfig(name="fallback", score=FALLBACK_SCORE)
     chain = ChainEngineConfig(
-        name="chained", targets=("hung", "fallback"), accepts="replicas", timeout_s=0.3, eject_after_failures=2
+        name="chained", targets=("hung", "fallback"), accepts="replicas", timeout_s=2.0, eject_after_failures=2
     )
     app = create_app(Settings(models=(chain, hung, fallback)))
     with TestClient(app) as client:
         for _ in range(2):
-            assert client.post("/v2/rerank", json=BODY).status_code == 504
+            started = time.monotonic()
+            assert _served(client.post("/v2/rerank", json=BODY)) == "fallback"
+            assert time.monotonic() - started < 2.0  # within the chain's deadline, not past it
         assert not app.state.registry.get("chained").chain.targets[0].admitted
         assert _served(client.post("/v2/rerank", json=BODY)) == "fallback"
         assert _attempts(client)[("hung", "timeout")] == 2 and _attempts(client)[("hung", "skipped")] == 1
+
+
+def test_attempt_timeout_s_gives_an_attempt_the_time_it_names():
+    # attempt_timeout_s = timeout_s: the first attempt may spend the whole deadline (the fallback
+    # then has none: a 504); a target slower than half the deadline but within it answers.
+    slowish = StaticEngineConfig(name="slowish", score=PRIMARY_SCORE, delay_s=0.6)
+    fallback = StaticEngineConfig(name="fallback", score=FALLBACK_SCORE)
+    whole = ChainEngineConfig(
+        name="chained", targets=("slowish", "fallback"), accepts="replicas", timeout_s=1.0, attempt_timeout_s=1.0
+    )
+    half = ChainEngineConfig(name="halved", targets=("slowish", "fallback"), accepts="replicas", timeout_s=1.0)
+    with TestClient(create_app(Settings(models=(whole, half, slowish, fallback)))) as client:
+        response = client.post("/v2/rerank", json=BODY)
+        assert response.status_code == 200 and response.headers["x-rerank-target"] == "slowish"
+        response = client.post("/v2/rerank", json={**BODY, "model": "halved"})
+        assert response.status_code == 200 and response.headers["x-rerank-target"] == "fallback"
+
+
+def test_a_target_that_cannot_do_what_the_request_asks_passes_it_on():
+    # Raw scores (vLLM's use_activation: false) from a chain whose first target outputs only
+    # [0, 1]: the second, which can, answers; a chain where no target can answers the 422 (not a 503).
+    noraw = StaticEngineConfig(name="noraw", score=PRIMARY_SCORE, supports_raw_scores=False)
+    raw = StaticEngineConfig(name="raw", score=FALLBACK_SCORE)
+    able = ChainEngineConfig(name="able", targets=("noraw", "raw"), accepts="replicas")
+    unable = ChainEngineConfig(name="unable", targets=("noraw",), accepts="replicas")
+    body = {"text_1": "rivers", "text_2": ["a river", "a road"], "use_activation": False}
+    with TestClient(create_app(Settings(models=(able, unable, noraw, raw)))) as client:
+        response = client.post("/score", json={**body, "model": "able"})
+        assert response.status_code == 200 and response.headers["x-rerank-target"] == "raw", response.text
+        assert _attempts(client)[("noraw", "unsupported")] == 1
+        response = client.post("/score", json={**body, "model": "unable"})
+        # the 422 of the Cohere routes; the vLLM dialect answers it as vLLM does, with a 400
+        assert response.status_code == 400 and "raw scores are not available for model 'noraw'" in response.text
 
 
 def test_a_chain_target_that_is_a_chain_is_readmitted_once_it_can_serve(upstream):

@@ -33,7 +33,12 @@ from adapters.base import (
     EngineTimeoutError,
     ScoreJob,
 )
-from gateway.errors import InvalidRequestError, PayloadTooLargeError, RawScoresUnsupportedError
+from gateway.errors import (
+    InvalidRequestError,
+    PayloadTooLargeError,
+    RawScoresUnsupportedError,
+    UnsupportedByEngineError,
+)
 from gateway.observability import tracing
 from gateway.security.auth import authorize_model, current_key_id, record_usage
 from gateway.serving.cache import CachedAnswer, ResponseCache, cache_key
@@ -327,7 +332,7 @@ class RerankService:
         if engine.tokenizer is None and long_texts not in (CHUNK, CUT_RIGHT):
             # Text engines (upstreams) cut long texts at the end themselves; the gateway cannot
             # count their tokens, so it can neither cut at the start nor refuse long texts.
-            raise InvalidRequestError(
+            raise UnsupportedByEngineError(
                 f"invalid request: model '{runtime.name}' ({runtime.kind}) is scored upstream, which "
                 "truncates long texts at the end itself; the gateway cannot count their tokens to cut at "
                 "the start or to refuse them: leave `truncate` unset or send `truncate: true` with `Right`"

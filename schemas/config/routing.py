@@ -21,7 +21,8 @@ class ChainEngineConfig(ComposedModelConfig, tag="chain", kw_only=True, frozen=T
     """A public name served by the first of ``targets`` that can take the request.
 
     ``timeout_s`` is the deadline of the whole chain: every attempt runs within what is left of
-    it (and within its target's own ``timeout_s``). ``max_concurrent_requests`` bounds the chain's
+    it, within its target's own ``timeout_s`` and, while another target remains to try, within
+    ``attempt_timeout_s`` (default: half of what is left). ``max_concurrent_requests`` bounds the chain's
     requests; each target keeps its own bound too.
     """
 
@@ -39,6 +40,11 @@ class ChainEngineConfig(ComposedModelConfig, tag="chain", kw_only=True, frozen=T
     spill_queue_depth: Positive | None = None
     # ... or while its expected wait (its queue x its recent step times) is above this many seconds.
     spill_wait_s: PositiveFloat | None = None
+    # The longest an attempt may run while another target remains to try. None: half of what is
+    # left of timeout_s, so a target that hangs leaves the next one time to answer (and is ejected
+    # like one that fails once it does so eject_after_failures times). The last attempt gets all
+    # that is left. Set it to timeout_s to give every attempt the whole rest.
+    attempt_timeout_s: PositiveFloat | None = None
     # Passive health, as a pool's replicas (adapters.outliers): a target failing this many
     # requests in a row is skipped for cooldown_s (doubling while it fails again, up to
     # max_cooldown_s), then readmitted once it is ready again.

@@ -1,20 +1,27 @@
 """One ``engine = "chain"`` model: its targets, their health, and the order a request tries them in.
 
 A request goes to the first target that can take it, each target at most once, all within the
-chain's ``timeout_s`` (one deadline: every attempt gets what is left of it, and its target's own
-``timeout_s``). What a failed attempt means:
+chain's ``timeout_s`` (one deadline). An attempt runs within its target's own ``timeout_s`` and
+within ``attempt_timeout_s`` -- by default half of what is left of the deadline while another
+target remains to try, so a hanging target leaves the next one time to answer; the last attempt
+gets all that is left. What a failed attempt means:
 
-======================================  ==========  ===============  ==========================
-the target ...                          outcome     next target?     counts towards ejection?
-======================================  ==========  ===============  ==========================
-is loading, failed, unhealthy            not_ready   yes              no (its state says so)
-refuses admission (its queue is full)   overloaded  yes              no (busy is not broken)
-is skipped by spill-over (saturated)     spilled     yes; tried last  no
-did not answer in time                   timeout     yes              yes
-failed: transport, 5xx, 429, died ...    failed      yes              yes
-refused the request itself (4xx)         refused     no: answered     no
-is ejected (cooling down)                skipped     yes              --
-======================================  ==========  ===============  ==========================
+=====================================  ===========  ===============  ========================
+the target ...                         outcome      next target?     counts towards ejection?
+=====================================  ===========  ===============  ========================
+is loading, failed, unhealthy          not_ready    yes              no (its state says so)
+refuses admission (its queue is full)  overloaded   yes              no (busy is not broken)
+is skipped by spill-over (saturated)   spilled      yes; tried last  no
+cannot do what the request asks (422)  unsupported  yes              no
+did not answer in time                 timeout      yes              yes
+failed: transport, 5xx, 429, died ...  failed       yes              yes
+refused the request itself (4xx)       refused      no: answered     no
+is ejected (cooling down)              skipped      yes              --
+=====================================  ===========  ===============  ========================
+
+"unsupported" is a valid request one engine cannot serve and another can (raw scores from an
+engine that outputs only [0, 1]; cutting long texts at the start on an upstream that cuts them
+at the end): when no target could, the client gets the first target's 422, not a 503.
 
 Ejection is the pool's own bookkeeping (:class:`adapters.outliers.Outliers`): a target failing
 ``eject_after_failures`` requests in a row is skipped for its cooldown; then its probe (the
@@ -39,7 +46,7 @@ from adapters.base import (
     EngineUnavailableError,
 )
 from adapters.outliers import Member, OutlierPolicy, Outliers
-from gateway.errors import GatewayError, ModelUnavailableError
+from gateway.errors import GatewayError, ModelUnavailableError, UnsupportedByEngineError
 from gateway.observability import tracing
 from gateway.serving.model_state import ModelRuntimeState, ModelState
 from gateway.serving.routing.saturation import saturated
@@ -97,13 +104,16 @@ class Attempted(Generic[T]):
 def failover_outcome(exc: BaseException) -> tuple[str, bool] | None:
     """``(outcome, counts towards ejection)`` for an attempt that raised ``exc``; None: answer with it.
 
-    Never moves on for what the request caused (a 4xx: bad input, too long, no raw scores):
-    another target would refuse it too, and the client must see why.
+    Never moves on for what the request caused (a 4xx: bad input, too long): another target
+    would refuse it too, and the client must see why. A valid request this target's engine
+    cannot serve (:class:`UnsupportedByEngineError`) moves on: another engine may.
     """
     if isinstance(exc, ModelUnavailableError):
         return "not_ready", False
     if isinstance(exc, EngineOverloadedError):
         return "overloaded", False
+    if isinstance(exc, UnsupportedByEngineError):
+        return "unsupported", False
     if isinstance(exc, EngineInputError | GatewayError):
         return None
     if isinstance(exc, EngineTimeoutError):
@@ -203,6 +213,7 @@ class Chain:
                 if target not in admitted:
                     self._record(attempts, target, "skipped")
         passed: list[Target] = []  # saturated: tried only if every other target fails
+        unsupported: list[Exception] = []  # what each target that cannot serve the request said
         for i, target in enumerate(admitted):
             if self._spill and i < len(admitted) - 1:
                 why = saturated(
@@ -212,13 +223,16 @@ class Chain:
                     self._record(attempts, target, "spilled")
                     passed.append(target)
                     continue
-            done = await self._attempt(target, compute, deadline, attempts)
+            last = i == len(admitted) - 1 and not passed
+            done = await self._attempt(target, compute, deadline, attempts, last, unsupported)
             if done is not None:
                 return Attempted(done[0], target.name, attempts)
-        for target in passed:
-            done = await self._attempt(target, compute, deadline, attempts)
+        for j, target in enumerate(passed):
+            done = await self._attempt(target, compute, deadline, attempts, j == len(passed) - 1, unsupported)
             if done is not None:
                 return Attempted(done[0], target.name, attempts)
+        if unsupported and all(outcome == "unsupported" for _, outcome in attempts):
+            raise unsupported[0]  # no target can do it: the client learns why (422), not "unavailable"
         if time.monotonic() >= deadline:
             raise EngineTimeoutError(
                 f"chain '{self.name}' did not answer within {self.config.timeout_s:g}s (timeout_s)"
@@ -235,10 +249,12 @@ class Chain:
         compute: Callable[[ModelRuntimeState], Awaitable[T]],
         deadline: float,
         attempts: list[tuple[str, str]],
+        last: bool,
+        unsupported: list[Exception],
     ) -> tuple[T] | None:
         """One attempt on one target, as one ``route.attempt`` span (gateway.observability.tracing)."""
         with tracing.span("route.attempt", **{"rerank.chain": self.name, "rerank.target": target.name}):
-            done = await self._attempt_once(target, compute, deadline, attempts)
+            done = await self._attempt_once(target, compute, deadline, attempts, last, unsupported)
             tracing.annotate(**{"rerank.outcome": attempts[-1][1]})
             return done
 
@@ -248,23 +264,29 @@ class Chain:
         compute: Callable[[ModelRuntimeState], Awaitable[T]],
         deadline: float,
         attempts: list[tuple[str, str]],
+        last: bool,
+        unsupported: list[Exception],
     ) -> tuple[T] | None:
         """One attempt on one target: the single place where an attempt starts and ends.
-        ``(answer,)``, or None to move on; raises what must be answered as it is."""
+        ``(answer,)``, or None to move on; raises what must be answered as it is. ``last``: no
+        other target remains, so the attempt may take all that is left of the deadline."""
         left = deadline - time.monotonic()
         if left <= 0:
             self._record(attempts, target, "timeout")
             return None
+        if not last:
+            share = self.config.attempt_timeout_s
+            left = min(left, left / 2 if share is None else share)
         try:
             if left < target.runtime.config.timeout_s - _OWN_TIMER_SLACK_S:
                 async with asyncio.timeout(left):
                     value = await compute(target.runtime)
             else:  # the target's own timeout_s ends its engine call about as soon: one timer per request, not two
                 value = await compute(target.runtime)
-        except TimeoutError:  # the chain's deadline, not the target's own timeout_s (that is EngineTimeoutError)
+        except TimeoutError:  # the chain's timer, not the target's own timeout_s (that is EngineTimeoutError)
             self._record(attempts, target, "timeout")
-            # A failure like its own timeout: a target that hangs past the chain's deadline again
-            # and again is ejected, so later requests go straight to the next target.
+            # A failure like its own timeout: a target that hangs past its share of the chain's
+            # deadline again and again is ejected, so later requests go straight to the next target.
             self.outliers.failed(target, "timeout: the chain's deadline")
             return None
         except Exception as exc:
@@ -274,6 +296,8 @@ class Chain:
                 raise
             outcome, counts = verdict
             self._record(attempts, target, outcome)
+            if outcome == "unsupported":
+                unsupported.append(exc)
             if counts:
                 self.outliers.failed(target, f"{outcome}: {type(exc).__name__}")
             return None
