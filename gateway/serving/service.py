@@ -169,7 +169,7 @@ class RerankService:
             score_of: Any = by_index
         else:
             score_of = scored.scores
-            order = sorted(range(len(documents)), key=lambda i: (-score_of[i], i))[:top_n]
+            order = rank_order(score_of, top_n)
         echo = bool(request.return_documents)
         results = [
             RerankResult(
@@ -464,6 +464,11 @@ class RerankService:
 
 
 _response_decoder = msgspec.json.Decoder(RerankResponse)
+
+
+def rank_order(scores: Sequence[float], top_n: int) -> list[int]:
+    """Indices of the ``top_n`` best scores: descending score, ties by index."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:top_n]
 
 
 def _admit(runtime: ModelRuntime) -> None:
