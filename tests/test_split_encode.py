@@ -176,3 +176,31 @@ def test_auto_is_a_quarter_of_the_cpus_at_most_4(monkeypatch: pytest.MonkeyPatch
         assert resolve_tokenize_threads("auto") == threads
     assert resolve_tokenize_threads(6) == 6
     assert TransformersEngineConfig(name="m").tokenize_threads == "auto"
+
+
+def test_a_busy_pool_means_one_call_on_the_callers_thread() -> None:
+    """Under load the pool's threads are taken: a request encodes alone, as before, not queued behind them."""
+    release, blocked = threading.Event(), threading.Event()
+    threads_of: dict[str, set[str]] = {}
+
+    def encode_batch(texts: list[str], add_special_tokens: bool) -> list[_Enc]:
+        threads_of.setdefault(texts[0], set()).add(threading.current_thread().name)
+        if "block" in texts:
+            blocked.set()
+            assert release.wait(10)
+        return [_Enc(t) for t in texts]
+
+    enc = SplitEncoder(encode_batch, 2)
+    first = ["a"] * 30 + ["block"] * 30  # its second run takes the pool's one thread, and holds it
+    holder = threading.Thread(target=enc, args=(first,), name="holder")
+    holder.start()
+    assert blocked.wait(10)
+    second = ["z"] * 40
+    assert enc(second) == [_Enc(t).ids for t in second]
+    assert threads_of["z"] == {threading.current_thread().name}  # one call, here
+    release.set()
+    holder.join(10)
+    assert enc._busy == 0  # every thread given back
+    third = ["y"] * 40
+    enc(third)
+    assert len(threads_of["y"]) == 2  # free again: split

@@ -58,36 +58,60 @@ def split_bounds(texts: Sequence[str], parts: int) -> list[int]:
 
 
 class SplitEncoder:
-    """``texts -> ids`` through ``encode_batch`` (``add_special_tokens=False``), split across ``threads``."""
+    """``texts -> ids`` through ``encode_batch`` (``add_special_tokens=False``), split across ``threads``.
+
+    The pool's threads are shared by the model's requests. A request finds as many free as it
+    finds: with none (others are tokenizing: the model is loaded, its cores are busy anyway) it
+    encodes in one call on its own thread, as before, rather than queue its runs behind theirs.
+    """
 
     def __init__(self, encode_batch: Callable[..., Any], threads: int) -> None:
         self._encode_batch = encode_batch
         self.threads = max(1, threads)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._busy = 0  # pool threads taken by requests' runs
 
     def _ids(self, texts: list[str]) -> list[list[int]]:
         return [enc.ids for enc in self._encode_batch(texts, add_special_tokens=False)]
 
-    def _workers(self) -> ThreadPoolExecutor:
-        with self._lock:  # first use only: an engine's tokenizer is built once, used from many threads
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="tokenize")
-            return self._pool
+    def _run(self, texts: list[str]) -> list[list[int]]:
+        try:
+            return self._ids(texts)
+        finally:
+            with self._lock:
+                self._busy -= 1
+
+    def _take(self) -> int:
+        """Pool threads this request may use now (0: none free), and the pool made on first use."""
+        with self._lock:
+            free = self.threads - 1 - self._busy
+            if free > 0:
+                self._busy += free
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="tokenize")
+            return max(free, 0)
 
     def __call__(self, texts: list[str]) -> list[list[int]]:
         if self.threads <= 1 or len(texts) < SPLIT_MIN_DOCUMENTS:
             return self._ids(texts)
-        bounds = split_bounds(texts, self.threads)
-        pool = self._workers()
+        helpers = self._take()
+        if not helpers:
+            return self._ids(texts)
+        assert self._pool is not None
+        bounds = split_bounds(texts, helpers + 1)
         runs: list[Future[list[list[int]]]] = [
-            pool.submit(self._ids, texts[lo:hi]) for lo, hi in itertools.pairwise(bounds[1:])
+            self._pool.submit(self._run, texts[lo:hi]) for lo, hi in itertools.pairwise(bounds[1:])
         ]
+        with self._lock:
+            self._busy -= helpers - len(runs)  # fewer documents than threads: the rest given back
         try:
             out = self._ids(texts[: bounds[1]])
             for run in runs:  # in document order
                 out.extend(run.result())
         finally:
-            for run in runs:  # an error: the runs not started yet are dropped
-                run.cancel()
+            for run in runs:  # an error: the runs not started yet are dropped (their threads given back)
+                if run.cancel():
+                    with self._lock:
+                        self._busy -= 1
         return out
