@@ -46,9 +46,16 @@ class SingleTokenizer(EncoderTokenizer):
     """
 
     def __init__(
-        self, tokenizer: Any, *, window: int, max_query_tokens: int, query_prompt: str = "", document_prompt: str = ""
+        self,
+        tokenizer: Any,
+        *,
+        window: int,
+        max_query_tokens: int,
+        query_prompt: str = "",
+        document_prompt: str = "",
+        tokenize_threads: int | str = 1,
     ) -> None:
-        super().__init__(tokenizer, window=window, pair=False)
+        super().__init__(tokenizer, window=window, pair=False, tokenize_threads=tokenize_threads)
         self._query_prompt = query_prompt
         self._document_prompt_ids = self._prompt_ids(document_prompt)
         self._room = window - self.layout.specials - len(self._document_prompt_ids)
@@ -110,6 +117,7 @@ class BiEncoderFamily(EncoderFamily):
             max_query_tokens=self.config.max_query_tokens,
             query_prompt=self.pipeline.query_prompt,
             document_prompt=self.pipeline.document_prompt,
+            tokenize_threads=self.config.tokenize_threads,
         )
         return self._single
 

@@ -32,8 +32,16 @@ _POSITIVE_NAMES = frozenset({"relevant", "positive", "yes", "true", "entailment"
 class PairTokenizer(EncoderTokenizer):
     """:class:`adapters.base.PromptTokenizer` for a (query, document) pair of an encoder."""
 
-    def __init__(self, tokenizer: Any, *, window: int, max_query_tokens: int, query_prompt: str = "") -> None:
-        super().__init__(tokenizer, window=window, pair=True)
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        window: int,
+        max_query_tokens: int,
+        query_prompt: str = "",
+        tokenize_threads: int | str = 1,
+    ) -> None:
+        super().__init__(tokenizer, window=window, pair=True, tokenize_threads=tokenize_threads)
         # sentence-transformers 6.x's CrossEncoder.predict puts its default prompt before the query text.
         self._query_prompt = query_prompt
         # Token types only where the tokenizer hands them to the model (BERT: yes; XLM-R: no).
@@ -140,7 +148,11 @@ class CrossEncoderFamily(EncoderFamily):
     def load_tokenizer(self) -> PairTokenizer:
         tok = self._load_fast_tokenizer()
         self._pair = PairTokenizer(
-            tok, window=self._window, max_query_tokens=self.config.max_query_tokens, query_prompt=self.query_prompt
+            tok,
+            window=self._window,
+            max_query_tokens=self.config.max_query_tokens,
+            query_prompt=self.query_prompt,
+            tokenize_threads=self.config.tokenize_threads,
         )
         return self._pair
 

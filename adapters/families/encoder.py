@@ -16,6 +16,7 @@ import torch
 
 from adapters.families.base import Family, Row
 from adapters.families.layout import SpecialLayout, load_encoder_tokenizer, special_layout
+from adapters.families.split_encode import SplitEncoder, resolve_tokenize_threads
 
 __all__ = ("EncoderFamily", "EncoderTokenizer")
 
@@ -24,9 +25,10 @@ class EncoderTokenizer:
     """Common part of an encoder's :class:`adapters.base.PromptTokenizer`: the Rust tokenizer,
     its special-token layout (around a pair or a single text) and the window."""
 
-    def __init__(self, tokenizer: Any, *, window: int, pair: bool) -> None:
+    def __init__(self, tokenizer: Any, *, window: int, pair: bool, tokenize_threads: int | str = 1) -> None:
         self._rust = tokenizer.backend_tokenizer
         self._encode_batch = getattr(self._rust, "encode_batch_fast", self._rust.encode_batch)
+        self._split = SplitEncoder(self._encode_batch, resolve_tokenize_threads(tokenize_threads))
         self.layout: SpecialLayout = special_layout(self._rust, pair=pair)
         self._window = window
 
@@ -46,7 +48,7 @@ class EncoderTokenizer:
     def encode_documents(self, documents: Sequence[str]) -> list[list[int]]:
         if not documents:
             return []
-        return [enc.ids for enc in self._encode_batch(list(documents), add_special_tokens=False)]
+        return self._split(list(documents))
 
     def _query_ids(self, query: str, max_tokens: int) -> list[int]:
         # Cutting the query's own ids is what the tokenizer's truncation of that sequence gives:

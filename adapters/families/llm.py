@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from adapters.base import EngineConfigError, EngineError, ScoreJob
 from adapters.families.base import Family, Row
 from adapters.families.layout import prepare_rust_tokenizers
+from adapters.families.split_encode import SplitEncoder, resolve_tokenize_threads
 from schemas.config import LLM_RERANKERS, LlmRerankerSpec
 
 if TYPE_CHECKING:
@@ -58,7 +59,15 @@ class LlmPromptTokenizer:
     caches of the instruction pieces.
     """
 
-    def __init__(self, tokenizer: Any, spec: LlmRerankerSpec, *, max_length: int, max_query_tokens: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        spec: LlmRerankerSpec,
+        *,
+        max_length: int,
+        max_query_tokens: int,
+        tokenize_threads: int | str = 1,
+    ) -> None:
         self._tok = tokenizer
         self.spec = spec
         # The instruction used when neither the request nor the config names one.
@@ -72,6 +81,7 @@ class LlmPromptTokenizer:
         self._rust.no_truncation()
         self._rust.no_padding()
         self._encode_batch = getattr(self._rust, "encode_batch_fast", self._rust.encode_batch)
+        self._split = SplitEncoder(self._encode_batch, resolve_tokenize_threads(tokenize_threads))
         self._max_length = max_length
         self._max_query_tokens = max_query_tokens
         self._query_before, _, self._query_after = spec.query.partition("{query}")
@@ -146,7 +156,7 @@ class LlmPromptTokenizer:
         if not documents:
             return []
         texts = [f"{self._doc_before}{d}{self._doc_after}" for d in documents]
-        return [enc.ids for enc in self._encode_batch(texts, add_special_tokens=False)]
+        return self._split(texts)
 
     # -- helpers ---------------------------------------------------------------------------
     def assemble(self, shared_ids: Sequence[int], item_ids: Sequence[int], instruction: str | None = None) -> list[int]:
@@ -220,11 +230,24 @@ class LlmRerankerFamily(Family):
     def load_tokenizer(self) -> LlmPromptTokenizer:
         cfg = self.config
         tokenizer = load_hf_tokenizer(cfg.path, cfg.revision)
-        self._prompt = self._make_prompt(tokenizer, max_length=cfg.max_length, max_query_tokens=cfg.max_query_tokens)
+        self._prompt = self._make_prompt(
+            tokenizer,
+            max_length=cfg.max_length,
+            max_query_tokens=cfg.max_query_tokens,
+            tokenize_threads=cfg.tokenize_threads,
+        )
         return self._prompt
 
-    def _make_prompt(self, tokenizer: Any, *, max_length: int, max_query_tokens: int) -> LlmPromptTokenizer:
-        return LlmPromptTokenizer(tokenizer, self.spec, max_length=max_length, max_query_tokens=max_query_tokens)
+    def _make_prompt(
+        self, tokenizer: Any, *, max_length: int, max_query_tokens: int, tokenize_threads: int | str = 1
+    ) -> LlmPromptTokenizer:
+        return LlmPromptTokenizer(
+            tokenizer,
+            self.spec,
+            max_length=max_length,
+            max_query_tokens=max_query_tokens,
+            tokenize_threads=tokenize_threads,
+        )
 
     def rows(self, job: ScoreJob) -> list[Row]:
         prompt = self.tokenizer

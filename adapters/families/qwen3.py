@@ -63,8 +63,12 @@ def render_prompt(instruction: str, query: str, document: str) -> str:
 class Qwen3PromptTokenizer(LlmPromptTokenizer):
     """Token pieces of the Qwen3 prompt (the packed runtime builds it directly)."""
 
-    def __init__(self, tokenizer: Any, *, max_length: int, max_query_tokens: int) -> None:
-        super().__init__(tokenizer, SPEC, max_length=max_length, max_query_tokens=max_query_tokens)
+    def __init__(
+        self, tokenizer: Any, *, max_length: int, max_query_tokens: int, tokenize_threads: int | str = 1
+    ) -> None:
+        super().__init__(
+            tokenizer, SPEC, max_length=max_length, max_query_tokens=max_query_tokens, tokenize_threads=tokenize_threads
+        )
 
 
 class Qwen3Family(LlmRerankerFamily):
@@ -77,5 +81,9 @@ class Qwen3Family(LlmRerankerFamily):
     name = "qwen3"
     spec = SPEC
 
-    def _make_prompt(self, tokenizer: Any, *, max_length: int, max_query_tokens: int) -> Qwen3PromptTokenizer:
-        return Qwen3PromptTokenizer(tokenizer, max_length=max_length, max_query_tokens=max_query_tokens)
+    def _make_prompt(
+        self, tokenizer: Any, *, max_length: int, max_query_tokens: int, tokenize_threads: int | str = 1
+    ) -> Qwen3PromptTokenizer:
+        return Qwen3PromptTokenizer(
+            tokenizer, max_length=max_length, max_query_tokens=max_query_tokens, tokenize_threads=tokenize_threads
+        )

@@ -2,7 +2,8 @@
 
 Without a subcommand, the whole Qwen3 run (see the package's docstring); ``encoders``: the
 cross-encoder runtimes (``encoders.py``); ``qwen3``: every Qwen3 runtime and size
-(``qwen3.py``). Each takes its own ``--help``.
+(``qwen3.py``); ``host``: the host's share of an idle d100 request, on the CPU
+(``host_profile.py``). Each takes its own ``--help``.
 """
 
 import sys
@@ -10,6 +11,7 @@ import sys
 SUBCOMMANDS = {
     "encoders": "benchmarks.gpu_suite.encoders",
     "qwen3": "benchmarks.gpu_suite.qwen3",
+    "host": "benchmarks.gpu_suite.host_profile",
 }
 
 

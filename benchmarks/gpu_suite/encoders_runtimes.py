@@ -37,6 +37,11 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     # the packed default with the Rust tokenizer's thread pool (rayon) at 8 or 4 threads, not one per
     # core (RUNTIME_SITE): do 16 spinning tokenizer threads push the launching thread off its core?
     **{f"packed-rayon{n}": {**COMMON, "engine": "packed", "batch_tokens": 65536} for n in (8, 4)},
+    # the packed default ("auto": 4 runs on a 16-CPU host) against a request's documents in one
+    # encode_batch call (tok1, as before issue 41) and in 8 runs; tok4-norayon: 4 runs, each
+    # encoded on its own thread alone (RUNTIME_SITE turns the tokenizer's rayon pool off)
+    **{f"packed-tok{n}": {**COMMON, "engine": "packed", "batch_tokens": 65536, "tokenize_threads": n} for n in (1, 8)},
+    "packed-tok4-norayon": {**COMMON, "engine": "packed", "batch_tokens": 65536, "tokenize_threads": 4},
     # the packed default once more, in a gateway of its own: how much of a row is the run, not the code
     "packed-again": {**COMMON, "engine": "packed", "batch_tokens": 65536},
     # the packed default with each graph's capture changed by RUNTIME_SITE (the non-finite hunt)
@@ -65,6 +70,7 @@ RUNTIME_SITE.update(
     }
 )
 RUNTIME_SITE.update({f"packed-rayon{n}": f"import os\nos.environ['RAYON_NUM_THREADS'] = '{n}'\n" for n in (8, 4)})
+RUNTIME_SITE["packed-tok4-norayon"] = "import os\nos.environ['TOKENIZERS_PARALLELISM'] = 'false'\n"
 RUNTIME_SITE["packed-nocover"] = (
     "import os, sys\nsys.path.insert(0, os.getcwd())\n"
     "import adapters.runtimes.packed.graphs as graphs\ngraphs.COVER, graphs.HEADROOM = 0, 0\n"

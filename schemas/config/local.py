@@ -50,6 +50,11 @@ class LocalModelConfig(ModelConfig, frozen=True):
     pooling: Literal["auto", "mean", "cls", "lasttoken", "max", "weightedmean", "mean_sqrt_len_tokens"] = "auto"
     # Families shipped as remote code (jina-v3) need it; never on by default.
     trust_remote_code: bool = False
+    # A request's documents (24 or more) are tokenized in this many contiguous runs at once, each
+    # one Rust encode_batch call on a thread of the model's own (the ids are the same as one
+    # call's). "auto": a quarter of the CPUs the process may run on, at most 4 (1 on a box of
+    # fewer than 8); 1: one call, parallel only through the tokenizer's rayon pool.
+    tokenize_threads: Literal["auto"] | Positive = "auto"
 
     def __post_init__(self) -> None:
         engine = str(type(self).__struct_config__.tag)

@@ -200,7 +200,10 @@ class PackedQwen3Engine(PackedEngineBase):
             )
         golden = golden_set_or_refuse(cfg.name, cfg.parity_set, gate.golden_set) if cfg.precision == "fp8" else []
         prompt = Qwen3PromptTokenizer(
-            load_hf_tokenizer(cfg.path, cfg.revision), max_length=cfg.max_length, max_query_tokens=cfg.max_query_tokens
+            load_hf_tokenizer(cfg.path, cfg.revision),
+            max_length=cfg.max_length,
+            max_query_tokens=cfg.max_query_tokens,
+            tokenize_threads=cfg.tokenize_threads,
         )
         # transformers 5 loads weights under process-wide init contexts (meta device): two packed
         # models loading in parallel failed with "Cannot copy out of meta tensor" on the H200.
