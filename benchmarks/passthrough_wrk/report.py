@@ -8,17 +8,10 @@ import collections
 import statistics
 from typing import Any
 
-GATEWAYS = (
-    "gateway-before",
-    "gateway-1w",
-    "gateway-Nw",
-    "gateway-granian-1w",
-    "gateway-granian-Nw",
-    "gateway-chain-1w",
-)
+GATEWAYS = ("gateway-before", "gateway-1w", "gateway-Nw", "gateway-chain-1w")
 TARGETS = (*GATEWAYS, "litellm")
 # The one-worker targets whose 1-client p50 is compared with the stub's (the latency target).
-ONE_WORKER = ("gateway-1w", "gateway-granian-1w")
+ONE_WORKER = ("gateway-1w",)
 
 
 def _median(xs: list[float]) -> float:
@@ -139,11 +132,6 @@ def render(results: dict[str, Any]) -> str:
             if results.get("other_targets_paused")
             else []
         ),
-        *(
-            [f"- {results['spinners']} busy loops at nice 19 ran during the rounds (idle vCPUs kept awake)."]
-            if results.get("spinners")
-            else []
-        ),
         "",
         "| target | clients | req/s | p50 ms | p99 ms | CPU ms / request | voluntary context switches / request | errors |",
         "|---|---|---|---|---|---|---|---|",
@@ -205,14 +193,4 @@ def render(results: dict[str, Any]) -> str:
                 f"differences){share}."
             ),
         ]
-    prof = results.get("profile_gateway_1w_32_clients")
-    if prof:
-        lines += [
-            "",
-            "py-spy profile of gateway-1w at 32 clients (share of samples, innermost known frame):",
-            "",
-            "| component | share |",
-            "|---|---|",
-        ]
-        lines += [f"| {k} | {v:.1%} |" for k, v in prof.items()]
     return "\n".join(lines) + "\n"
