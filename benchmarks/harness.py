@@ -51,6 +51,14 @@ def wait_http(
     raise TimeoutError(f"{who} not ready in {timeout} s")
 
 
+def in_order(results: list[dict[str, Any]], n: int) -> list[float]:
+    """A Cohere-shaped answer's ``results`` as scores in the documents' order (0 for one left out)."""
+    out = [0.0] * n
+    for item in results:
+        out[item["index"]] = float(item["relevance_score"])
+    return out
+
+
 def bench_args(
     url: str,
     model: str,
@@ -150,6 +158,16 @@ class Gateway:
             return dict(json.loads(e.read()))
         except OSError:
             return None
+
+    def rerank(self, model: str, query: str, docs: list[str], timeout: float = 120) -> list[float]:
+        """``/v1/rerank``'s scores in the documents' order."""
+        import json
+        import urllib.request
+
+        body = json.dumps({"model": model, "query": query, "documents": docs}).encode()
+        req = urllib.request.Request(self.url + "/v1/rerank", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return in_order(json.loads(r.read())["results"], len(docs))
 
     def stop(self) -> str:
         """Stop it; the log's tail."""

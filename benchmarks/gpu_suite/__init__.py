@@ -20,7 +20,7 @@ Phases, in order of importance (a phase that would pass the deadline is skipped 
 4. two GPUs (when the machine has them): the packed engine on ``["cuda:0"]``, as two replicas on
    ``["cuda:0", "cuda:1"]`` (data parallel), and as one model split over both (``split =
    "pipeline"``), d100 at 1 client (idle latency) and 32 clients each, with each GPU's memory;
-   ``--twogpu-size 8b`` runs it on the 8B shape (``benchmarks.gpu_suite.qwen3.SIZES``) instead.
+   ``--twogpu-size 8b`` runs it on the 8B shape (``plan.SIZES``) instead.
    ``--small`` runs the same three contestants on ``cpu`` "devices" (the phase's logic on CPU).
 
 Removed on 2026-12-05 (their answers are in gpu-h200-2026-11-30 to gpu-h200-2026-12-01-d): the

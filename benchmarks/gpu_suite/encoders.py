@@ -54,7 +54,6 @@ import os
 import subprocess
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -81,19 +80,6 @@ __all__ = ("COMMON", "DOCS", "DOC_TOKENS", "QUERY_TOKENS", "RUNTIMES", "TINY_CON
 
 def log(*a: Any) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] [encoders]", *a, flush=True)
-
-
-def rerank(url: str, model: str, query: str, docs: list[str]) -> list[float]:
-    req = urllib.request.Request(
-        url + "/v1/rerank",
-        method="POST",
-        headers={"Content-Type": "application/json"},
-        data=json.dumps({"model": model, "query": query, "documents": docs}).encode(),
-    )
-    with urllib.request.urlopen(req, timeout=120) as r:
-        results = json.loads(r.read())["results"]
-    by_index = {x["index"]: x["relevance_score"] for x in results}
-    return [by_index[i] for i in range(len(docs))]
 
 
 def agreement(got: list[float], want: list[float]) -> dict[str, Any]:
@@ -126,7 +112,7 @@ def watch(gw: Gateway, model: str, probe: dict[str, Any], idle: list[float], sto
     top = idle.index(max(idle))
     while not stop.is_set() and len(diffs) + errors < WATCH_MAX:
         try:
-            got = rerank(gw.url, model, probe["query"], probe["documents"])
+            got = gw.rerank(model, probe["query"], probe["documents"])
         except Exception:  # counted: an error here is a finding, not a crash of the bench  # noqa: BLE001
             errors += 1
             continue
@@ -264,8 +250,8 @@ def run_runtime(
         )
         probe = results.get("probe")
         if probe:  # the same request twice: scores against the fp32 reference, and repeatability
-            first = rerank(gw.url, label, probe["query"], probe["documents"])
-            again = rerank(gw.url, label, probe["query"], probe["documents"])
+            first = gw.rerank(label, probe["query"], probe["documents"])
+            again = gw.rerank(label, probe["query"], probe["documents"])
             entry["probe"] = {
                 **agreement(first, probe["reference"]),
                 "repeat_max_abs_diff": max(abs(a - b) for a, b in zip(first, again, strict=True)),

@@ -38,6 +38,14 @@ REAL_CONFIG = {
     "hidden_act": "silu",
     "attention_bias": False,
 }
+# Qwen3-Reranker-0.6B / -4B / -8B config.json (the Qwen3 bases): the shapes of ``qwen3`` and ``--twogpu-size``.
+SIZES: dict[str, dict[str, Any]] = {
+    "0.6b": REAL_CONFIG,
+    "4b": {**REAL_CONFIG, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36}
+    | {"num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": True},
+    "8b": {**REAL_CONFIG, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36}
+    | {"num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False},
+}
 # Scheduler steps sized for the workload: a d100 request is ~17k tokens in ~100 sequences, 16
 # clients send ~270k tokens at once; 64k-token steps of up to 512 sequences take them in a few.
 _VLLM_GPU = {
@@ -85,8 +93,11 @@ def build_checkpoint(out: Path, small: bool, config: dict[str, Any] = REAL_CONFI
     cfg_small = json.loads((out / "config.json").read_text())
     cfg = Qwen3Config(**config, eos_token_id=cfg_small.get("eos_token_id"), pad_token_id=cfg_small.get("pad_token_id"))
     torch.manual_seed(0)
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # made in bf16: an 8B model in fp32 would take 32 GB first
     with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+        model = Qwen3ForCausalLM(cfg)
+    torch.set_default_dtype(dtype)
     model.save_pretrained(out)
     del model
     torch.cuda.empty_cache()

@@ -34,35 +34,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_suite.plan import REAL_CONFIG, SMALL_WORKLOADS, WORKLOADS
-from benchmarks.harness import Gateway, bench_args, gpu_mem_mib, smi
+from benchmarks.gpu_suite.plan import REAL_CONFIG, SIZES, SMALL_WORKLOADS, WORKLOADS
+from benchmarks.harness import ROOT, Gateway, bench_args, gpu_mem_mib, smi
 
-SIZES: dict[str, dict[str, Any]] = {
-    "0.6b": REAL_CONFIG,
-    # Qwen3-Reranker-4B / -8B config.json (the Qwen3-4B / -8B bases).
-    "4b": {
-        **REAL_CONFIG,
-        "hidden_size": 2560,
-        "intermediate_size": 9728,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "tie_word_embeddings": True,
-    },
-    "8b": {
-        **REAL_CONFIG,
-        "hidden_size": 4096,
-        "intermediate_size": 12288,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "tie_word_embeddings": False,
-    },
-}
 COMMON = {"max_length": 2048, "max_query_tokens": 256}
 PACKED = {**COMMON, "engine": "packed", "batch_tokens": 65536}
 VLLM = {**COMMON, "max_num_batched_tokens": 65536, "max_num_seqs": 512}
@@ -91,26 +68,10 @@ def log(*a: Any) -> None:
 
 
 def build(size: str, out: Path) -> Path:
-    """The checkpoint, written by a child process (this one never initialises CUDA)."""
-    if size == "tiny":  # --smoke: the tests' checkpoint, on CPU
-        code = f"from tests.tiny_qwen3 import build_tiny_qwen3; build_tiny_qwen3({str(out)!r}, vocab_size=2048)"
-        subprocess.run([sys.executable, "-c", code], check=True)
-        return out
-    code = f"""
-import json, torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
-from tests.tiny_qwen3 import build_tiny_qwen3
-out = {str(out)!r}
-build_tiny_qwen3(out, vocab_size=2048)
-small = json.load(open(out + "/config.json"))
-cfg = Qwen3Config(**{SIZES[size]!r}, eos_token_id=small.get("eos_token_id"), pad_token_id=small.get("pad_token_id"))
-torch.manual_seed(0)
-torch.set_default_dtype(torch.bfloat16)
-with torch.device("cuda"):
-    model = Qwen3ForCausalLM(cfg)
-model.save_pretrained(out)
-"""
-    subprocess.run([sys.executable, "-c", code], check=True)
+    """The checkpoint (``plan.build_checkpoint``), written by a child process: this one never initialises CUDA."""
+    small, config = size == "tiny", SIZES.get(size, REAL_CONFIG)
+    code = f"from pathlib import Path; from benchmarks.gpu_suite.plan import build_checkpoint as b; b(Path({str(out)!r}), {small}, {config!r})"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
     return out
 
 
@@ -184,15 +145,8 @@ def agreement(gw: Gateway, labels: list[str]) -> dict[str, Any]:
         "winter",
     ]
     docs = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 120))) for _ in range(100)]
-    scores = {}
-    for label in labels:
-        body = json.dumps(
-            {"model": label.replace(" ", "-"), "query": "which city is the capital", "documents": docs}
-        ).encode()
-        req = urllib.request.Request(gw.url + "/v1/rerank", data=body, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            results = json.loads(r.read())["results"]
-        scores[label] = [s for _, s in sorted((x["index"], x["relevance_score"]) for x in results)]
+    query = "which city is the capital"
+    scores = {label: gw.rerank(label.replace(" ", "-"), query, docs, timeout=60) for label in labels}
     ref = scores[labels[0]]
     mean = sum(ref) / len(ref)
     out: dict[str, Any] = {

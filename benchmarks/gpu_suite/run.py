@@ -19,6 +19,7 @@ from benchmarks.gpu_suite.parity import phase_parity
 from benchmarks.gpu_suite.plan import (
     GPU_ENGINES,
     REAL_CONFIG,
+    SIZES,
     SMALL_ENGINES,
     build_checkpoint,
     left,
@@ -99,8 +100,6 @@ async def main_async(args: argparse.Namespace) -> None:
             two: dict[str, Any] = {"size": "tiny (CPU devices)" if args.small else args.twogpu_size}
             two_dir, reqs2 = model_dir, None
             if args.twogpu_size != "0.6b" and not args.small:
-                from benchmarks.gpu_suite.qwen3 import SIZES
-
                 two_dir = await asyncio.to_thread(
                     build_checkpoint, work / f"qwen3-{args.twogpu_size}", False, SIZES[args.twogpu_size]
                 )
@@ -163,7 +162,7 @@ def main() -> None:
         "--twogpu-size",
         default="0.6b",
         choices=("0.6b", "4b", "8b"),
-        help="the model shape of phase twogpu (4b/8b: benchmarks.gpu_suite.qwen3's real configs, random weights)",
+        help="the model shape of phase twogpu (4b/8b: Qwen3-Reranker-4B / -8B's configs, random weights)",
     )
     ap.add_argument(
         "--http-engines",
