@@ -18,7 +18,8 @@ Writes ``passthrough_wrk.json`` and ``passthrough_wrk.md`` into ``--out``.
 
 Removed on 2026-12-05, answered in their reports: ``--runners granian`` (cpu-2026-12-01-granian:
 uvicorn stays the default), ``--spinners`` (cpu-2026-12-01-paused: idle vCPUs waking) and the
-py-spy profile (``--profile-seconds``; cpu-2026-12-01-paused, -direct).
+py-spy profile (``--profile-seconds``; cpu-2026-12-01-paused, -direct), and ``--chain``'s
+in-process measure of the chain's CPU (``chain_inprocess.py``; routing-2026-12-04: +4.5 µs).
 """
 
 from benchmarks.passthrough_wrk.run import main

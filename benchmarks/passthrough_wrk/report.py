@@ -175,22 +175,4 @@ def render(results: dict[str, Any]) -> str:
                 f"| {c} | {v['cpu_ms_per_request']:.3f}× | {v['p50_ms']:.3f}× | {v['p99_ms']:.3f}× | "
                 f"{v['req_s']:.3f}× | {v['pairs']} |"
             )
-    if inproc := results.get("chain_inprocess"):
-        top = max(w["clients"])
-        plain = s.get("gateway-1w", {}).get(str(top), {}).get("cpu_ms_per_request")
-        share = (
-            f" = {inproc['chain_added_us_per_request'] / (plain * 1e3):.1%} of gateway-1w's {plain:.3f} ms CPU per request at {top} clients"
-            if plain
-            else ""
-        )
-        lines += [
-            "",
-            (
-                f"In-process (benchmarks/passthrough_wrk/chain_inprocess.py, thread CPU, {inproc['rounds']} alternated "
-                f"rounds of {inproc['requests_per_batch']} requests, static engine): the model "
-                f"{inproc['plain_us_per_request']} µs, the chain in front of it {inproc['chain_us_per_request']} µs "
-                f"per request; the chain adds {inproc['chain_added_us_per_request']} µs (median of per-round "
-                f"differences){share}."
-            ),
-        ]
     return "\n".join(lines) + "\n"

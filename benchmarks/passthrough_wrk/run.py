@@ -256,14 +256,6 @@ def main() -> int:
     finally:
         for p in procs.values():
             p.stop()
-    if args.chain:  # the chain's own CPU, in-process: what the noisy end-to-end pair cannot resolve
-        from benchmarks.passthrough_wrk.chain_inprocess import measure
-
-        results["chain_inprocess"] = measure(body.read_bytes())
-        print(
-            f"in-process: {results['chain_inprocess']['chain_added_us_per_request']} us of CPU added per request by the chain",
-            flush=True,
-        )
     results["summary"] = summarize(results["runs"], clients)
     (out / "passthrough_wrk.json").write_text(json.dumps(results, indent=1))
     (out / "passthrough_wrk.md").write_text(render(results))
