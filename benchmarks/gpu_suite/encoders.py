@@ -19,8 +19,8 @@ gateway, started one after the other): d100 at 1 client (40 requests: p50 / p99 
 non-embedding weights x tokens + bidirectional attention) over the measured bf16 matmul rate
 (square 8192^3, and the model's own GEMM shapes at 16k tokens), and each row's MFU.
 
-``packed-eager`` (no CUDA graphs) and ``packed-one-job`` (no two-part submit when idle) are the
-A/B variants of ``packed`` kept in ``benchmarks/gpu_suite/encoders_runtimes.py`` (a variant is one
+``packed-eager`` (no CUDA graphs), ``packed-one-job`` (no two-part submit when idle) and
+``packed-rayon8`` (the tokenizer's pool at 8 threads) are the A/B variants of ``packed`` kept in ``benchmarks/gpu_suite/encoders_runtimes.py`` (a variant is one
 line there); the Markdown summary is written by ``benchmarks/gpu_suite/encoders_report.py``.
 The summary gives each row's server timing per phase (mean, p50 / p99 / max) and the packed
 scheduler's step split (host prep vs device wait).
@@ -71,7 +71,7 @@ from benchmarks.gpu_suite.encoder_checkpoint import (
 )
 from benchmarks.gpu_suite.encoder_shapes import flops_per_request
 from benchmarks.gpu_suite.encoders_report import summary
-from benchmarks.gpu_suite.encoders_runtimes import COMMON, MODELS, NEEDS, RUNTIMES
+from benchmarks.gpu_suite.encoders_runtimes import COMMON, MODELS, NEEDS, RUNTIME_ENV, RUNTIMES
 from benchmarks.harness import Gateway, bench_args, gpu_mem_mib
 from schemas.config import Settings
 
@@ -234,7 +234,7 @@ def run_runtime(
         log("SKIP", results["skipped"][-1])
         return
     cfg = {"name": label, "path": str(model_dir), **model_cfg}
-    gw = Gateway(label, [cfg], work)
+    gw = Gateway(label, [cfg], work, env=RUNTIME_ENV.get(label))
     entry: dict[str, Any] = {"model": cfg, "rows": []}
     results["runs"][label] = entry
     try:
