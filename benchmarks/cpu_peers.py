@@ -85,29 +85,12 @@ def start_infinity(
 ) -> tuple[PeerServer, Callable[[str, list[str]], list[float]]]:
     port = free_port()
     # Infinity's own console script next to the interpreter, as a user runs it.
-    cmd = [
-        str(Path(python).parent / "infinity_emb"),
-        "v2",
-        "--model-id",
-        str(peer_checkpoint(model_dir, work)),
-        "--served-model-name",
-        "peer",
-        "--engine",
-        "torch",
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        # Its warm-up (batches of 512-token pairs, minutes for XLM-R base on 2 cores) only logs
-        # timings, nothing it serves with uses them; the benchmark warms every contestant alike.
-        "--no-model-warmup",
-    ]
+    # Its warm-up (batches of 512-token pairs, minutes for XLM-R base on 2 cores) only logs
+    # timings, nothing it serves with uses them; the benchmark warms every contestant alike.
+    flags = "--engine torch --device cpu --dtype float32 --host 127.0.0.1 --log-level warning --no-model-warmup"
+    checkpoint = str(peer_checkpoint(model_dir, work))
+    cmd = [str(Path(python).parent / "infinity_emb"), "v2", "--model-id", checkpoint, "--served-model-name", "peer"]
+    cmd += [*flags.split(), "--port", str(port)]
     server = PeerServer(
         INFINITY,
         cmd,
@@ -148,18 +131,8 @@ def start_ct2(
 ) -> tuple[PeerServer, Callable[[str, list[str]], list[float]]]:
     ct2_dir, port = convert_ct2(model_dir, work, python), free_port()
     name = next(n for n, c in CT2.items() if c == compute_type)
-    cmd = [
-        python,
-        "-m",
-        "benchmarks.cpu_peers",
-        "serve",
-        str(peer_checkpoint(model_dir, work)),
-        str(ct2_dir),
-        "--compute-type",
-        compute_type,
-        "--port",
-        str(port),
-    ]
+    cmd = [python, "-m", "benchmarks.cpu_peers", "serve", str(peer_checkpoint(model_dir, work)), str(ct2_dir)]
+    cmd += ["--compute-type", compute_type, "--port", str(port)]
     server = PeerServer(
         name,
         cmd,
