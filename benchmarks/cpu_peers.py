@@ -19,8 +19,8 @@ of the serving process.
 
 This file runs twice: imported by the benchmark (stdlib only at the top, the peers venv has
 neither msgspec nor the gateway), and as ``python -m benchmarks.cpu_peers convert|serve`` under
-the peers interpreter. ``python -m benchmarks.cpu_peers check DIR --peers-python PY`` (project
-venv) prints each peer's largest raw-logit difference to transformers fp32 on DIR.
+the peers interpreter. Its ``check`` (each peer's largest raw-logit difference to transformers
+fp32, answered in cpu-2026-12-01-peers) was removed on 2026-12-05.
 """
 
 from __future__ import annotations
@@ -28,15 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.harness import ROOT, Proc, free_port, in_order
+
 INFINITY = "Infinity (torch engine, fp32, batch 32)"
 CT2 = {"CTranslate2 fp32 (batch 32)": "float32", "CTranslate2 int8 (batch 32)": "int8"}
 PEERS = [INFINITY, *CT2]
@@ -47,12 +46,6 @@ OFFLINE = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def peer_checkpoint(model_dir: Path, work: Path) -> Path:
@@ -75,87 +68,34 @@ def peer_checkpoint(model_dir: Path, work: Path) -> Path:
     return out
 
 
-class PeerServer:
-    """One server process under the peers interpreter, waited for until it answers ``health``."""
+class PeerServer(Proc):
+    """One server process under the peers interpreter, and an HTTP client to it; ``setup`` says how it runs."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, work: Path, health: str, setup: str) -> None:
+    def __init__(self, name: str, cmd: list[str], work: Path, port: int, setup: str) -> None:
         import httpx
 
-        self.name, self.port, self.setup = name, port, setup
-        self.log_path = work / f"{name.split()[0].lower()}-{port}.log"
-        self.log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **OFFLINE}
-        )
-        self.client = httpx.Client(
-            base_url=f"http://127.0.0.1:{port}", timeout=600.0, limits=httpx.Limits(max_connections=16)
-        )
-        self.health = health
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def wait(self, timeout: float = 900.0) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.log.flush()
-                tail = self.log_path.read_text(errors="replace").strip().splitlines()[-3:]
-                raise RuntimeError(f"exited {self.proc.returncode}: {' | '.join(tail)[-400:]}")
-            try:
-                if self.client.get(self.health).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"{self.name} did not start within {timeout:.0f} s")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+        super().__init__(cmd, work / f"{name.split()[0].lower()}-{port}.log", env=OFFLINE)
+        self.pid, self.setup = self.proc.pid, setup
+        self.url = f"http://127.0.0.1:{port}"
+        self.client = httpx.Client(base_url=self.url, timeout=600.0, limits=httpx.Limits(max_connections=16))
 
 
 def start_infinity(
     model_dir: Path, work: Path, python: str
 ) -> tuple[PeerServer, Callable[[str, list[str]], list[float]]]:
-    port = _free_port()
+    port = free_port()
     # Infinity's own console script next to the interpreter, as a user runs it.
-    cmd = [
-        str(Path(python).parent / "infinity_emb"),
-        "v2",
-        "--model-id",
-        str(peer_checkpoint(model_dir, work)),
-        "--served-model-name",
-        "peer",
-        "--engine",
-        "torch",
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        # Its warm-up (batches of 512-token pairs, minutes for XLM-R base on 2 cores) only logs
-        # timings, nothing it serves with uses them; the benchmark warms every contestant alike.
-        "--no-model-warmup",
-    ]
+    # Its warm-up (batches of 512-token pairs, minutes for XLM-R base on 2 cores) only logs
+    # timings, nothing it serves with uses them; the benchmark warms every contestant alike.
+    flags = "--engine torch --device cpu --dtype float32 --host 127.0.0.1 --log-level warning --no-model-warmup"
+    checkpoint = str(peer_checkpoint(model_dir, work))
+    cmd = [str(Path(python).parent / "infinity_emb"), "v2", "--model-id", checkpoint, "--served-model-name", "peer"]
+    cmd += [*flags.split(), "--port", str(port)]
     server = PeerServer(
         INFINITY,
         cmd,
-        port,
         work,
-        "/health",
+        port,
         "infinity_emb v2 --engine torch --device cpu --dtype float32 (batch size: its default, 32; "
         "torch.compile: its default, off; BetterTransformer: its default, on, but inert without optimum)",
     )
@@ -163,10 +103,7 @@ def start_infinity(
     def score(query: str, docs: list[str]) -> list[float]:
         r = server.client.post("/rerank", json={"model": "peer", "query": query, "documents": docs})
         r.raise_for_status()
-        out = [0.0] * len(docs)
-        for item in r.json()["results"]:
-            out[item["index"]] = item["relevance_score"]
-        return out
+        return in_order(r.json()["results"], len(docs))
 
     return server, score
 
@@ -192,26 +129,15 @@ def convert_ct2(model_dir: Path, work: Path, python: str) -> Path:
 def start_ct2(
     model_dir: Path, work: Path, python: str, compute_type: str
 ) -> tuple[PeerServer, Callable[[str, list[str]], list[float]]]:
-    ct2_dir, port = convert_ct2(model_dir, work, python), _free_port()
+    ct2_dir, port = convert_ct2(model_dir, work, python), free_port()
     name = next(n for n, c in CT2.items() if c == compute_type)
-    cmd = [
-        python,
-        "-m",
-        "benchmarks.cpu_peers",
-        "serve",
-        str(peer_checkpoint(model_dir, work)),
-        str(ct2_dir),
-        "--compute-type",
-        compute_type,
-        "--port",
-        str(port),
-    ]
+    cmd = [python, "-m", "benchmarks.cpu_peers", "serve", str(peer_checkpoint(model_dir, work)), str(ct2_dir)]
+    cmd += ["--compute-type", compute_type, "--port", str(port)]
     server = PeerServer(
         name,
         cmd,
-        port,
         work,
-        "/health",
+        port,
         f"ctranslate2.Encoder(compute_type={compute_type!r}, default threads) behind a stdlib HTTP server; "
         "batches of 32 in input order; classifier head in numpy",
     )
@@ -231,39 +157,11 @@ def start_peer(
         start_infinity(model_dir, work, python) if name == INFINITY else start_ct2(model_dir, work, python, CT2[name])
     )
     try:
-        server.wait()
+        server.wait_http(server.url + "/health", timeout=900.0)
     except BaseException:
         server.stop()
         raise
     return server, score
-
-
-def check(model_dir: Path, python: str, work: Path) -> dict[str, float]:
-    """Largest |raw logit - transformers fp32 logit| of each peer on one query x 50 documents
-    (under the project's interpreter: the reference is plain transformers there). Raw logits,
-    not sigmoids: a sigmoid near 0 or 1 hides differences."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    query = "what is the capital of france and why"
-    docs = [f"{'paris is the capital ' * (i % 7 + 1)}doc {i}{' about things' * (i % 5 + 1)}" for i in range(50)]
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        ref = model(**tok([query] * len(docs), docs, padding=True, truncation=True, return_tensors="pt")).logits[:, 0]
-    out = {}
-    for name in PEERS:
-        server, _ = start_peer(name, model_dir, work, python)
-        try:
-            body = {"model": "peer", "query": query, "documents": docs, "raw_scores": True}
-            got = server.client.post("/rerank" if name == INFINITY else "/score", json=body).json()
-            scores = got.get("scores") or [
-                r["relevance_score"] for r in sorted(got["results"], key=lambda r: r["index"])
-            ]
-            out[name] = float((torch.tensor(scores) - ref).abs().max())
-        finally:
-            server.stop()
-    return out
 
 
 # -- under the peers interpreter --------------------------------------------------------------
@@ -355,16 +253,8 @@ def main() -> None:
     s.add_argument("ct2_dir")
     s.add_argument("--compute-type", default="float32")
     s.add_argument("--port", type=int, required=True)
-    k = sub.add_parser("check", help="each peer's largest raw-logit difference to transformers fp32 (project venv)")
-    k.add_argument("checkpoint")
-    k.add_argument("--peers-python", required=True)
     args = p.parse_args()
-    if args.cmd == "check":
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="cpu-peers-") as tmp:
-            print(json.dumps(check(Path(args.checkpoint), args.peers_python, Path(tmp)), indent=2))
-    elif args.cmd == "convert":
+    if args.cmd == "convert":
         _convert(args.checkpoint, args.out)
     else:
         _serve(args.checkpoint, args.ct2_dir, args.compute_type, args.port)

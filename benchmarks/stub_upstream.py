@@ -15,6 +15,7 @@ That is the least any HTTP rerank server must do, so
 from __future__ import annotations
 
 import argparse
+import asyncio
 import uuid
 from typing import Any
 
@@ -94,9 +95,23 @@ def main() -> None:
     # pooled connections closed by the stub in the meantime: the first requests after SIGCONT then
     # race the close and fail (503), which is not what it measures.
     parser.add_argument("--keep-alive-s", type=float, default=5.0)
+    parser.add_argument(
+        "--delay-s", type=float, default=0.0, help="a slow upstream: this long before each rerank answer"
+    )
     args = parser.parse_args()
+
+    async def slow(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].endswith("rerank"):
+            await asyncio.sleep(args.delay_s)
+        await app(scope, receive, send)
+
     uvicorn.run(
-        app, host=args.host, port=args.port, log_level="warning", access_log=False, timeout_keep_alive=args.keep_alive_s
+        slow if args.delay_s else app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=args.keep_alive_s,
     )
 
 

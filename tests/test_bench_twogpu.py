@@ -10,16 +10,16 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from benchmarks import gpu_suite as suite
+from benchmarks.gpu_suite import plan, report, two_gpu
 from schemas.config import Settings
 
 
 @pytest.mark.parametrize("small", [False, True])
 def test_contestants_are_valid_packed_configurations(small):
-    got = suite.two_gpu_contestants(small)
+    got = two_gpu.two_gpu_contestants(small)
     assert [label for label, _ in got] == ["packed-1gpu", "packed-2gpu", "packed-split"]
     models = [
-        {"name": label, "engine": "packed", "path": "/m", **suite.GPU_ENGINES["packed"], **over} for label, over in got
+        {"name": label, "engine": "packed", "path": "/m", **plan.GPU_ENGINES["packed"], **over} for label, over in got
     ]
     settings = msgspec.convert({"models": models}, Settings)
     one, rep, split = settings.models
@@ -53,7 +53,7 @@ def test_rows_ratios_and_target_lines():
         "stages": [{"device": "cuda:0", "layers": [0, 18]}, {"device": "cuda:1", "layers": [18, 36]}],
     }
     two = {
-        label: suite.two_gpu_row(out, label)
+        label: two_gpu.two_gpu_row(out, label)
         for label, out in [
             ("packed-1gpu", _phase_out("packed-1gpu", 420.0, 240.0)),
             ("packed-2gpu", _phase_out("packed-2gpu", 415.0, 468.0)),
@@ -70,10 +70,10 @@ def test_rows_ratios_and_target_lines():
         "split": None,
     }
     assert two["packed-split"]["split"] == stages
-    two.update(suite.two_gpu_ratios(two))
+    two.update(two_gpu.two_gpu_ratios(two))
     assert two["speedup"] == pytest.approx(1.95) and two["split_speedup"] == pytest.approx(1.9)
     assert two["split_idle_p50_ratio"] == pytest.approx(1.05)
-    lines = suite.two_gpu_target_lines(two)
+    lines = report.two_gpu_target_lines(two)
     # Each contestant's 32-client level had two 503s: the speedup is reported, "met" refused.
     assert lines[0] == (
         "| two GPUs, d100, 32 clients (packed, two replicas) | ≥ 1.9× one GPU | 468 vs 240 docs/s = 1.95×: "
@@ -86,13 +86,13 @@ def test_rows_ratios_and_target_lines():
 
 
 def test_target_lines_when_a_contestant_is_missing():
-    assert suite.two_gpu_target_lines({}) == [
+    assert report.two_gpu_target_lines({}) == [
         "| two GPUs, d100, 32 clients | ≥ 1.9× one GPU | not run (no second GPU in this run) |"
     ]
-    one = suite.two_gpu_row(_phase_out("packed-1gpu", 420.0, 240.0), "packed-1gpu")
-    rep = suite.two_gpu_row(_phase_out("packed-2gpu", 415.0, 400.0), "packed-2gpu")
+    one = two_gpu.two_gpu_row(_phase_out("packed-1gpu", 420.0, 240.0), "packed-1gpu")
+    rep = two_gpu.two_gpu_row(_phase_out("packed-2gpu", 415.0, 400.0), "packed-2gpu")
     two = {"packed-1gpu": one, "packed-2gpu": rep}
-    two.update(suite.two_gpu_ratios(two))  # the split failed to start: no ratio, no line, no KeyError
+    two.update(two_gpu.two_gpu_ratios(two))  # the split failed to start: no ratio, no line, no KeyError
     assert "split_speedup" not in two
-    lines = suite.two_gpu_target_lines(two)
+    lines = report.two_gpu_target_lines(two)
     assert len(lines) == 1 and lines[0].endswith("400 vs 240 docs/s = 1.67×: missed by 12% |")

@@ -7,9 +7,6 @@ FlashRank). Each one is a ``ScoreFn``; the peers that need a venv of their own a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,82 +14,51 @@ from typing import Any
 
 import httpx
 
-# The repository root: the gateway process runs from there.
-ROOT = Path(__file__).resolve().parents[2]
-GATEWAY_VARIANTS = {  # contestant -> extra TOML lines of its model entry
-    "gateway transformers (fp32)": ['engine = "transformers"', 'device = "cpu"', 'dtype = "float32"'],
-    "gateway openvino fp32": ['engine = "openvino"', 'precision = "fp32"'],
+from benchmarks import harness
+
+OV = {"engine": "openvino"}
+LOW = {"parity_min_agreement": 0.001}
+GATEWAY_VARIANTS: dict[str, dict[str, Any]] = {  # contestant -> its model entry's keys
+    "gateway transformers (fp32)": {"engine": "transformers", "device": "cpu", "dtype": "float32"},
+    "gateway openvino fp32": {**OV, "precision": "fp32"},
     # The same with batches that never mix requests: what shared batches gain at 4 clients.
-    "gateway openvino fp32 (per-request batches)": [
-        'engine = "openvino"',
-        'precision = "fp32"',
-        'batching = "per-request"',
-    ],
+    "gateway openvino fp32 (per-request batches)": {**OV, "precision": "fp32", "batching": "per-request"},
     # Reduced precisions serve whatever the gate measures (parity_min_agreement lowered), so
     # their speed is reported beside the verdict the default gate (99 %) gives ("gate" column).
-    "gateway openvino bf16": ['engine = "openvino"', 'precision = "bf16"', "parity_min_agreement = 0.001"],
-    "gateway openvino int8": ['engine = "openvino"', 'precision = "int8"', "parity_min_agreement = 0.001"],
+    "gateway openvino bf16": {**OV, "precision": "bf16", **LOW},
+    "gateway openvino int8": {**OV, "precision": "int8", **LOW},
     # bf16 / int8 for every document, fp32 re-scoring the ones they cannot order in the top-10.
-    "gateway openvino bf16 refine10": [
-        'engine = "openvino"',
-        'precision = "bf16"',
-        "refine_top = 10",
-        "parity_min_agreement = 0.001",
-    ],
-    # The same re-scoring both sides of every open pair at once (refine_rounds = 2, the default
-    # above, re-scores one side first and looks again): what the rounds save.
-    "gateway openvino bf16 refine10 (one round)": [
-        'engine = "openvino"',
-        'precision = "bf16"',
-        "refine_top = 10",
-        "refine_rounds = 1",
-        "parity_min_agreement = 0.001",
-    ],
-    "gateway openvino int8 refine10": [
-        'engine = "openvino"',
-        'precision = "int8"',
-        "refine_top = 10",
-        "parity_min_agreement = 0.001",
-    ],
+    "gateway openvino bf16 refine10": {**OV, "precision": "bf16", "refine_top": 10, **LOW},
+    # Both sides of every open pair at once (refine_rounds = 2, the default, re-scores one side
+    # first and looks again): what the rounds save.
+    "gateway openvino bf16 refine10 (one round)": {
+        **OV,
+        "precision": "bf16",
+        "refine_top": 10,
+        "refine_rounds": 1,
+        **LOW,
+    },
+    "gateway openvino int8 refine10": {**OV, "precision": "int8", "refine_top": 10, **LOW},
 }
 BASELINE = "gateway transformers (fp32)"
 ScoreFn = Callable[[str, list[str]], list[float]]
 
 
-class Gateway:
+class Gateway(harness.Gateway):
     """One ``rerank-gateway serve`` process holding every gateway contestant as a model."""
 
     def __init__(self, model_dir: Path, work: Path, names: list[str], gate: str = "") -> None:
-        self.port = 18000 + os.getpid() % 1000
-        self.url = f"http://127.0.0.1:{self.port}"
-        lines = ["[logging]", 'level = "WARNING"', ""]
-        self.models: dict[str, str] = {}
-        for i, name in enumerate(names):
-            model = f"m{i}"
-            self.models[name] = model
+        self.models = {name: f"m{i}" for i, name in enumerate(names)}
+        entries = []
+        for name, model in self.models.items():
             # A long timeout: 4 clients of 50 documents queue for minutes on a loaded 2-core machine.
-            lines += [
-                "[[models]]",
-                f'name = "{model}"',
-                f'path = "{model_dir}"',
-                "timeout_s = 1800.0",
-                *GATEWAY_VARIANTS[name],
-            ]
+            entry = {"name": model, "path": str(model_dir), "timeout_s": 1800.0, **GATEWAY_VARIANTS[name]}
             if "openvino" in name:
-                lines.append(f'cache_dir = "{work / "ov-cache"}"')
-            if gate and "parity_min_agreement" in " ".join(GATEWAY_VARIANTS[name]):
-                queries, documents = gate.split("x")
-                lines += [f"parity_queries = {int(queries)}", f"parity_documents = {int(documents)}"]
-            lines.append("")
-        config = work / "gateway.toml"
-        config.write_text("\n".join(lines))
-        self.log = (work / "gateway.log").open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(self.port)],
-            cwd=ROOT,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
+                entry["cache_dir"] = str(work / "ov-cache")
+            if gate and "parity_min_agreement" in entry:
+                entry["parity_queries"], entry["parity_documents"] = map(int, gate.split("x"))
+            entries.append(entry)
+        super().__init__("gateway", entries, work)
         self.client = httpx.Client(base_url=self.url, timeout=600.0, limits=httpx.Limits(max_connections=16))
 
     def wait(self, timeout: float = 1800.0) -> dict[str, str]:
@@ -101,13 +67,8 @@ class Gateway:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited {self.proc.returncode}")
-            try:
-                models = self.client.get("/ready").json()["models"]
-            except (httpx.HTTPError, ValueError, KeyError):
-                time.sleep(1)
-                continue
-            states = {m["name"]: m for m in models}
-            if all(
+            states = {m["name"]: m for m in (self.status() or {}).get("models", [])}
+            if states and all(
                 s["state"] == "ready" or s.get("load_attempts", 0) >= 3 and s["state"] == "failed"
                 for s in states.values()
             ):
@@ -116,12 +77,11 @@ class Gateway:
         raise TimeoutError("gateway models did not load")
 
     def describe(self) -> dict[str, dict[str, Any]]:
-        models = {m["name"]: m for m in self.client.get("/ready").json()["models"]}
+        models = {m["name"]: m for m in (self.status() or {})["models"]}
         return {n: models[m] for n, m in self.models.items()}
 
     def engine_stats(self, name: str) -> dict[str, Any]:
-        models = {m["name"]: m for m in self.client.get("/ready").json()["models"]}
-        return models[self.models[name]].get("engine_stats") or {}
+        return self.describe()[name].get("engine_stats") or {}
 
     def scorer(self, name: str) -> ScoreFn:
         model = self.models[name]
@@ -129,20 +89,9 @@ class Gateway:
         def score(query: str, docs: list[str]) -> list[float]:
             r = self.client.post("/v1/rerank", json={"model": model, "query": query, "documents": docs})
             r.raise_for_status()
-            out = [0.0] * len(docs)
-            for item in r.json()["results"]:
-                out[item["index"]] = item["relevance_score"]
-            return out
+            return harness.in_order(r.json()["results"], len(docs))
 
         return score
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
 
 
 def st_scorer(model_dir: Path, backend: str, **kwargs: Any) -> ScoreFn:

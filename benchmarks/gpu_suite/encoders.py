@@ -19,12 +19,9 @@ gateway, started one after the other): d100 at 1 client (40 requests: p50 / p99 
 non-embedding weights x tokens + bidirectional attention) over the measured bf16 matmul rate
 (square 8192^3, and the model's own GEMM shapes at 16k tokens), and each row's MFU.
 
-Last, if time is left: the packed replica alone in a child process (no gateway, no HTTP), one
-d100 step and one of four requests, to tell the forward's time from the serving overhead.
-
-``packed-32k`` (half the step budget), ``packed-gil1ms`` (a 1 ms GIL switch interval) and the
-other A/B variants of ``packed`` are in ``benchmarks/gpu_suite/encoders_runtimes.py``; the Markdown
-summary is written by ``benchmarks/gpu_suite/encoders_report.py``.
+``packed-eager`` (no CUDA graphs), ``packed-one-job`` (no two-part submit when idle) and
+``packed-rayon8`` (the tokenizer's pool at 8 threads) are the A/B variants of ``packed`` kept in ``benchmarks/gpu_suite/encoders_runtimes.py`` (a variant is one
+line there); the Markdown summary is written by ``benchmarks/gpu_suite/encoders_report.py``.
 The summary gives each row's server timing per phase (mean, p50 / p99 / max) and the packed
 scheduler's step split (host prep vs device wait).
 
@@ -41,12 +38,11 @@ and the packed and transformers engines: a check of this script's logic, not a m
 
 ``--model modernbert-base``: ModernBERT-base's shape instead (``benchmarks/gpu_suite/encoder_shapes.py``:
 22 layers, hidden 768, local attention over 128 tokens, vocabulary 50,368; same tokenizer
-construction with ``[CLS] q [SEP] d [SEP]``). ``--forward-only`` skips the gateways: build, then
-the packed replica alone, timed and compared with transformers' padded model on the same device
-(bf16 and fp32: max |logit difference|, top-10 of the first request's 100 pairs). The lead's
-one-line GPU check of the ModernBERT path::
+construction with ``[CLS] q [SEP] d [SEP]``).
 
-    python3 -m benchmarks.gpu_suite encoders --model modernbert-base --forward-only
+The forward probe (the packed replica alone in a child process, ``--forward-only``) and the other
+one-off A/B runtimes were removed on 2026-12-05; their answers are in gpu-h200-2026-12-02,
+-12-02-b, -12-02-c, -12-02-d and -12-03.
 """
 
 from __future__ import annotations
@@ -56,10 +52,8 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +71,8 @@ from benchmarks.gpu_suite.encoder_checkpoint import (
 )
 from benchmarks.gpu_suite.encoder_shapes import flops_per_request
 from benchmarks.gpu_suite.encoders_report import summary
-from benchmarks.gpu_suite.encoders_runtimes import COMMON, MODELS, NEEDS, RUNTIME_SITE, RUNTIMES
-from benchmarks.gpu_suite.qwen3 import Gateway, gpu_mem_mib
+from benchmarks.gpu_suite.encoders_runtimes import COMMON, MODELS, NEEDS, RUNTIME_ENV, RUNTIMES
+from benchmarks.harness import Gateway, bench_args, gpu_mem_mib
 from schemas.config import Settings
 
 __all__ = ("COMMON", "DOCS", "DOC_TOKENS", "QUERY_TOKENS", "RUNTIMES", "TINY_CONFIG", "build", "main", "summary")
@@ -86,32 +80,6 @@ __all__ = ("COMMON", "DOCS", "DOC_TOKENS", "QUERY_TOKENS", "RUNTIMES", "TINY_CON
 
 def log(*a: Any) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] [encoders]", *a, flush=True)
-
-
-def forward_probe(model_dir: Path, device: str, lens: list[list[int]], timeout: float) -> dict[str, Any]:
-    """The packed replica alone, no gateway and no HTTP: one d100 step and one of four (child process)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_suite.forward_probe", str(model_dir), device, json.dumps(lens[:4])],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("FORWARD "))[8:])
-
-
-def rerank(url: str, model: str, query: str, docs: list[str]) -> list[float]:
-    req = urllib.request.Request(
-        url + "/v1/rerank",
-        method="POST",
-        headers={"Content-Type": "application/json"},
-        data=json.dumps({"model": model, "query": query, "documents": docs}).encode(),
-    )
-    with urllib.request.urlopen(req, timeout=120) as r:
-        results = json.loads(r.read())["results"]
-    by_index = {x["index"]: x["relevance_score"] for x in results}
-    return [by_index[i] for i in range(len(docs))]
 
 
 def agreement(got: list[float], want: list[float]) -> dict[str, Any]:
@@ -144,7 +112,7 @@ def watch(gw: Gateway, model: str, probe: dict[str, Any], idle: list[float], sto
     top = idle.index(max(idle))
     while not stop.is_set() and len(diffs) + errors < WATCH_MAX:
         try:
-            got = rerank(gw.url, model, probe["query"], probe["documents"])
+            got = gw.rerank(model, probe["query"], probe["documents"])
         except Exception:  # counted: an error here is a finding, not a crash of the bench  # noqa: BLE001
             errors += 1
             continue
@@ -170,36 +138,21 @@ def bench(
     probe: tuple[dict[str, Any], list[float]] | None = None,
 ) -> dict[str, Any]:
     def run(n: int, seed: int, warmup: int, folder: Path) -> None:
-        args = [
-            sys.executable,
-            "-m",
-            "gateway",
-            "bench",
+        title = f"{model} d100 {clients} clients"
+        args = bench_args(
             gw.url,
-            "--model",
             model,
-            "--tokenizer",
-            str(model_dir),
-            "--documents",
-            str(DOCS),
-            "--doc-tokens",
-            DOC_TOKENS,
-            "--query-tokens",
-            QUERY_TOKENS,
-            "--concurrency",
-            str(clients),
-            "--requests",
-            str(n),
-            "--warmup",
-            str(warmup),
-            "--seed",
-            str(seed),
-            "--title",
-            f"{model} d100 {clients} clients",
-            "--no-progress",
-            "--out",
-            str(folder),
-        ]
+            model_dir,
+            documents=DOCS,
+            doc_tokens=DOC_TOKENS,
+            query_tokens=QUERY_TOKENS,
+            clients=clients,
+            requests=n,
+            warmup=warmup,
+            seed=seed,
+            title=title,
+            out=folder,
+        )
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
 
     watched: dict[str, Any] = {}
@@ -281,13 +234,7 @@ def run_runtime(
         log("SKIP", results["skipped"][-1])
         return
     cfg = {"name": label, "path": str(model_dir), **model_cfg}
-    env = None
-    if label in RUNTIME_SITE:  # a sitecustomize.py run at the gateway's interpreter start
-        site = work / f"site-{label}"
-        site.mkdir(exist_ok=True)
-        (site / "sitecustomize.py").write_text(RUNTIME_SITE[label])
-        env = {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
-    gw = Gateway(label, [cfg], work, env=env)
+    gw = Gateway(label, [cfg], work, env=RUNTIME_ENV.get(label))
     entry: dict[str, Any] = {"model": cfg, "rows": []}
     results["runs"][label] = entry
     try:
@@ -303,8 +250,8 @@ def run_runtime(
         )
         probe = results.get("probe")
         if probe:  # the same request twice: scores against the fp32 reference, and repeatability
-            first = rerank(gw.url, label, probe["query"], probe["documents"])
-            again = rerank(gw.url, label, probe["query"], probe["documents"])
+            first = gw.rerank(label, probe["query"], probe["documents"])
+            again = gw.rerank(label, probe["query"], probe["documents"])
             entry["probe"] = {
                 **agreement(first, probe["reference"]),
                 "repeat_max_abs_diff": max(abs(a - b) for a, b in zip(first, again, strict=True)),
@@ -331,8 +278,7 @@ def run_runtime(
         entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         log(f"ERROR {label}: {entry['error']}")
     finally:
-        gw.stop()
-        entry["log_tail"] = (work / f"{label}.log").read_text()[-3000:]
+        entry["log_tail"] = gw.stop()
 
 
 def main() -> None:
@@ -341,11 +287,6 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="CPU check of this script: tiny model, cpu devices")
     ap.add_argument("--model", choices=sorted(MODELS), default="xlmr-large", help="the checkpoint's shape")
     ap.add_argument("--pooling", choices=("cls", "mean"), help="ModernBERT's classifier_pooling (default: cls)")
-    ap.add_argument(
-        "--forward-only",
-        action="store_true",
-        help="no gateways: the packed replica alone, timed and compared with transformers' padded model",
-    )
     ap.add_argument("--idle-requests", type=int, default=40)
     ap.add_argument("--load-requests", type=int, default=160, help="requests at 16 clients")
     ap.add_argument("--clients", type=int, default=16)
@@ -362,7 +303,6 @@ def main() -> None:
         help="before each level, this many requests of the same traffic with other documents, not measured",
     )
     ap.add_argument("--budget", type=float, default=480, help="seconds from now, when RR_DEADLINE is not set")
-    ap.add_argument("--no-forward-probe", action="store_true", help="skip timing the packed replica alone (no HTTP)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-out/encoders"))
     ap.add_argument("--work", default="/tmp/rr-encoders")
     args = ap.parse_args()
@@ -389,7 +329,7 @@ def main() -> None:
         (out / "encoders_results.json").write_text(json.dumps(results, indent=1, default=str))
         (out / "encoders_summary.md").write_text(summary(results))
 
-    labels = [] if args.forward_only else args.runtimes.split(",")
+    labels = args.runtimes.split(",")
     for label in labels:  # every runtime's config, typed as the gateway will read it: a typo fails now, not in minutes
         msgspec.convert({"models": [{"name": label, "path": "/nonexistent", **RUNTIMES[label]}]}, Settings, strict=True)
     t = time.time()
@@ -413,13 +353,12 @@ def main() -> None:
         )
     results["floor"] = floor
     log(f"checkpoint + rates in {time.time() - t:.0f}s: {json.dumps(floor)}")
-    if labels:  # the HTTP probe's fp32 reference (the forward probe has its own)
-        query, docs = probe_request(model_dir)
-        results["probe"] = {
-            "query": query,
-            "documents": docs,
-            "reference": reference_scores(model_dir, "cpu" if args.tiny else "cuda", query, docs),
-        }
+    query, docs = probe_request(model_dir)  # the probe request and its fp32 reference
+    results["probe"] = {
+        "query": query,
+        "documents": docs,
+        "reference": reference_scores(model_dir, "cpu" if args.tiny else "cuda", query, docs),
+    }
     save()
     levels = {1: args.idle_requests, args.clients: args.load_requests}
     for label in labels:
@@ -437,26 +376,5 @@ def main() -> None:
             if 1 in rows:
                 e["mfu_one"] = flop / (rows[1]["p50_ms"] / 1e3) / (rate * 1e12)
         save()
-    # Last: a diagnostic (where the time goes), after the rows the targets are judged on.
-    if not args.no_forward_probe and deadline - time.time() > 75:
-        try:
-            fwd = forward_probe(model_dir, "cpu" if args.tiny else "cuda", lens, deadline - time.time() - 10)
-            for k in ("x1", "x4"):
-                # the FLOPs of the step timed: the probe's first one / four requests (lens[:4]), not
-                # the mean request (lens[0] is 14,043 tokens against a 14,770 mean: +5 % MFU at x1)
-                step = sum(flops_per_request(cfg, x) for x in lens[: int(k[1:])])
-                fwd[k]["mfu"] = (
-                    step / (fwd[k]["ms_median"] / 1e3) / (rates["square_8192_tflops"] * 1e12)
-                    if rates.get("square_8192_tflops")
-                    else None
-                )
-            results["forward_probe"] = fwd
-            log(f"forward probe (packed replica, no HTTP): {json.dumps(fwd)}")
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            err = exc.stderr if isinstance(exc.stderr, str) else (exc.stderr or b"").decode(errors="replace")
-            results["forward_probe"] = {"error": f"{type(exc).__name__}: {err[-2000:]}"}
-            log(f"forward probe failed: {type(exc).__name__}: {err[-500:]}")
-    elif not args.no_forward_probe:
-        results["skipped"].append("forward probe: deadline")
     save()
     log("done")

@@ -32,56 +32,6 @@ def summary(results: dict[str, Any]) -> str:
             ),
             "",
         ]
-    fwd = results.get("forward_probe") or {}
-    if fwd.get("x1"):
-        lines += [
-            (
-                f"Packed replica alone (no gateway, no HTTP; {fwd.get('attention')}, compiled {fwd.get('compiled')}): "
-                f"one d100 step ({fwd['x1']['tokens']:,} tokens) {fwd['x1']['ms_median']:.1f} ms (MFU {_pct(fwd['x1'].get('mfu'))}), "
-                f"four ({fwd['x4']['tokens']:,} tokens) {fwd['x4']['ms_median']:.1f} ms "
-                f"= {400 / fwd['x4']['ms_median'] * 1e3:,.0f} docs/s (MFU {_pct(fwd['x4'].get('mfu'))})."
-            ),
-            "",
-        ]
-        for ref in ("vs_transformers_same_dtype", "vs_transformers_fp32", "transformers_same_dtype_vs_fp32"):
-            c = fwd.get(ref)  # the replica's logits against transformers' padded model (and that model's dtype noise)
-            if c:
-                lines += [
-                    (
-                        f"{('packed ' if ref.startswith('vs') else '') + ref.replace('_', ' ')}, padded, first request's pairs: max |logit "
-                        f"difference| {c['max_abs_logit_diff']:.2e} (spread {c['logit_spread']:.2e}), top-10 shared "
-                        f"{c['top10_shared']}, same order {c['top10_same_order']}."
-                    ),
-                    "",
-                ]
-    if fwd.get("graph_x1_ms") or fwd.get("graph_error") or fwd.get("tokenize_d100"):
-        g = {
-            k: fwd.get(k)
-            for k in (
-                "eager_x1_ms",
-                "graph_x1_ms",
-                "eager_x4_ms",
-                "graph_x4_ms",
-                "padded_own_bucket_ms",
-                "padded_pairs2048_len8192_ms",
-                "graph_vs_eager_max_abs",
-                "graph_vs_eager_unwarmed_buckets_max_abs",
-                "graph_pipelined_equal",
-                "capture_during_x4_step",
-                "gelu_epilogue",
-                "graph_stats",
-                "graph_error",
-                "use_graphs_s",
-                "tokenize_d100",
-            )
-        }
-        lines += [
-            (
-                "Replica alone, eager launches vs one CUDA graph per step (wall ms incl. scores home, p50 / p99 / max): "
-                f"`{json.dumps(g)}`"
-            ),
-            "",
-        ]
     lines += [
         "| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -1,5 +1,5 @@
 """Phase 3: one gateway per engine kind over HTTP (``rerank-gateway bench`` as the client), the
-packed engine's own counters per level, then the same engine in-process.
+packed engine's own counters per level, then the parity documents through the served engine.
 """
 
 from __future__ import annotations
@@ -13,46 +13,30 @@ from typing import Any
 
 import msgspec
 
-from benchmarks import engine_bench as eb
 from benchmarks.gpu_suite.parity import PARITY_06B
-from benchmarks.gpu_suite.plan import log
+from benchmarks.gpu_suite.plan import SMALL_WORKLOADS, WORKLOADS, log
+from benchmarks.harness import bench_args, free_port
 
 
 async def _bench_http(
     url: str, model: str, model_dir: Path, wl: str, out: Path, small: bool, requests: int, concurrency: int
 ) -> dict[str, Any]:
-    docs, doc_tokens, _, _ = (eb.SMALL_WORKLOADS if small else eb.WORKLOADS)[wl]
-    args = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "bench",
+    docs, doc_tokens = (SMALL_WORKLOADS if small else WORKLOADS)[wl]
+    seed = {"d100": 11, "d300": 13}[wl] + concurrency
+    title = f"Gateway over HTTP, {wl}, {concurrency} clients"
+    args = bench_args(
         url,
-        "--model",
         model,
-        "--tokenizer",
-        str(model_dir),
-        "--documents",
-        str(docs),
-        "--doc-tokens",
-        doc_tokens,
-        "--query-tokens",
-        "10",
-        "--concurrency",
-        str(concurrency),
-        "--requests",
-        str(requests),
-        "--warmup",
-        "4",
-        "--seed",
-        str({"d100": 11, "d300": 13}[wl] + concurrency),
-        "--title",
-        f"Gateway over HTTP, {wl}, {concurrency} clients",
-        "--no-progress",
-        "--strict",
-        "--out",
-        str(out),
-    ]
+        model_dir,
+        documents=docs,
+        doc_tokens=doc_tokens,
+        clients=concurrency,
+        requests=requests,
+        seed=seed,
+        title=title,
+        out=out,
+        strict=True,
+    )
     proc = await asyncio.create_subprocess_exec(*args)  # a separate process: the client's CPU is not ours
     rc = await proc.wait()
     # --strict: any failed request exits 1. The results are still written and kept -- the targets
@@ -104,18 +88,12 @@ async def phase_gateway(
     engine_cfg: dict[str, Any],
     work: Path,
     small: bool,
-    lengths: Any,
-    cfg: dict[str, Any],
-    tflops: float,
     *,
     label: str | None = None,
     levels: dict[str, tuple[int, ...]] = DEFAULT_LEVELS,
-    service_rows: bool = True,
     requests: dict[tuple[str, int], int] | None = None,
 ) -> dict[str, Any]:
-    """One gateway serving one model of ``kind`` (named ``label``), over HTTP, then in-process."""
-    import socket
-
+    """One gateway serving one model of ``kind`` (named ``label``), over HTTP."""
     import uvicorn
 
     from gateway.app import create_app
@@ -126,9 +104,7 @@ async def phase_gateway(
     models = [{"name": label, "engine": kind, "path": str(model_dir), **engine_cfg}]
     settings = msgspec.convert({"logging": {"level": "WARNING"}, "models": models}, Settings)
     app = create_app(settings)
-    with socket.socket() as sock:  # a free loopback port, chosen now
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
     task = asyncio.create_task(server.serve())
     t0 = time.time()
@@ -137,7 +113,7 @@ async def phase_gateway(
         if task.done() or any(s["state"] == "failed" for s in registry.statuses()):
             raise RuntimeError(f"gateway did not start: {registry.statuses()}")
         await asyncio.sleep(0.5)
-    out: dict[str, Any] = {"start_s": time.time() - t0, "http": {label: {}}, "rows": []}
+    out: dict[str, Any] = {"start_s": time.time() - t0, "http": {label: {}}}
     mem = _gpu_mib()
     if mem:
         out["gpu_mib"] = {"ready": mem}
@@ -169,8 +145,15 @@ async def phase_gateway(
         if mem:
             out["gpu_mib"]["peak"] = _gpu_mib(peak=True)
         if PARITY_06B:
-            score = eb.service_score(app.state.service, label, RerankRequest)
-            got = [x for q, docs in PARITY_06B["reqs"] for x in await score((q, docs))]
+            got = []
+            for q, docs in PARITY_06B["reqs"]:
+                res = await app.state.service.rerank(
+                    RerankRequest(query=q, documents=docs, model=label),
+                    api_version="2",
+                    request_id=f"parity-{len(got)}",
+                )
+                by_index = {r.index: r.relevance_score for r in res.response.results}
+                got += [by_index[i] for i in range(len(docs))]
             ref = PARITY_06B["reference"]
             order = sorted(range(len(ref)), key=lambda i: -ref[i])
             out["parity_0.6b_via_gateway"] = {
@@ -180,16 +163,6 @@ async def phase_gateway(
                 "documents": len(got),
             }
             log(f"parity 0.6B shape via the gateway, {label}: {out['parity_0.6b_via_gateway']}")
-        if service_rows:
-            sizes = eb.SMALL_WORKLOADS if small else eb.WORKLOADS
-            score = eb.service_score(app.state.service, label, RerankRequest)
-            reqs = {
-                wl: eb.make_requests(str(model_dir), wl, eb.WARMUP + r + eb.CLIENTS * pc, small, salt=101)
-                for wl, (_, _, r, pc) in sizes.items()
-            }
-            out["rows"] += await eb.bench_variant(
-                f"gateway service + {label} (no HTTP)", score, reqs, lengths, cfg, tflops, small
-            )
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 120)

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import engine_bench as eb
-from benchmarks.gpu_suite.plan import log
+from benchmarks.gpu_suite.plan import log, make_requests
 
 
 def _cuda_count() -> int:
@@ -56,7 +55,7 @@ async def phase_parity(model_dir: Path, work: Path, small: bool) -> dict[str, An
     out: dict[str, Any] = {}
     # The 0.6B shape's reference runs on the CPU (fp32, one prompt at a time): 20 documents keep it short.
     for name, path, n_docs in (("tiny (golden order)", tiny, 100), ("0.6B shape", model_dir, 20)):
-        reqs = [(q, docs[:n_docs]) for q, docs in eb.make_requests(str(path), "d100", 2, small, salt=999)]
+        reqs = [(q, docs[:n_docs]) for q, docs in make_requests(str(path), "d100", 2, small, salt=999)]
         common = {"name": "p", "path": str(path), "max_length": 2048, "max_query_tokens": 256}
         configs = {
             "transformers fp32": TransformersEngineConfig(**common, device=dev, dtype="float32"),

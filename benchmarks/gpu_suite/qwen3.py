@@ -14,14 +14,12 @@ Phases:
   step), packed bf16 with whole prompts (``share_prefix = false``) and packed fp8 (shared; the
   gate's figure from ``/ready``), measured side by side: each level (d100 at 1 client, d100 and
   d300 at 16) runs every model before the next level; before that, one 100-document request to
-  each gives the max score difference to packed bf16 (shared = whole prompts, up to bf16 noise). ``--vllm alone,beside,spawned`` adds
-  vllm-score alone, in a gateway beside a packed model (vLLM started first, issue 24 item 4) and
-  alone with its engine core spawned -- ~2.5 min each (estimated: the packed gateway ~4 min).
-- ``0.6b-packed``: ``0.6b`` without vLLM whatever ``--vllm`` says.
+  each gives the max score difference to packed bf16 (shared = whole prompts, up to bf16 noise).
 - ``4b``, ``8b``: each runtime (packed bf16, packed fp8, vllm-score, vllm-generate, transformers)
   in its own gateway: GPU memory in use once ready and at peak, d100 at 1 and 16 clients.
 
-A step that would pass the deadline (``RR_DEADLINE``, set by device_run.sh) is skipped and listed.
+vllm-score beside a packed model and with its engine core spawned (issue 24 item 4, answered in
+gpu-h200-2026-12-01-c) were ``--vllm`` until 2026-12-05. A step that would pass the deadline (``RR_DEADLINE``, set by device_run.sh) is skipped and listed.
 Writes ``$OUT/qwen3_results.json`` and ``$OUT/qwen3_summary.md``. ``--smoke`` runs the 0.6b
 phase's packed gateway on CPU with the tiny Qwen3 of ``tests.tiny_qwen3`` and a few 10-document
 requests per level (the script's logic, not a measurement).
@@ -32,40 +30,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks import engine_bench as eb
-from benchmarks.gpu_suite.plan import REAL_CONFIG
+from benchmarks.gpu_suite.plan import REAL_CONFIG, SIZES, SMALL_WORKLOADS, WORKLOADS
+from benchmarks.harness import ROOT, Gateway, bench_args, gpu_mem_mib, smi
 
-SIZES: dict[str, dict[str, Any]] = {
-    "0.6b": REAL_CONFIG,
-    # Qwen3-Reranker-4B / -8B config.json (the Qwen3-4B / -8B bases).
-    "4b": {
-        **REAL_CONFIG,
-        "hidden_size": 2560,
-        "intermediate_size": 9728,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "tie_word_embeddings": True,
-    },
-    "8b": {
-        **REAL_CONFIG,
-        "hidden_size": 4096,
-        "intermediate_size": 12288,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "tie_word_embeddings": False,
-    },
-}
 COMMON = {"max_length": 2048, "max_query_tokens": 256}
 PACKED = {**COMMON, "engine": "packed", "batch_tokens": 65536}
 VLLM = {**COMMON, "max_num_batched_tokens": 65536, "max_num_seqs": 512}
@@ -81,12 +55,12 @@ RUNTIMES: dict[str, dict[str, Any]] = {
 # (workload, clients) -> requests, per model size
 LEVELS = {
     "0.6b": {("d100", 1): 40, ("d100", 16): 160, ("d300", 16): 96},
-    "tiny": {("d100", 1): 3, ("d100", 16): 16, ("d300", 16): 16},  # --smoke
+    "tiny": {("d100", 1): 2, ("d100", 4): 4, ("d300", 4): 4},  # --smoke: the logic, not a measurement
     "4b": {("d100", 1): 30, ("d100", 16): 64},
     "8b": {("d100", 1): 24, ("d100", 16): 48},
 }
 DEADLINE = float(os.environ.get("RR_DEADLINE") or 0) or time.time() + 3600
-SMOKE = False  # --smoke: 10-document requests (eb.SMALL_WORKLOADS)
+SMOKE = False  # --smoke: 10-document requests (plan.SMALL_WORKLOADS)
 
 
 def log(*a: Any) -> None:
@@ -94,106 +68,15 @@ def log(*a: Any) -> None:
 
 
 def build(size: str, out: Path) -> Path:
-    """The checkpoint, written by a child process (this one never initialises CUDA)."""
-    if size == "tiny":  # --smoke: the tests' checkpoint, on CPU
-        code = f"from tests.tiny_qwen3 import build_tiny_qwen3; build_tiny_qwen3({str(out)!r}, vocab_size=2048)"
-        subprocess.run([sys.executable, "-c", code], check=True)
-        return out
-    code = f"""
-import json, torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
-from tests.tiny_qwen3 import build_tiny_qwen3
-out = {str(out)!r}
-build_tiny_qwen3(out, vocab_size=2048)
-small = json.load(open(out + "/config.json"))
-cfg = Qwen3Config(**{SIZES[size]!r}, eos_token_id=small.get("eos_token_id"), pad_token_id=small.get("pad_token_id"))
-torch.manual_seed(0)
-torch.set_default_dtype(torch.bfloat16)
-with torch.device("cuda"):
-    model = Qwen3ForCausalLM(cfg)
-model.save_pretrained(out)
-"""
-    subprocess.run([sys.executable, "-c", code], check=True)
+    """The checkpoint (``plan.build_checkpoint``), written by a child process: this one never initialises CUDA."""
+    small, config = size == "tiny", SIZES.get(size, REAL_CONFIG)
+    code = f"from pathlib import Path; from benchmarks.gpu_suite.plan import build_checkpoint as b; b(Path({str(out)!r}), {small}, {config!r})"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
     return out
 
 
-def _smi(*args: str) -> str:
-    try:
-        return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, check=False).stdout.strip()
-    except OSError:  # no NVIDIA driver (--smoke on CPU)
-        return ""
-
-
-def gpu_mem_mib() -> int:
-    out = _smi("--query-gpu=memory.used", "--format=csv,noheader,nounits").split()
-    return int(out[0]) if out else -1
-
-
-def _toml(tables: dict[str, dict[str, Any]], models: list[dict[str, Any]]) -> str:
-    """Flat tables and [[models]] (scalar values: JSON's spelling is TOML's; no tomli_w on the device)."""
-    lines = []
-    for name, table in tables.items():
-        lines += [f"[{name}]", *(f"{k} = {json.dumps(v)}" for k, v in table.items())]
-    for m in models:
-        lines += ["[[models]]", *(f"{k} = {json.dumps(v)}" for k, v in m.items())]
-    return "\n".join(lines) + "\n"
-
-
-class Gateway:
-    """``python -m gateway serve`` on a free port with ``models``; ``env`` adds variables."""
-
-    def __init__(self, name: str, models: list[dict[str, Any]], work: Path, env: dict[str, str] | None = None) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.name, self.url = name, f"http://127.0.0.1:{self.port}"
-        cfg = work / f"{name.replace(' ', '_')}.toml"
-        cfg.write_text(
-            _toml({"server": {"host": "127.0.0.1", "port": self.port}, "logging": {"level": "WARNING"}}, models)
-        )
-        self.base_mib = gpu_mem_mib()
-        self.t0 = time.time()
-        self.log = (work / f"{name.replace(' ', '_')}.log").open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(cfg)],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "TOKENIZERS_PARALLELISM": "true", **(env or {})},
-        )
-
-    def ready(self, timeout: float) -> dict[str, Any]:
-        while time.time() - self.t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name}: gateway exited {self.proc.returncode}")
-            body = self.status()
-            if body and body.get("status") == "ready":
-                return body
-            if body and any(m.get("state") == "failed" for m in body.get("models", [])):
-                raise RuntimeError(f"{self.name}: {json.dumps(body['models'])[:1500]}")
-            time.sleep(0.5)
-        raise TimeoutError(f"{self.name}: not ready after {timeout:.0f}s")
-
-    def status(self) -> dict[str, Any] | None:
-        try:
-            with urllib.request.urlopen(self.url + "/ready", timeout=5) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return json.loads(e.read())
-        except OSError:
-            return None
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-
-
 def bench(gw: Gateway, model: str, model_dir: Path, wl: str, clients: int, requests: int, out: Path) -> dict[str, Any]:
-    docs, doc_tokens, _, _ = (eb.SMALL_WORKLOADS if SMOKE else eb.WORKLOADS)[wl]
+    docs, doc_tokens = (SMALL_WORKLOADS if SMOKE else WORKLOADS)[wl]
     peak = [gpu_mem_mib()]
     stop = threading.Event()
 
@@ -203,36 +86,20 @@ def bench(gw: Gateway, model: str, model_dir: Path, wl: str, clients: int, reque
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    args = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "bench",
+    seed = {"d100": 11, "d300": 13}[wl] + clients
+    title = f"{model} {wl} {clients} clients"
+    args = bench_args(
         gw.url,
-        "--model",
         model,
-        "--tokenizer",
-        str(model_dir),
-        "--documents",
-        str(docs),
-        "--doc-tokens",
-        doc_tokens,
-        "--query-tokens",
-        "10",
-        "--concurrency",
-        str(clients),
-        "--requests",
-        str(requests),
-        "--warmup",
-        "4",
-        "--seed",
-        str({"d100": 11, "d300": 13}[wl] + clients),
-        "--title",
-        f"{model} {wl} {clients} clients",
-        "--no-progress",
-        "--out",
-        str(out),
-    ]
+        model_dir,
+        documents=docs,
+        doc_tokens=doc_tokens,
+        clients=clients,
+        requests=requests,
+        seed=seed,
+        title=title,
+        out=out,
+    )
     try:
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
     finally:
@@ -278,15 +145,8 @@ def agreement(gw: Gateway, labels: list[str]) -> dict[str, Any]:
         "winter",
     ]
     docs = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 120))) for _ in range(100)]
-    scores = {}
-    for label in labels:
-        body = json.dumps(
-            {"model": label.replace(" ", "-"), "query": "which city is the capital", "documents": docs}
-        ).encode()
-        req = urllib.request.Request(gw.url + "/v1/rerank", data=body, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            results = json.loads(r.read())["results"]
-        scores[label] = [s for _, s in sorted((x["index"], x["relevance_score"]) for x in results)]
+    query = "which city is the capital"
+    scores = {label: gw.rerank(label.replace(" ", "-"), query, docs, timeout=60) for label in labels}
     ref = scores[labels[0]]
     mean = sum(ref) / len(ref)
     out: dict[str, Any] = {
@@ -306,7 +166,6 @@ def serve_and_bench(
     model_dir: Path,
     work: Path,
     results: dict[str, Any],
-    env: dict[str, str] | None = None,
     need_s: float = 120,
 ) -> None:
     """One gateway serving ``models`` (label -> config); each label of ``measure`` through every level."""
@@ -319,8 +178,8 @@ def serve_and_bench(
         for c in cfgs:
             if c["engine"].startswith("vllm"):
                 c["gpu_memory_utilization"] = 0.45  # 16 GB of 8B weights + 64k-token steps' KV
-    gw = Gateway(name, cfgs, work, env)
-    entry: dict[str, Any] = {"models": cfgs, "env": env or {}}
+    gw = Gateway(name, cfgs, work)
+    entry: dict[str, Any] = {"models": cfgs}
     results["runs"][name] = entry
     try:
         body = gw.ready(timeout=max(30.0, min(300.0, DEADLINE - time.time() - 30)))
@@ -374,8 +233,7 @@ def serve_and_bench(
         entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         log(f"ERROR {name}: {entry['error']}")
     finally:
-        gw.stop()
-        entry["log_tail"] = (work / f"{name.replace(' ', '_')}.log").read_text()[-3000:]
+        entry["log_tail"] = gw.stop()
 
 
 def summary(results: dict[str, Any]) -> str:
@@ -444,17 +302,11 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-out/qwen3"))
     ap.add_argument("--work", default="/tmp/rr-qwen3")
     ap.add_argument(
-        "--vllm", default="", help="0.6b: comma list of alone, beside, spawned (vllm-score gateways, ~2.5 min each)"
-    )
-    ap.add_argument(
         "--smoke", action="store_true", help="CPU, tiny Qwen3, a few requests: check the script, measure nothing"
     )
     args = ap.parse_args()
     global SMOKE
     SMOKE = args.smoke
-    vllm = [v for v in args.vllm.split(",") if v]
-    if unknown := set(vllm) - {"alone", "beside", "spawned"}:
-        ap.error(f"--vllm: unknown {sorted(unknown)}")
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
@@ -464,7 +316,7 @@ def main() -> None:
         "skipped": [],
     }
     results["device"] = (
-        _smi("--query-gpu=name,memory.total,power.limit,driver_version", "--format=csv,noheader") or "CPU (--smoke)"
+        smi("--query-gpu=name,memory.total,power.limit,driver_version", "--format=csv,noheader") or "CPU (--smoke)"
     )
 
     def save() -> None:
@@ -472,40 +324,20 @@ def main() -> None:
         (out / "qwen3_summary.md").write_text(summary(results))
 
     for phase in ["tiny"] if args.smoke else args.phases.split(","):
-        size = phase.removesuffix("-packed")  # "0.6b-packed": the packed gateway of phase 0.6b only
+        size = phase.removesuffix("-packed")  # "0.6b-packed": the same as "0.6b" (it was 0.6b without --vllm)
         t = time.time()
         model_dir = build(size, work / f"qwen3-{size}")
         log(f"checkpoint {size} in {time.time() - t:.0f}s")
         if size in ("0.6b", "tiny"):
             packed = {label: RUNTIMES[label] for label in ("packed bf16", "packed bf16 whole", "packed fp8")}
-            steps = [(f"{size} packed", packed, list(packed), None, 150)]
-            optional = {
-                "alone": ("0.6b vllm-score alone", {"vllm-score": RUNTIMES["vllm-score"]}, ["vllm-score"], None, 150),
-                # packed listed first: the gateway still starts vLLM first (gateway.serving.models)
-                "beside": (
-                    "0.6b vllm-score beside packed",
-                    {"packed bf16": RUNTIMES["packed bf16"], "vllm-score": RUNTIMES["vllm-score"]},
-                    ["vllm-score"],
-                    None,
-                    150,
-                ),
-                "spawned": (
-                    "0.6b vllm-score alone, spawned",
-                    {"vllm-score": RUNTIMES["vllm-score"]},
-                    ["vllm-score"],
-                    {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
-                    150,
-                ),
-            }
-            if size == "0.6b" and not phase.endswith("-packed"):
-                steps += [optional[v] for v in vllm]
+            steps = [(f"{size} packed", packed, list(packed), 150)]
         else:
             steps = [
-                (f"{size} {r}", {r: RUNTIMES[r]}, [r], None, 60 if r.startswith("packed") else 110)
+                (f"{size} {r}", {r: RUNTIMES[r]}, [r], 60 if r.startswith("packed") else 110)
                 for r in args.runtimes.split(",")
             ]
-        for name, models, measure, env, need in steps:
-            serve_and_bench(name, models, measure, size, model_dir, work, results, env, need)
+        for name, models, measure, need in steps:
+            serve_and_bench(name, models, measure, size, model_dir, work, results, need)
             results["runs"].get(name, {})["size"] = size
             save()
         if size not in ("0.6b", "tiny"):

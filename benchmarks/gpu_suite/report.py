@@ -6,8 +6,6 @@ import json
 import math
 from typing import Any
 
-from benchmarks import engine_bench as eb
-
 
 def _summary(results: dict[str, Any], kind: str, wl: str, c: int) -> dict[str, Any] | None:
     http = results.get("gateway", {}).get("http", {}).get(kind, {})
@@ -128,9 +126,8 @@ def two_gpu_target_lines(two: dict[str, Any]) -> list[str]:
 
 
 def _per_doc_tflop(results: dict[str, Any], wl: str) -> float | None:
-    # Model FLOPs per document from the in-process rows of the same workload (same length distribution).
-    ref = [r for r in results.get("rows", []) if r["workload"] == wl and r["docs_per_s"] > 0]
-    return sum(r["tflop_per_s"] / r["docs_per_s"] for r in ref) / len(ref) if ref else None
+    """Model TFLOP per document of the workload (the run's own prompts, whole: template included)."""
+    return (results.get("tflop_per_doc") or {}).get(wl)
 
 
 def _split_table(results: dict[str, Any]) -> list[str]:
@@ -274,10 +271,8 @@ def report(results: dict[str, Any]) -> str:
         ]
         for wl, d in by_wl.items():
             lines += [f"### {wl}", "", f"measured: {d['measured']}", "", markdown_table(d["summaries"])]
-            # FLOPs per document from the in-process rows of the same workload (same lengths).
-            ref = [r for r in results.get("rows", []) if r["workload"] == wl and r["docs_per_s"] > 0]
-            if ref and results.get("tflops"):
-                per_doc = sum(r["tflop_per_s"] / r["docs_per_s"] for r in ref) / len(ref)
+            per_doc = _per_doc_tflop(results, wl)
+            if per_doc and results.get("tflops"):
                 lines += [
                     "MFU over HTTP (docs/s x model FLOPs per document / matmul rate): "
                     + ", ".join(
@@ -286,12 +281,6 @@ def report(results: dict[str, Any]) -> str:
                     ),
                     "",
                 ]
-    if results.get("rows"):
-        lines += [
-            "## Engine level (one process, no HTTP)",
-            "",
-            eb.markdown(results["rows"], results["tflops"], results["device"]),
-        ]
     for k in ("skipped", "errors"):
         if results.get(k):
             lines += [f"## {k}", "", "```", json.dumps(results[k], indent=1), "```", ""]

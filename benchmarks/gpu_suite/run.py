@@ -11,14 +11,22 @@ import os
 import shutil
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks import engine_bench as eb
 from benchmarks.gpu_suite.gateway_phase import phase_gateway
 from benchmarks.gpu_suite.parity import phase_parity
-from benchmarks.gpu_suite.plan import GPU_ENGINES, REAL_CONFIG, SMALL_ENGINES, build_checkpoint, left, log
+from benchmarks.gpu_suite.plan import (
+    GPU_ENGINES,
+    REAL_CONFIG,
+    SIZES,
+    SMALL_ENGINES,
+    build_checkpoint,
+    left,
+    log,
+    matmul_tflops,
+    tflop_per_doc,
+)
 from benchmarks.gpu_suite.report import report
 from benchmarks.gpu_suite.two_gpu import (
     LARGE_REQUESTS,
@@ -46,18 +54,16 @@ async def main_async(args: argparse.Namespace) -> None:
     model_dir = build_checkpoint(work / "qwen3rr", args.small)
     log(f"checkpoint in {time.time() - t:.0f}s")
     cfg = json.loads((model_dir / "config.json").read_text())
-    tflops, device = eb.matmul_tflops()
+    tflops, device = matmul_tflops()
     results.update(tflops=tflops, device=device, model_config={k: cfg.get(k) for k in REAL_CONFIG})
+    results["tflop_per_doc"] = tflop_per_doc(model_dir, args.small, cfg)
     log(f"matmul {tflops:.0f} TFLOP/s on {device}")
-    lengths = eb.PromptLengths(str(model_dir))
     engine_cfg = (
         json.loads(args.engine_config) if args.engine_config else (SMALL_ENGINES if args.small else GPU_ENGINES)
     )
     results["engine_config"] = engine_cfg
-    rows: list[dict[str, Any]] = []
 
     def save() -> None:
-        results["rows"] = rows
         (out_dir / "gpu_results.json").write_text(json.dumps(results, indent=1, default=str))
         (out_dir / "gpu_report.md").write_text(report(results))
 
@@ -79,7 +85,6 @@ async def main_async(args: argparse.Namespace) -> None:
 
     phases = args.phases.split(",")
     kinds = args.http_engines.split(",")
-    with_rows = set(args.service_rows.split(","))
     gw: dict[str, Any] = {"start_s": {}, "http": {}, "engine_stats": {}}
     if "parity" in phases:
         results["parity"] = await phase(
@@ -95,8 +100,6 @@ async def main_async(args: argparse.Namespace) -> None:
             two: dict[str, Any] = {"size": "tiny (CPU devices)" if args.small else args.twogpu_size}
             two_dir, reqs2 = model_dir, None
             if args.twogpu_size != "0.6b" and not args.small:
-                from benchmarks.gpu_suite.qwen3 import SIZES
-
                 two_dir = await asyncio.to_thread(
                     build_checkpoint, work / f"qwen3-{args.twogpu_size}", False, SIZES[args.twogpu_size]
                 )
@@ -114,12 +117,8 @@ async def main_async(args: argparse.Namespace) -> None:
                         {**engine_cfg.get("packed", {}), **over},
                         work,
                         args.small,
-                        lengths,
-                        cfg,
-                        tflops,
                         label=label,
                         levels=TWO_GPU_LEVELS,
-                        service_rows=False,
                         requests=reqs2,
                     ),
                 )
@@ -131,22 +130,11 @@ async def main_async(args: argparse.Namespace) -> None:
     # one GPU each count the other's memory as taken, and the second finds no room for KV cache.
     for kind in kinds if "gateway" in phases else []:
         one = await phase(
-            f"gateway {kind} (HTTP + in-process)",
+            f"gateway {kind} (HTTP)",
             150,
-            lambda kind=kind: phase_gateway(
-                model_dir,
-                kind,
-                engine_cfg.get(kind, {}),
-                work,
-                args.small,
-                lengths,
-                cfg,
-                tflops,
-                service_rows=kind in with_rows,
-            ),
+            lambda kind=kind: phase_gateway(model_dir, kind, engine_cfg.get(kind, {}), work, args.small),
         )
         if one:
-            rows += one.pop("rows", [])
             gw["start_s"][kind] = one["start_s"]
             gw["http"].update(one["http"])
             gw["engine_stats"][kind] = one.get("engine_stats")
@@ -160,54 +148,6 @@ async def main_async(args: argparse.Namespace) -> None:
                 if src.exists():
                     shutil.copy(src, out_dir / f"{kind}_d100_{png}")
 
-    async def raw_and_seed() -> None:
-        llm = eb.raw_llm(str(model_dir), args.small, 0.05 if args.small else 0.3)
-        single, pool = ThreadPoolExecutor(1), ThreadPoolExecutor(eb.CLIENTS)
-        score, batch = eb.raw_score_fns(llm, single)
-        rows.extend(
-            await eb.bench_variant(
-                "raw LLM.score (text)", score, reqs(202), lengths, cfg, tflops, args.small, batch_many=batch
-            )
-        )
-        save()
-        if "seed" in phases:
-            rows.extend(
-                await eb.bench_variant(
-                    "seed design (LLM.score behind a lock, batches of 100)",
-                    eb.seed_fn(llm, pool),
-                    reqs(303),
-                    lengths,
-                    cfg,
-                    tflops,
-                    args.small,
-                )
-            )
-        single.shutdown()
-        pool.shutdown()
-        del llm  # its engine core process exits with it
-
-    def reqs(salt: int) -> dict[str, list[eb.Request]]:
-        sizes = eb.SMALL_WORKLOADS if args.small else eb.WORKLOADS
-        return {
-            wl: eb.make_requests(str(model_dir), wl, eb.WARMUP + r + eb.CLIENTS * pc, args.small, salt)
-            for wl, (_, _, r, pc) in sizes.items()
-        }
-
-    async def ours(kind: str, salt: int) -> None:
-        _, score, stop = await eb.gateway_service_variant(kind, str(model_dir), engine_cfg.get(kind, {}))
-        try:
-            rows.extend(
-                await eb.bench_variant(f"gateway service + {kind}", score, reqs(salt), lengths, cfg, tflops, args.small)
-            )
-        finally:
-            await stop()
-
-    if "raw" in phases:
-        await phase("raw LLM.score (+ seed design if asked)", 120, raw_and_seed)
-    if "transformers" in phases:
-        await phase("transformers engine", 60, lambda: ours("transformers", 404))
-    if "generate" in phases:
-        await phase("vllm-generate engine", 110, lambda: ours("vllm-generate", 505))
     save()
     log("done; results in", out_dir)
 
@@ -217,19 +157,18 @@ def main() -> None:
     ap.add_argument("--out", default="bench-out/gpu")
     ap.add_argument("--work", default="/tmp/rr-suite")
     ap.add_argument("--small", action="store_true", help="tiny model on CPU: a smoke test of this script")
-    ap.add_argument("--phases", default="parity,gateway,twogpu,raw,transformers,generate", help="which phases to run")
+    ap.add_argument("--phases", default="parity,gateway,twogpu", help="which phases to run")
     ap.add_argument(
         "--twogpu-size",
         default="0.6b",
         choices=("0.6b", "4b", "8b"),
-        help="the model shape of phase twogpu (4b/8b: benchmarks.gpu_suite.qwen3's real configs, random weights)",
+        help="the model shape of phase twogpu (4b/8b: Qwen3-Reranker-4B / -8B's configs, random weights)",
     )
     ap.add_argument(
         "--http-engines",
         default="packed,vllm-score,vllm-generate",
         help="engine kinds the HTTP gateway serves, one gateway each (comma list)",
     )
-    ap.add_argument("--service-rows", default="packed", help="kinds also measured in-process (no HTTP) after HTTP")
     ap.add_argument(
         "--engine-config",
         default=os.environ.get("RR_ENGINE_CONFIG"),

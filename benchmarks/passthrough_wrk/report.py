@@ -8,17 +8,10 @@ import collections
 import statistics
 from typing import Any
 
-GATEWAYS = (
-    "gateway-before",
-    "gateway-1w",
-    "gateway-Nw",
-    "gateway-granian-1w",
-    "gateway-granian-Nw",
-    "gateway-chain-1w",
-)
+GATEWAYS = ("gateway-before", "gateway-1w", "gateway-Nw", "gateway-chain-1w")
 TARGETS = (*GATEWAYS, "litellm")
 # The one-worker targets whose 1-client p50 is compared with the stub's (the latency target).
-ONE_WORKER = ("gateway-1w", "gateway-granian-1w")
+ONE_WORKER = ("gateway-1w",)
 
 
 def _median(xs: list[float]) -> float:
@@ -139,11 +132,6 @@ def render(results: dict[str, Any]) -> str:
             if results.get("other_targets_paused")
             else []
         ),
-        *(
-            [f"- {results['spinners']} busy loops at nice 19 ran during the rounds (idle vCPUs kept awake)."]
-            if results.get("spinners")
-            else []
-        ),
         "",
         "| target | clients | req/s | p50 ms | p99 ms | CPU ms / request | voluntary context switches / request | errors |",
         "|---|---|---|---|---|---|---|---|",
@@ -187,32 +175,4 @@ def render(results: dict[str, Any]) -> str:
                 f"| {c} | {v['cpu_ms_per_request']:.3f}× | {v['p50_ms']:.3f}× | {v['p99_ms']:.3f}× | "
                 f"{v['req_s']:.3f}× | {v['pairs']} |"
             )
-    if inproc := results.get("chain_inprocess"):
-        top = max(w["clients"])
-        plain = s.get("gateway-1w", {}).get(str(top), {}).get("cpu_ms_per_request")
-        share = (
-            f" = {inproc['chain_added_us_per_request'] / (plain * 1e3):.1%} of gateway-1w's {plain:.3f} ms CPU per request at {top} clients"
-            if plain
-            else ""
-        )
-        lines += [
-            "",
-            (
-                f"In-process (benchmarks/passthrough_wrk/chain_inprocess.py, thread CPU, {inproc['rounds']} alternated "
-                f"rounds of {inproc['requests_per_batch']} requests, static engine): the model "
-                f"{inproc['plain_us_per_request']} µs, the chain in front of it {inproc['chain_us_per_request']} µs "
-                f"per request; the chain adds {inproc['chain_added_us_per_request']} µs (median of per-round "
-                f"differences){share}."
-            ),
-        ]
-    prof = results.get("profile_gateway_1w_32_clients")
-    if prof:
-        lines += [
-            "",
-            "py-spy profile of gateway-1w at 32 clients (share of samples, innermost known frame):",
-            "",
-            "| component | share |",
-            "|---|---|",
-        ]
-        lines += [f"| {k} | {v:.1%} |" for k, v in prof.items()]
     return "\n".join(lines) + "\n"

@@ -1,14 +1,16 @@
 """The run: the stub, the gateways and LiteLLM started, wrk rounds over every target and
-concurrency level (the others stopped meanwhile), the profile, then the report written.
+concurrency level (the others stopped meanwhile), then the report written.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
+import re
 import secrets
 import shutil
 import signal
@@ -18,12 +20,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import ROOT, free_port
-from benchmarks.passthrough_wrk.host import _idle_cpu, _loadavg, _signal_tree, _switches
-from benchmarks.passthrough_wrk.overhead import Proc
-from benchmarks.passthrough_wrk.pyspy_profile import _profile
+from benchmarks.harness import ROOT, Proc, free_port, tree
 from benchmarks.passthrough_wrk.report import TARGETS, render, summarize
 from benchmarks.passthrough_wrk.wrk import _body, _lua, _wrk
+
+
+def _loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def _switches(proc: Proc) -> int:
+    """Voluntary context switches of every thread of the process tree: how often it went to sleep
+    (waiting for a socket, another thread, the GIL). One client's request costs a wake-up per sleep."""
+    total = 0
+    for pid in tree(proc.proc.pid):
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                m = re.search(r"^voluntary_ctxt_switches:\s+(\d+)", (task / "status").read_text(), re.MULTILINE)
+                total += int(m.group(1)) if m else 0
+    return total
+
+
+def _signal_tree(proc: Proc, sig: int) -> None:
+    for pid in tree(proc.proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
 
 # --client python: the aiohttp client in a process of its own (its CPU is not the target's).
 
@@ -48,25 +70,12 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="N of the N-worker gateway")
     ap.add_argument("--documents", type=int, default=100)
     ap.add_argument("--top-n", type=int, default=10)
-    ap.add_argument("--profile-seconds", type=float, default=8.0, help="0: no py-spy profile")
     ap.add_argument(
         "--before",
         help="a checkout of an earlier commit (git archive COMMIT | tar -x -C DIR): "
         "its gateway, one worker, joins the comparison as gateway-before",
     )
-    ap.add_argument(
-        "--runners",
-        default="uvicorn",
-        help="comma-separated server.runner values; granian adds gateway-granian-1w and -Nw",
-    )
     ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", "/tmp/litellm-venv"))
-    ap.add_argument(
-        "--spinners",
-        type=int,
-        default=0,
-        help="busy loops at nice 19 during the rounds: keeps idle vCPUs from sleeping, to see how much "
-        "of the 1-client latency is wake-up cost rather than work",
-    )
     ap.add_argument(
         "--no-pause",
         action="store_true",
@@ -121,7 +130,6 @@ def main() -> int:
             "clients": clients,
             "workers": args.workers,
         },
-        "runners": args.runners.split(","),
         "command": " ".join(["python -m benchmarks.passthrough_wrk", *sys.argv[1:]]),
         "client": args.client,
         "runs": [],
@@ -129,27 +137,22 @@ def main() -> int:
     try:
         sp = free_port()
         procs["stub"] = Proc(
-            "stub", [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(sp), "--keep-alive-s", "600"], logs
+            [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(sp), "--keep-alive-s", "600"],
+            logs / "stub.log",
         )
         urls["stub"] = f"http://127.0.0.1:{sp}/v2/rerank"
-        runners = [r.strip() for r in args.runners.split(",") if r.strip()]
-        gateways = []
-        for runner in runners:
-            prefix = "gateway" if runner == "uvicorn" else f"gateway-{runner}"
-            gateways += [(f"{prefix}-1w", 1, ROOT, runner), (f"{prefix}-Nw", args.workers, ROOT, runner)]
+        gateways = [("gateway-1w", 1, ROOT), ("gateway-Nw", args.workers, ROOT)]
         if args.before:
-            gateways.insert(0, ("gateway-before", 1, Path(args.before).resolve(), "uvicorn"))
+            gateways.insert(0, ("gateway-before", 1, Path(args.before).resolve()))
         if args.chain:
-            gateways.append(("gateway-chain-1w", 1, ROOT, "uvicorn"))
+            gateways.append(("gateway-chain-1w", 1, ROOT))
         if args.targets:
             wanted = set(args.targets.split(","))
             gateways = [g for g in gateways if g[0] in wanted]
-        for name, workers, cwd, runner in gateways:
+        for name, workers, cwd in gateways:
             port = free_port()
             cfg = logs / f"{name}.toml"
-            server = ([f"workers = {workers}"] if workers > 1 else []) + (
-                [f'runner = "{runner}"'] if runner != "uvicorn" else []
-            )
+            server = [f"workers = {workers}"] if workers > 1 else []
             pool = f'engine = "pool"\nprotocol = "cohere"\nurls = ["http://127.0.0.1:{sp}"]\nmodel = "stub"\nmax_connections = 64\n'
             # The chain: the same pool model as its first target (a second replica behind it, never
             # used while the first is healthy), so the pair differs by the chain's routing alone.
@@ -165,9 +168,8 @@ def main() -> int:
                 + models
             )
             procs[name] = Proc(
-                name,
                 [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port)],
-                logs,
+                logs / f"{name}.log",
                 cwd=cwd,
             )
             urls[name] = f"http://127.0.0.1:{port}/v2/rerank"
@@ -179,9 +181,8 @@ def main() -> int:
                 f"      api_base: http://127.0.0.1:{sp}\n      api_key: sk-stub\n"
             )
             procs["litellm"] = Proc(
-                "litellm",
                 [str(exe), "--config", str(logs / "litellm.yaml"), "--port", str(lp), "--num_workers", "1"],
-                logs,
+                logs / "litellm.log",
                 # The bundled cost map: no network fetch at start (this box has none).
                 env={"LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
             )
@@ -214,12 +215,9 @@ def main() -> int:
         for t in targets:  # warm-up: connections, lazy imports, first-request paths
             load(t, 4, 1.0)
 
-        results["idle_cpu_share"] = _idle_cpu({t: procs[t] for t in targets})
-        results["spinners"] = args.spinners
-        spinners = [
-            subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
-            for _ in range(args.spinners)
-        ]
+        idle0 = {t: procs[t].cpu_s() for t in targets}  # share of a core each uses while nobody sends it anything
+        time.sleep(3)
+        results["idle_cpu_share"] = {t: round((procs[t].cpu_s() - idle0[t]) / 3, 4) for t in targets}
         results["other_targets_paused"] = not args.no_pause
         print(f"idle CPU (share of a core): {results['idle_cpu_share']}", flush=True)
 
@@ -255,39 +253,9 @@ def main() -> int:
                         flush=True,
                     )
 
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
-        if args.profile_seconds > 0 and "gateway-1w" in procs:
-            prof_out = logs / "gateway-1w.pyspy.txt"
-            proc = subprocess.Popen(
-                [
-                    "wrk",
-                    "-t1",
-                    "-c32",
-                    f"-d{round(args.profile_seconds) + 4}s",
-                    "-s",
-                    str(scripts["plain"]),
-                    urls["gateway-1w"],
-                ],
-                stdout=subprocess.DEVNULL,
-            )
-            time.sleep(1)
-            results["profile_gateway_1w_32_clients"] = _profile(
-                procs["gateway-1w"].proc.pid, args.profile_seconds, prof_out
-            )
-            proc.wait(timeout=60)
     finally:
         for p in procs.values():
             p.stop()
-    if args.chain:  # the chain's own CPU, in-process: what the noisy end-to-end pair cannot resolve
-        from benchmarks.passthrough_wrk.chain_inprocess import measure
-
-        results["chain_inprocess"] = measure(body.read_bytes())
-        print(
-            f"in-process: {results['chain_inprocess']['chain_added_us_per_request']} us of CPU added per request by the chain",
-            flush=True,
-        )
     results["summary"] = summarize(results["runs"], clients)
     (out / "passthrough_wrk.json").write_text(json.dumps(results, indent=1))
     (out / "passthrough_wrk.md").write_text(render(results))

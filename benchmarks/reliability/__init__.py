@@ -28,37 +28,3 @@ Writes ``<out>/<UTC date>/reliability.json`` and ``reliability.md``. Sections (`
 faults) to the first 200. Every request's outcome is counted: a request without a response
 (exception, timeout) is "lost".
 """
-
-# The sections, the processes they run against and the report live in the modules below; the
-# names are handed on here so that ``benchmarks.reliability.X`` keeps meaning what it did.
-from benchmarks.reliability.cli import main, stub_main
-from benchmarks.reliability.load import Load
-from benchmarks.reliability.processes import KEY, ROOT, Gateway, Proc
-from benchmarks.reliability.sections import (
-    SECTIONS,
-    engine_kill,
-    fuzz,
-    hostile_pass,
-    redis_faults,
-    sigterm,
-    soak,
-    upstream,
-)
-
-__all__ = [
-    "KEY",
-    "ROOT",
-    "SECTIONS",
-    "Gateway",
-    "Load",
-    "Proc",
-    "engine_kill",
-    "fuzz",
-    "hostile_pass",
-    "main",
-    "redis_faults",
-    "sigterm",
-    "soak",
-    "stub_main",
-    "upstream",
-]

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.reliability``: the suite, a stub upstream (``stub --port P``), or ``audit --path SITE --out DIR``."""
+"""``python -m benchmarks.reliability``: the suite, or ``audit --path SITE --out DIR``."""
 
 from benchmarks.reliability.cli import main
 

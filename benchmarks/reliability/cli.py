@@ -1,12 +1,10 @@
 """The command line of ``python -m benchmarks.reliability``: the sections picked by ``--only``, a
-report written after each, the ``stub`` sub-command that the upstream section starts, and
-``audit`` (pip-audit of an installed environment, ``audit.py``).
+report written after each, and ``audit`` (pip-audit of an installed environment, ``audit.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -35,30 +33,8 @@ from benchmarks.reliability.sections import (
 _SUITE_DOC = sys.modules[__package__].__doc__
 
 
-def stub_main(argv: list[str]) -> None:
-    """A stub upstream (benchmarks.stub_upstream), optionally slow: ``stub --port P --delay-s S``."""
-    import uvicorn
-
-    from benchmarks.stub_upstream import app as stub_app
-
-    parser = argparse.ArgumentParser(prog="benchmarks.reliability stub")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--delay-s", type=float, default=0.0)
-    args = parser.parse_args(argv)
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].endswith("rerank") and args.delay_s:
-            await asyncio.sleep(args.delay_s)
-        await stub_app(scope, receive, send)
-
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["stub"]:
-        stub_main(argv[1:])
-        return 0
     if argv[:1] == ["audit"]:  # pip-audit where PyPI serves only the latest-release JSON (audit.py)
         from benchmarks.reliability.audit import main as audit_main
 

@@ -31,7 +31,7 @@ COOLDOWN_S = 2.0
 
 
 def _stub(port: int, workdir: Path, name: str) -> Proc:
-    proc = Proc([sys.executable, "-m", "benchmarks.reliability", "stub", "--port", str(port)], workdir / f"{name}.log")
+    proc = Proc([sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(port)], workdir / f"{name}.log")
     wait_http(f"http://127.0.0.1:{port}/health", proc.proc, 30)
     return proc
 

@@ -7,11 +7,8 @@ the section that started it.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,33 +16,11 @@ from pathlib import Path
 import httpx
 import psutil
 
-from benchmarks.harness import ROOT, free_port, wait_http
+from benchmarks.harness import ROOT, Proc, free_port, wait_http
+
+__all__ = ("KEY", "ROOT", "Gateway", "Proc")
 
 KEY = "rk-reliability-long-run-0123456789abcdef"
-
-
-class Proc:
-    """A child process with its log file; stopped (TERM, then KILL) on exit."""
-
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-        self.log = log
-        self._fh = log.open("wb")
-        self.proc = subprocess.Popen(
-            args, cwd=ROOT, stdout=self._fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> float:
-        """Signal the process and wait; seconds it took to exit."""
-        start = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._fh.close()
-        return time.monotonic() - start
 
 
 class Gateway(Proc):

@@ -104,7 +104,7 @@ def soak(workdir: Path, clients: int, seconds: float) -> dict[str, Any]:
 def upstream(workdir: Path, clients: int) -> dict[str, Any]:
     ports = [free_port(), free_port()]
     stubs = [
-        Proc([sys.executable, "-m", "benchmarks.reliability", "stub", "--port", str(p)], workdir / f"stub-{p}.log")
+        Proc([sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(p)], workdir / f"stub-{p}.log")
         for p in ports
     ]
     for p, s in zip(ports, stubs, strict=True):
@@ -128,19 +128,8 @@ def upstream(workdir: Path, clients: int) -> dict[str, Any]:
                 await asyncio.sleep(7)
                 nonlocal slow
                 marks["slow"] = time.monotonic() - load.start
-                slow = Proc(
-                    [
-                        sys.executable,
-                        "-m",
-                        "benchmarks.reliability",
-                        "stub",
-                        "--port",
-                        str(ports[1]),
-                        "--delay-s",
-                        "1.0",
-                    ],
-                    workdir / "stub-slow.log",
-                )
+                stub = [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(ports[1]), "--delay-s", "1"]
+                slow = Proc(stub, workdir / "stub-slow.log")
 
             await asyncio.gather(_load(gw.url, clients, 25, load, model="pool", key=None), faults())
 
