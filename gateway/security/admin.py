@@ -11,7 +11,10 @@ a version counter bumped by every change in the same Lua script. Every replica p
 every ``auth.sync_interval_s`` (0.25 s by default) and re-reads the hash when it moved, so a
 revoked key is refused everywhere within that interval plus one round trip. A poll rather than
 pub/sub: a missed message would leave a replica on stale keys until the next change, while a
-poll converges by itself after any outage. Every change writes one ``admin_audit`` log line:
+poll converges by itself after any outage. A change (PATCH) is a compare-and-set: it is written
+only if the key is still what the change read, else read again and re-applied (two admins
+changing one key at once each keep their fields; a key revoked meanwhile stays revoked). Every
+change writes one ``admin_audit`` log line:
 who (the admin key's id), what (action, key id, changed fields), when (the line's timestamp);
 never a secret or a hash.
 """
@@ -36,13 +39,21 @@ log = structlog.get_logger("gateway.admin")
 _KEYS: Final = "rerank-gateway:keys"
 _VERSION: Final = "rerank-gateway:keys:version"
 _decoder = msgspec.json.Decoder(ApiKeyConfig)
+# A change re-read and re-applied this many times (others changing the key meanwhile) gives up with 409.
+_CHANGE_TRIES: Final = 5
 
 # ARGV[1]: "create" (only if absent), "replace" (only if present) or "delete"; ARGV[2] id;
-# ARGV[3] the entry's JSON. Returns 1 when done (and the version moved), else 0.
+# ARGV[3] the entry's JSON; ARGV[4] (replace) the entry's JSON as the change read it. Returns 1
+# when done (and the version moved), 0 when absent (present, for create), -1 when the entry is no
+# longer what the change read (another change came first: read it again).
 _CHANGE: Final = """
-local exists = redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1
+local current = redis.call('HGET', KEYS[1], ARGV[2])
+local exists = current ~= false
 if (ARGV[1] == 'create' and exists) or (ARGV[1] ~= 'create' and not exists) then
     return 0
+end
+if ARGV[1] == 'replace' and current ~= ARGV[4] then
+    return -1
 end
 if ARGV[1] == 'delete' then
     redis.call('HDEL', KEYS[1], ARGV[2])
@@ -77,13 +88,15 @@ class SharedKeys:
                 log.error("admin_key_unreadable", key_id=name.decode(errors="replace"), error=str(exc))
         return int(version or 0), tuple(keys)
 
-    async def get(self, key_id: str) -> ApiKeyConfig | None:
+    async def get(self, key_id: str) -> bytes | None:
+        """The key's entry as stored (JSON): what a ``replace`` names as the version it changes."""
         raw = await self._client.hget(_KEYS, key_id)
-        return None if raw is None else _decoder.decode(raw)
+        return None if raw is None else bytes(raw)
 
-    async def write(self, action: str, key_id: str, entry: ApiKeyConfig | None = None) -> bool:
+    async def write(self, action: str, key_id: str, entry: ApiKeyConfig | None = None, read: bytes = b"") -> int:
+        """1: done; 0: the key is absent (present, for "create"); -1 ("replace"): it is no longer ``read``."""
         body = b"" if entry is None else msgspec.json.encode(entry)
-        return bool(await self._change(keys=[_KEYS, _VERSION], args=[action, key_id, body]))
+        return int(await self._change(keys=[_KEYS, _VERSION], args=[action, key_id, body, read]))
 
 
 def key_info(key: ApiKeyConfig, source: str) -> KeyInfo:
@@ -118,13 +131,18 @@ async def create_key(store: SharedKeys, file_ids: frozenset[str], actor: str, bo
 
 
 async def change_key(store: SharedKeys, file_ids: frozenset[str], actor: str, key_id: str, body: KeyChange) -> KeyInfo:
-    current = await _owned(store, file_ids, key_id, "changed")
     changes = {name: value for name, value in msgspec.structs.asdict(body).items() if value is not msgspec.UNSET}
-    entry = msgspec.structs.replace(current, **changes)
-    if not await store.write("replace", key_id, entry):
-        raise KeyNotFoundError(f"no key '{key_id}' (revoked meanwhile)")
-    _audit(actor, "change", key_id, **_changed(body))
-    return key_info(entry, "admin")
+    for _ in range(_CHANGE_TRIES):
+        read = await _owned(store, file_ids, key_id, "changed")
+        entry = msgspec.structs.replace(_decoder.decode(read), **changes)
+        done = await store.write("replace", key_id, entry, read)
+        if done == 1:
+            _audit(actor, "change", key_id, **_changed(body))
+            return key_info(entry, "admin")
+        if done == 0:
+            raise KeyNotFoundError(f"no key '{key_id}' (revoked meanwhile)")
+        # -1: another change came between the read and the write; apply this one to its result
+    raise KeyConflictError(f"key '{key_id}' changed {_CHANGE_TRIES} times while this change was made; send it again")
 
 
 async def revoke_key(store: SharedKeys, file_ids: frozenset[str], actor: str, key_id: str) -> None:
@@ -134,7 +152,7 @@ async def revoke_key(store: SharedKeys, file_ids: frozenset[str], actor: str, ke
     _audit(actor, "revoke", key_id)
 
 
-async def _owned(store: SharedKeys, file_ids: frozenset[str], key_id: str, what: str) -> ApiKeyConfig:
+async def _owned(store: SharedKeys, file_ids: frozenset[str], key_id: str, what: str) -> bytes:
     if key_id in file_ids:
         raise KeyConflictError(
             f"key '{key_id}' is in the config file, which owns it: it is {what} by editing the file "
