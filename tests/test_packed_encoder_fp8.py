@@ -189,7 +189,7 @@ def test_the_region_picker_never_uses_a_kernel_that_computes_something_else(dirs
         call()
         return ms[calls[0]]
 
-    picked, info = fp8.pick_each(
+    _, info = fp8.pick_each(
         cands,
         lambda r, fn: encoder_fp8.region_error(r, fn, ref, inputs),
         lambda r, fn: encoder_fp8._call(r, fn, inputs),

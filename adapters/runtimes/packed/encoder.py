@@ -89,7 +89,7 @@ class PackedEncoderEngine(PackedEngineBase):
         fp8 = getattr(self._replicas[0], "fp8", None) if self._replicas else None
         if fp8 is not None:  # the same keys as the Qwen3 engine's
             base["precision"] = {
-                "mode": self._replicas[0].precision,
+                "mode": getattr(self._replicas[0], "precision", None),
                 **fp8.describe(),
                 "gate": msgspec.structs.asdict(self._gate) if self._gate else None,
             }
@@ -290,13 +290,18 @@ def _to_fp8(
         base = _golden_scores(replicas[0], family, cfg.batch_tokens, golden)
     for r in replicas:
         if not isinstance(r, PackedEncoderReplica):  # ModernBERT: packed_encoder_refusal refused it already
-            raise ValueError(f"precision = 'fp8' is not built for {r.model_type} on engine 'packed'")
+            raise EngineConfigError(f"model '{cfg.name}': precision = 'fp8' is not built for {r.model_type}")
         r.to_fp8()
         _warm_up(r, family)
     with fixed_threads():
         cand = _golden_scores(replicas[0], family, cfg.batch_tokens, golden)
     result = gate.judge(
-        "fp8", base, cand, tie=cfg.parity_tie, min_agreement=cfg.parity_min_agreement, golden=cfg.parity_set or "generated"
+        "fp8",
+        base,
+        cand,
+        tie=cfg.parity_tie,
+        min_agreement=cfg.parity_min_agreement,
+        golden=cfg.parity_set or "generated",
     )
     if not result.passed and cfg.precision_gate == "refuse":
         raise EngineConfigError(

@@ -103,7 +103,14 @@ class _Layer:
     def free_weights(self, layer: Any) -> None:
         """Once quantized (``encoder_fp8``): the four GEMMs' bf16 weights freed, their row counts kept."""
         a = layer.attention.self
-        for lin in (a.query, a.key, a.value, layer.attention.output.dense, layer.intermediate.dense, layer.output.dense):
+        for lin in (
+            a.query,
+            a.key,
+            a.value,
+            layer.attention.output.dense,
+            layer.intermediate.dense,
+            layer.output.dense,
+        ):
             lin.weight = torch.nn.Parameter(lin.weight.new_empty(lin.weight.shape[0], 0), requires_grad=False)
         self.qkv_w, self.o_w, self.up_w, self.down_w = (
             t.new_empty(t.shape[0], 0) for t in (self.qkv_w, self.o_w, self.up_w, self.down_w)
