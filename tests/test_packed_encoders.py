@@ -265,12 +265,12 @@ def test_bi_encoder_on_packed_names_the_runtimes():
 
 
 def test_config_error_type():  # load_settings wraps the struct's ValueError in one line
-    with pytest.raises(ConfigError, match="fp8"):
+    with pytest.raises(ConfigError, match="parity_set is the golden set of the FP8 ranking gate"):
         load_settings(
             environ={
                 "RERANK_MODELS__0__FAMILY": "cross-encoder",
                 "RERANK_MODELS__0__ENGINE": "packed",
-                "RERANK_MODELS__0__PRECISION": "fp8",
+                "RERANK_MODELS__0__PARITY_SET": "golden.jsonl",  # read only with precision = "fp8"
             }
         )
 
