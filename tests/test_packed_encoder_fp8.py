@@ -41,10 +41,27 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+def _random_biases(path: Path) -> Path:
+    """The checkpoint with random biases and LayerNorm weights (a fresh one has zeros and ones,
+    which would hide a bias added twice, to the wrong GEMM or not at all)."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(path))
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+            elif "LayerNorm.weight" in name:
+                p.copy_(1 + torch.randn(p.shape, generator=g) * 0.1)
+    model.save_pretrained(str(path))
+    return path
+
+
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("packed-encoder-fp8")
-    out = {kind: build_tiny_cross_encoder(base / kind, kind=kind) for kind in KINDS}
+    out = {kind: _random_biases(build_tiny_cross_encoder(base / kind, kind=kind)) for kind in KINDS}
     out["modernbert"] = build_tiny_modernbert(base / "modernbert")
     return out
 
@@ -115,12 +132,13 @@ def test_fp8_encoder_equals_the_dequantized_reference(dirs, kind, dtype, one_thr
     want = _reference_logits(dirs[kind], rep.fp8.weights, kind, prompts, segments, dtype)
     diff = (got - want).abs().flatten()
     # Same fp8 values and products, the scales applied in another order (after the GEMM vs
-    # dequantized before it): most pairs equal within 1e-5 (measured 92-96 % in fp32, 79-92 % in
+    # dequantized before it): most pairs equal within 1e-5 (measured 96-100 % in fp32, 62-79 % in
     # bf16), the others where an activation sat on an e4m3 rounding boundary and one side rounded
-    # it the other way, which later layers carry on: measured <= 2.7 % of the logits' spread.
-    # A wrong scale, bias or region moves every pair.
-    assert (diff <= 1e-5).float().mean().item() >= 0.7, diff
-    assert diff.max().item() <= 0.05 * (want.max() - want.min()).item(), diff
+    # it the other way, which later layers carry on: measured <= 0.2 % of the logits' spread in
+    # fp32, <= 4.9 % in bf16. A wrong scale, bias or region moves every pair.
+    exact, most = (0.9, 0.01) if dtype == torch.float32 else (0.5, 0.08)
+    assert (diff <= 1e-5).float().mean().item() >= exact, diff
+    assert diff.max().item() <= most * (want.max() - want.min()).item(), diff
 
 
 def _centred_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -137,12 +155,12 @@ def test_fp8_scores_stay_near_the_fp32_model(dirs, kind, one_thread):
     rep = _replica(dirs[kind])
     rep.to_fp8()
     got = torch.tensor(rep.score(prompts, segments))
-    # Measured on these 48 pairs (centred relative L2 to fp32): bf16 0.034 / 0.041 / 0.058, fp8
-    # 0.27 / 0.44 / 0.34 (xlmr / bert / electra; correlation 0.97 / 0.90 / 0.94). Random tiny
+    # Measured on these 48 pairs (centred relative L2 to fp32): bf16 0.042 / 0.050 / 0.098, fp8
+    # 0.35 / 0.45 / 0.40 (xlmr / bert / electra; correlation 0.94 / 0.90 / 0.92). Random tiny
     # weights differ between pairs by little, so the quantization's ~3 % per GEMM is a large share
     # of it (a trained model's pairs differ by far more: the gate judges that). With every weight
-    # scale doubled (a calibration bug): 1.26 / 0.93 / 0.77, correlation 0.48 / 0.53 / 0.73.
-    assert _centred_error(bf16, fp32) < 0.08
+    # scale doubled (a calibration bug): 1.43 / 1.13 / 0.83, correlation 0.30 / 0.47 / 0.67.
+    assert _centred_error(bf16, fp32) < 0.15
     assert _centred_error(got, fp32) < 0.6
     assert torch.corrcoef(torch.stack([got.flatten(), fp32.flatten()]))[0, 1].item() > 0.85
     assert not torch.equal(got, bf16)  # the GEMMs really ran in FP8

@@ -5,10 +5,11 @@ graph -- against the CPU's dequantized reference (tests/test_packed_encoder_fp8.
 own modules, one pair at a time, each linear layer "quantize the input per token in fp32, times
 the dequantized weight, plus the bias"), with the engine's own quantized weights.
 
-Tolerance: on the CPU the engine's bf16 FP8 path and this reference differ by at most 4 % of the
+Tolerance: on the CPU the engine's bf16 FP8 path and this reference differ by at most 5 % of the
 logits' spread (an activation on an e4m3 rounding boundary rounded the other way, carried on by
 later layers); FlashAttention and fast accumulation round differently again, so ``CENTRED_TOL``
-allows a centred relative error of 0.15 -- a doubled weight scale measured 0.77 to 1.26 on the CPU.
+allows a centred relative error of 0.15 -- a doubled weight scale measured 0.83 to 1.43 on the CPU
+(there against fp32: the reference here is built from the engine's own weights).
 Not yet run on a GPU: the first run's figures belong in this docstring.
 """
 
@@ -33,10 +34,11 @@ CENTRED_TOL = 0.15
 
 @pytest.fixture(scope="module", params=["xlmr", "bert"])
 def cross_encoder(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> tuple[str, Path]:
+    from tests.test_packed_encoder_fp8 import _random_biases
     from tests.tiny_encoders import build_tiny_cross_encoder
 
-    kind = request.param
-    return kind, build_tiny_cross_encoder(tmp_path_factory.mktemp("gpu-ce-fp8") / kind, kind=kind)
+    kind = request.param  # random biases and LayerNorm weights: a bias added wrong moves the scores
+    return kind, _random_biases(build_tiny_cross_encoder(tmp_path_factory.mktemp("gpu-ce-fp8") / kind, kind=kind))
 
 
 def test_fp8_engine_with_graphs_scores_as_the_dequantized_reference(
