@@ -100,3 +100,35 @@ def test_fp8_engine_with_graphs_scores_as_the_dequantized_reference(
     err = ((g - w).norm() / w.norm()).item()
     print(f"{kind}: centred relative error to the dequantized reference {err:.4f}; gate {precision['gate']}")
     assert err < CENTRED_TOL, (err, got, want)
+
+
+def test_triton_regions_are_picked_and_score_as_the_reference(cross_encoder: tuple[str, Path]) -> None:
+    """``regions = "triton"``: encoder_fp8_triton's LayerNorm and activation kernels must be the ones
+    serving (the picker would quietly fall back from a broken one), then the replica, graphs and
+    all, scores as the dequantized reference."""
+    from adapters.runtimes.packed import encoder_fp8, fp8
+    from adapters.runtimes.packed.encoder_forward import load_cross_encoder
+    from adapters.runtimes.packed.encoder_replicas import make_replica
+    from adapters.runtimes.packed.graphs import token_bucket
+    from tests.test_packed_encoder_fp8 import _pairs, _reference_logits
+
+    kind, path = cross_encoder
+    model = load_cross_encoder(str(path), None, torch.bfloat16)
+    if encoder_fp8.triton_regions(str(model.config.hidden_act)) is None:
+        pytest.skip("no Triton in this install")
+    rep: Any = make_replica(model, torch.device("cuda"), attention="auto", compile=True, gelu_epilogue="auto")
+    rep.to_fp8(regions="triton")
+    assert {r: rep.fp8.kernels[r]["kernel"] for r in encoder_fp8.REGIONS} == dict.fromkeys(
+        encoder_fp8.REGIONS, "triton"
+    ), rep.fp8.kernels
+    prompts, segments = _pairs(kind)
+    rep.warm_up([(prompts[:1], segments[:1]), (prompts, segments)])
+    rep.use_graphs(token_bucket(2048), (prompts, segments))
+    assert rep.graphs is not None and rep.graph_error is None, rep.graph_error
+    got = torch.tensor(rep.score(prompts, segments))
+    weights = [tuple(fp8.Fp8Weight(w.qt.cpu(), w.scale.cpu()) for w in ws) for ws in rep.fp8.weights]
+    want = _reference_logits(path, weights, kind, prompts, segments, torch.bfloat16)
+    g, w = got - got.mean(), want - want.mean()
+    err = ((g - w).norm() / w.norm()).item()
+    print(f"{kind} (triton regions): centred relative error to the dequantized reference {err:.4f}")
+    assert err < CENTRED_TOL, (err, got, want)

@@ -15,8 +15,8 @@ region that produces them*, so the quantization costs no pass of its own over me
   module are opaque to Inductor), quantized on their own.
 
 Each region has a torch reference below; :func:`candidates` lists the kernels this process has
-(the references compiled by Inductor, or eager; on CUDA the Triton / vLLM per-token quantization
-for "quant") and :func:`pick` keeps per region the fastest one that computes the reference's
+(the references compiled by Inductor, or eager; on CUDA one Triton kernel per region,
+:mod:`.encoder_fp8_triton`, and vLLM's per-token quantization for "quant") and :func:`pick` keeps per region the fastest one that computes the reference's
 result (``fp8.pick_each``: the rule and tolerance Qwen3's regions are picked by). The GEMM is
 ``fp8.pick_mm``'s (``torch._scaled_mm`` / vLLM CUTLASS on CUDA, the emulation on CPU); biases are
 added in the model dtype after it. Attention, the LayerNorms' residual stream, the embeddings and
@@ -71,8 +71,21 @@ def reference(act: Callable[[torch.Tensor], torch.Tensor]) -> EncoderRegions:
     return add_ln_q, act_q, fp8.quant
 
 
-def candidates(act: Callable[[torch.Tensor], torch.Tensor], compiled: bool, cuda: bool) -> dict[str, dict[str, Any]]:
-    """Per region, the kernels this process has, by name (the references first)."""
+def triton_regions(hidden_act: str) -> tuple[Callable[..., Any], Callable[..., Any] | None] | None:
+    """:mod:`.encoder_fp8_triton`'s (ln_q, act_q) when Triton imports (act_q None: no kernel for ``hidden_act``)."""
+    try:
+        from adapters.runtimes.packed import encoder_fp8_triton
+
+        return encoder_fp8_triton.build(hidden_act)
+    except Exception:  # noqa: BLE001  # no Triton in this install
+        return None
+
+
+def candidates(
+    act: Callable[[torch.Tensor], torch.Tensor], compiled: bool, cuda: bool, hidden_act: str = ""
+) -> dict[str, dict[str, Any]]:
+    """Per region, the kernels this process has, by name (the references first; ``hidden_act``: the
+    config's, which names the Triton activation kernel that computes ``act``)."""
     ref = reference(act)
     if compiled:
         family, fns = "compiled (Inductor)", tuple(torch.compile(f, dynamic=True) for f in ref)
@@ -80,8 +93,14 @@ def candidates(act: Callable[[torch.Tensor], torch.Tensor], compiled: bool, cuda
         family, fns = "eager", ref
     out: dict[str, dict[str, Any]] = {r: {family: f} for r, f in zip(REGIONS, fns, strict=True)}
     if cuda:
-        # No LayerNorm + per-token quant or GELU + quant op in vLLM (its fused ones are RMSNorm /
-        # SiLU): the quantization alone has Triton's kernel and vLLM's.
+        # One Triton kernel per region (encoder_fp8_triton; the plain quantization is fp8_triton's).
+        # vLLM has no LayerNorm + per-token quant or GELU + quant op (its fused ones are RMSNorm /
+        # SiLU): only its plain quantization is a candidate.
+        enc = triton_regions(hidden_act)
+        if enc is not None:
+            out["layernorm"]["triton"] = enc[0]
+            if enc[1] is not None:
+                out["act"]["triton"] = enc[1]
         t = fp8.triton_regions()
         if t is not None:
             out["quant"]["triton"] = t[3]
@@ -189,6 +208,7 @@ class EncoderFp8:
             self.mm_kernel, self.mm, self.mm_timing = fp8.pick_mm(self.device, (16384, k, n), layers[0].o_b.dtype)
         self._layer0 = layers[0]  # its norms and biases: the regions' check inputs
         self.act = layers[0].act  # every layer's activation is the config's hidden_act
+        self.hidden_act = str(getattr(replica.model.config, "hidden_act", ""))
         self.ref = reference(self.act)
         self.choice = choice
         self._cands: tuple[bool, dict[str, dict[str, Any]]] | None = None
@@ -199,7 +219,7 @@ class EncoderFp8:
     def pick(self, compiled: bool) -> None:
         """(Re)pick the regions' kernels; compiled candidates are made once per ``compiled`` value."""
         if self._cands is None or self._cands[0] != compiled:
-            self._cands = (compiled, candidates(self.act, compiled, self.device.type == "cuda"))
+            self._cands = (compiled, candidates(self.act, compiled, self.device.type == "cuda", self.hidden_act))
         self.regions, self.kernels = pick(self._cands[1], self.ref, self._layer0, self.device, self.choice)
 
     def describe(self) -> dict[str, Any]:
