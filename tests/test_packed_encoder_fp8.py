@@ -343,6 +343,29 @@ async def test_fp8_engine_refuses_when_the_gate_fails(dirs, small_golden_set):
 
 
 @pytest.mark.anyio
+async def test_a_device_without_an_fp8_gemm_refuses_the_model(dirs, monkeypatch, small_golden_set):
+    """Qwen3's rule (fp8.pick_mm: no GEMM computes the emulation's result on this device), as a config error."""
+
+    def no_gemm(device, shape, dtype):
+        raise RuntimeError(f"precision = 'fp8': no FP8 GEMM works on {device} ({{}})")
+
+    monkeypatch.setattr(fp8, "pick_mm", no_gemm)
+    eng = build_engine(_config(dirs["bert"], precision="fp8", precision_gate="warn"))
+    with pytest.raises(EngineConfigError, match="model 'p': precision = 'fp8': no FP8 GEMM works on cpu"):
+        await eng.start()
+    await eng.stop()
+
+
+def test_check_config_passes_fp8_on_bert_style_checkpoints(dirs):
+    from gateway.launch.preflight import preflight
+    from schemas.config import Settings
+
+    for kind in KINDS:
+        settings = Settings(models=(PackedEngineConfig(name="p", path=str(dirs[kind]), precision="fp8"),))
+        assert not [f.message for f in preflight(settings).findings if f.refuses], kind
+
+
+@pytest.mark.anyio
 async def test_fp8_refuses_modernbert_and_a_dtype_other_than_bf16(dirs):
     eng = build_engine(_config(dirs["modernbert"], precision="fp8"))
     with pytest.raises(EngineConfigError, match="ModernBERT's layers .* have no FP8 forward yet"):
