@@ -308,7 +308,10 @@ def _to_fp8(
             f"model '{cfg.name}': {result.line()}: refused; serve it in bf16 (drop precision) "
             f"or set precision_gate = 'warn' after checking the ranking on your own data"
         )
-    log.info("packed_fp8_gate", model=cfg.name, passed=result.passed, line=result.line())
+    # a failed gate served anyway (precision_gate = "warn") is a warning in the log, as in /ready
+    (log.info if result.passed else log.warning)(
+        "packed_fp8_gate", model=cfg.name, passed=result.passed, line=result.line()
+    )
     return result
 
 

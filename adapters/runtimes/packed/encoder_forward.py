@@ -420,7 +420,8 @@ class PackedEncoderReplica(PackedPairReplica):
         """Quantize every layer's four GEMMs to e4m3 and run them in FP8 from now on
         (``encoder_fp8``: what stays in the model dtype, how the kernels are picked); the model-dtype
         weights of those GEMMs are freed. The engine loads the model in bfloat16 for it; float32
-        (the tests' reference comparison, free of bf16 rounding) runs the same code. ``warm_up`` again afterwards (the regions compile then)."""
+        (the tests' reference comparison, free of bf16 rounding) runs the same code. ``warm_up``
+        again afterwards (the regions compile then)."""
         from adapters.runtimes.packed import encoder_fp8
 
         self.fp8 = encoder_fp8.EncoderFp8(self, quantize, regions)
