@@ -298,7 +298,7 @@ def summary(results: dict[str, Any]) -> str:
         if e.get("size") in ("0.6b", "tiny")
         for label, levels in (e.get("rows") or {}).items()
     }
-    if judged:
+    if judged := {label: levels for label, levels in judged.items() if levels}:  # results before 2026-12-05: none
         lines += ["", "## Targets (Qwen3-0.6B shape, over HTTP through the gateway)", "", *targets_table(judged)]
     lines += ["", "skipped: " + json.dumps(results["skipped"])]
     return "\n".join(lines) + "\n"

@@ -22,7 +22,6 @@ has freed but the allocator keeps (arenas and malloc pools from large bodies), n
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import itertools
 import json
@@ -38,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.reliability.hostile import hostile_cases, send_raw
+from benchmarks.reliability.hostile import hostile_pass
 
 __all__ = ("SECOND_PASS_BOUND", "build_cases", "fuzz_memory", "unequal_score_pairs")
 
@@ -138,12 +137,9 @@ def fuzz_pass(url: str, port: int, cases: list[Any]) -> dict[str, Any]:
                 name = type(failure).__name__
                 failures[name] += 1
                 examples.setdefault(name, f"{case.method} {case.path}: {str(failure)[:300]}")
-    hostile_5xx = hostile = 0
-    for case in hostile_cases("static", key=KEY, max_body_bytes=MAX_BODY, max_documents=MAX_DOCUMENTS):
-        hostile += 1
-        with contextlib.suppress(OSError):
-            resp = send_raw("127.0.0.1", port, case, timeout=BODY_TIMEOUT_S + 20)
-            hostile_5xx += resp is not None and resp.status >= 500
+    hostile = hostile_pass(
+        port, key=KEY, max_body_bytes=MAX_BODY, max_documents=MAX_DOCUMENTS, timeout=BODY_TIMEOUT_S + 20
+    )
     return {
         "schemathesis_cases": len(cases) - skipped,
         "out_of_scope": skipped,
@@ -151,8 +147,8 @@ def fuzz_pass(url: str, port: int, cases: list[Any]) -> dict[str, Any]:
         "check_failures": sum(failures.values()),
         "failures_by_check": dict(failures),
         "failure_examples": examples,
-        "hostile_requests": hostile,
-        "hostile_5xx": hostile_5xx,
+        "hostile_requests": hostile["tried"],
+        "hostile_5xx": hostile["five_xx"],
         "seconds": round(time.monotonic() - start, 1),
     }
 
