@@ -33,11 +33,6 @@ def _rows(report: dict[str, Any]) -> list[list[Any]]:
             ]
         )
         rows.append(["fuzz", f"second pass adds < {f['bound_second_pass']:.0%}", f["second_pass_within_bound"]])
-        if h := f.get("heap"):
-            rows.append(["fuzz", "traced Python heap MB (warm / pass 1 / pass 2)", _j(*h["traced_mb"].values())])
-            for phase in ("warm->pass1", "pass1->pass2"):
-                top = ", ".join(f"{d['where']} {d['kb']:+} kB" for d in h.get(phase, [])[:4])
-                rows.append(["fuzz", f"heap growth {phase}, largest lines", top])
         rows.append(
             [
                 "fuzz",
