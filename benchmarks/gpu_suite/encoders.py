@@ -62,7 +62,6 @@ from benchmarks.gpu_suite.encoder_checkpoint import (
     DOC_TOKENS,
     DOCS,
     QUERY_TOKENS,
-    TINY_CONFIG,
     build,
     pair_lengths,
     probe_request,
@@ -70,11 +69,9 @@ from benchmarks.gpu_suite.encoder_checkpoint import (
 )
 from benchmarks.gpu_suite.encoder_shapes import flops_per_request
 from benchmarks.gpu_suite.encoders_report import summary
-from benchmarks.gpu_suite.encoders_runtimes import COMMON, MODELS, NEEDS, RUNTIME_ENV, RUNTIMES
+from benchmarks.gpu_suite.encoders_runtimes import MODELS, NEEDS, RUNTIME_ENV, RUNTIMES
 from benchmarks.harness import Gateway, bench_level, gpu_mem_mib, serve
 from schemas.config import Settings
-
-__all__ = ("COMMON", "DOCS", "DOC_TOKENS", "QUERY_TOKENS", "RUNTIMES", "TINY_CONFIG", "build", "main", "summary")
 
 
 def log(*a: Any) -> None:
