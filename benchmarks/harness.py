@@ -1,7 +1,8 @@
 """What the suites share to run servers on loopback: the checkout's root, a free port, waiting for
-an HTTP 200, a gateway as its own process (``Gateway``), ``rerank-gateway bench``'s command line
-for one level, GPU memory. Stdlib only at import. Latency percentiles, summaries, the environment
-record and the JSON / Markdown reports are ``gateway.bench.report``'s.
+an HTTP 200, a gateway as its own process (``Gateway``), ``rerank-gateway bench`` for one level
+(``bench_level``), GPU memory. Stdlib only at import. Latency percentiles, summaries, the environment
+record and the bench's own JSON / Markdown are ``gateway.bench.report``'s; ``table`` writes the
+suites' Markdown tables from rows, ``serve`` runs one gateway through a measurement.
 """
 
 from __future__ import annotations
@@ -59,32 +60,62 @@ def in_order(results: list[dict[str, Any]], n: int) -> list[float]:
     return out
 
 
-def bench_args(
-    url: str,
-    model: str,
-    tokenizer: Path,
-    *,
-    documents: int,
-    doc_tokens: str,
-    query_tokens: str = "10",
-    clients: int,
-    requests: int,
-    warmup: int = 4,
-    seed: int,
-    title: str,
-    out: Path,
-    strict: bool = False,
-) -> list[str]:
-    """``rerank-gateway bench``'s argv for one level: a separate client process (its CPU is not the gateway's)."""
+def bench_level(url: str, model: str, tokenizer: Path, out: Path, **opts: Any) -> dict[str, Any]:
+    """``rerank-gateway bench`` for one level, a separate client process (its CPU is not the gateway's);
+    ``opts`` are its options (``doc_tokens="50-150"``: ``--doc-tokens 50-150``). The level's summary,
+    every request counted."""
+    import json
     import sys
 
-    return [
-        *(sys.executable, "-m", "gateway", "bench", url, "--model", model, "--tokenizer", str(tokenizer)),
-        *("--documents", str(documents), "--doc-tokens", doc_tokens, "--query-tokens", query_tokens),
-        *("--concurrency", str(clients), "--requests", str(requests), "--warmup", str(warmup), "--seed", str(seed)),
-        *("--title", title, "--no-progress", "--out", str(out)),
-        *(["--strict"] if strict else []),
-    ]
+    argv = [sys.executable, "-m", "gateway", "bench", url, "--model", model, "--tokenizer", str(tokenizer)]
+    options: dict[str, Any] = {"query_tokens": "10", "warmup": 4, **opts}
+    for k, v in options.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    subprocess.run([*argv, "--no-progress", "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
+    (s,) = json.loads((out / "bench.json").read_text())["summaries"]
+    return dict(s)
+
+
+def table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """A Markdown table's lines: a cell is written as given (``str``), a row shorter than the header is padded."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(c) for c in r + [""] * (len(header) - len(r))) + " |" for r in rows]
+
+
+def serve(
+    name: str,
+    models: list[dict[str, Any]],
+    work: Path,
+    results: dict[str, Any],
+    measure: Any,
+    *,
+    need_s: float,
+    deadline: float,
+    log: Any,
+    env: dict[str, str] | None = None,
+) -> None:
+    """One gateway process serving ``models``, entered as ``results["runs"][name]`` and measured by
+    ``measure(gw, entry, ready_body)``: skipped and listed where ``need_s`` would pass ``deadline``;
+    its start time and GPU memory once ready; an error recorded, not raised (one runtime failing
+    must not lose the others' figures); the log's tail."""
+    if deadline - time.time() < need_s:
+        results["skipped"].append(f"{name}: {deadline - time.time():.0f}s left, needs ~{need_s:.0f}s")
+        log("SKIP", results["skipped"][-1])
+        results["runs"].pop(name, None)
+        return
+    gw = Gateway(name, models, work, env=env)
+    entry: dict[str, Any] = results["runs"].setdefault(name, {})
+    try:
+        body = gw.ready(timeout=max(30.0, min(300.0, deadline - time.time() - 20)))
+        entry["start_s"] = time.time() - gw.t0
+        entry["gpu_ready_mib"] = gpu_mem_mib() - gw.base_mib if gw.base_mib >= 0 else None
+        log(f"{name}: ready in {entry['start_s']:.0f}s, GPU {entry['gpu_ready_mib']} MiB")
+        measure(gw, entry, body)
+    except Exception as exc:  # noqa: BLE001
+        entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        log(f"ERROR {name}: {entry['error']}")
+    finally:
+        entry["log_tail"] = gw.stop()
 
 
 def smi(*args: str) -> str:

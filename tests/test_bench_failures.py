@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.gpu_suite.report import P99_MIN_SAMPLES, judge, two_gpu_target_lines
-from benchmarks.gpu_suite.report import report as gpu_report
+from benchmarks.gpu_suite.targets import P99_MIN_SAMPLES, judge, targets_table
 from gateway.bench.driver import LevelRun, Sample
 from gateway.bench.report import markdown_table, summarize, write_plots
 from tests.conftest import ROOT, free_port, wait_http_ok
@@ -107,16 +106,10 @@ def test_injected_failures_are_in_every_figure_and_table(failing_url: str, tmp_p
     assert "4 (33.3 %) of 12 requests failed" in report and "the 8 OK requests alone" in report
     assert f"{s['latency_ms']['p99']:,.2f}" in report  # the table's p99 is the all-requests one
     assert (out / "latency_cdf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # The GPU suite's report on this very level (as its gateway phase would record it, at one
-    # client): every target it would judge is refused, the p50 target with the failures named.
-    level = {**s, "concurrency": 1}
-    results = {
-        "environment": doc["environment"],
-        "device": "stub",
-        "tflops": 0,
-        "gateway": {"start_s": {"stub": 0.0}, "http": {"stub": {"d100": {"summaries": [level], "measured": "-"}}}},
-    }
-    targets = [line for line in gpu_report(results).splitlines() if line.startswith("| d100, one client")]
+    # The GPU suite's targets on this very level (as ``qwen3`` would record it, at one client):
+    # every target it would judge is refused, the p50 target with the failures named.
+    table = targets_table({"stub": {("d100", 1): {**s, "concurrency": 1}}})
+    targets = [line for line in table if line.startswith("| d100, one client")]
     assert len(targets) == 2 and not any("**met**" in line for line in targets), targets
     assert any("not met: 4 of 12 requests failed (502: 2, timeout: 2)" in line for line in targets), targets
 
@@ -209,15 +202,6 @@ def test_a_wide_tail_widens_the_band_beyond_the_floor() -> None:
     lo, hi = s["latency_spread_ms"]["p99"]
     assert lo < s["latency_ms"]["p99"] < hi and hi - lo > 0.1 * s["latency_ms"]["p99"]
     assert judge(s, "p99", s["latency_ms"]["p99"] * 1.08, higher=False).startswith("within noise")
-
-
-def test_two_gpu_speedup_is_not_met_with_failed_requests() -> None:
-    one = {"docs_per_s": 240.0, "errors": 0}
-    rep = {"docs_per_s": 468.0, "errors": 0}
-    two = {"packed-1gpu": one, "packed-2gpu": rep, "speedup": 1.95 * 1.05}
-    assert two_gpu_target_lines(two)[0].endswith(": **met** |")
-    two["packed-1gpu"] = {**one, "errors": 2}
-    assert two_gpu_target_lines(two)[0].endswith(": not met: 2 failed requests |")
 
 
 def test_markdown_table_rows_name_the_failures() -> None:

@@ -3,8 +3,8 @@
 The real runs take minutes to hours on their machines (docs/benchmarks.md#suites); here each one
 runs its whole path (build, serve, measure, report) on the smallest workload it accepts, and the
 report it writes must hold every contestant asked for. Figures are not checked: a tiny run's
-numbers mean nothing. The GPU suite runs on CPU (its tiny models); its plan, rows and targets are
-also tested in tests/test_bench_twogpu.py and tests/test_bench_failures.py, the reliability run's
+numbers mean nothing. The GPU suite runs on CPU (its tiny models); its targets are also tested
+in tests/test_bench_failures.py, the reliability run's
 pieces in tests/test_reliability.py.
 """
 
@@ -152,17 +152,6 @@ def test_reliability_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
     assert "fuzz" in (day / "reliability.md").read_text()
 
 
-def test_gpu_suite_runs_its_plan_and_report_on_cpu(tmp_path: Path) -> None:
-    """No GPU here: the tiny Qwen3 on CPU through the suite's checkpoint, matmul rate, parity
-    phase and report (the engine runs themselves need CUDA)."""
-    out = tmp_path / "gpu"
-    _run(["benchmarks.gpu_suite", "--small", "--phases", "parity", "--out", str(out), "--work", str(tmp_path / "w")])
-    results = json.loads((out / "gpu_results.json").read_text())
-    assert results["parity"], results.get("errors")
-    assert not results["errors"], results["errors"]
-    assert "Parity" in (out / "gpu_report.md").read_text()
-
-
 def test_gpu_suite_subcommands_run_their_gateways_on_cpu(tmp_path: Path) -> None:
     """``encoders --tiny`` and ``qwen3 --smoke``: each runtime in a gateway process of its own
     (the shared harness), rerank-gateway bench as the client, the summary written."""
@@ -180,4 +169,5 @@ def test_gpu_suite_subcommands_run_their_gateways_on_cpu(tmp_path: Path) -> None
     _run(["benchmarks.gpu_suite", "qwen3", "--smoke", "--out", str(qwen), "--work", str(tmp_path / "qw")])
     runs = json.loads((qwen / "qwen3_results.json").read_text())["runs"]
     assert runs and all("error" not in r for r in runs.values()), runs
-    assert "side by side" in (qwen / "qwen3_summary.md").read_text()
+    md = (qwen / "qwen3_summary.md").read_text()
+    assert "side by side" in md and "| d100, one client at idle, p50 | ≤ 50 ms | " in md

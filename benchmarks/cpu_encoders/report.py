@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.cpu_encoders.measure import DOC_TOKENS, DOCS
+from benchmarks.harness import table
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -31,18 +32,19 @@ def markdown(report: dict[str, Any]) -> str:
             + ", ".join(f"{rd['round']}: {rd['load_before']:.2f} / {rd['load_after']:.2f}" for rd in shape["rounds"])
             + ".",
             "",
-            "| contestant | docs/s, 1 client | vs transformers | docs/s, 4 clients | 4 clients vs 1 | docs per CPU-s | vs transformers (CPU) | docs per CPU-s, 4 clients | 4 vs 1 (CPU) | top-10 order kept | top-10 shared | max abs Δ | parity gate (golden set) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
+        nan, rows = float("nan"), []
         for e in shape["table"]:
             a = e.get("agreement", {})
             kept = f"{a['queries_kept']}/{a['queries']}" if a else "-"
-            cpu = f"{e['docs_per_cpu_s']:.1f} | {e.get('cpu_vs_transformers', float('nan')):.2f}x"
-            out.append(
-                f"| {e['contestant']} | {e['docs_s_1']:.1f} | {e.get('vs_transformers', float('nan')):.2f}x | "
-                f"{e['docs_s_4']:.1f} | {e['four_vs_one']:.2f}x | {cpu} | {e['docs_per_cpu_s_4']:.1f} | {e['four_vs_one_cpu']:.2f}x | {kept} | {a.get('mean_shared_top10', float('nan')):.1f} | "
-                f"{a.get('max_abs_delta', float('nan')):.1e} | {_gate(e)} |"
-            )
+            rows.append([e["contestant"], f"{e['docs_s_1']:.1f}", f"{e.get('vs_transformers', nan):.2f}x"])
+            rows[-1] += [f"{e['docs_s_4']:.1f}", f"{e['four_vs_one']:.2f}x", f"{e['docs_per_cpu_s']:.1f}"]
+            rows[-1] += [f"{e.get('cpu_vs_transformers', nan):.2f}x", f"{e['docs_per_cpu_s_4']:.1f}"]
+            rows[-1] += [f"{e['four_vs_one_cpu']:.2f}x", kept, f"{a.get('mean_shared_top10', nan):.1f}"]
+            rows[-1] += [f"{a.get('max_abs_delta', nan):.1e}", _gate(e)]
+        head = ["contestant", "docs/s, 1 client", "vs transformers", "docs/s, 4 clients", "4 clients vs 1"]
+        head += ["docs per CPU-s", "vs transformers (CPU)", "docs per CPU-s, 4 clients", "4 vs 1 (CPU)"]
+        out += table([*head, "top-10 order kept", "top-10 shared", "max abs Δ", "parity gate (golden set)"], rows)
         engines = [e for e in shape["table"] if "engine" in e]
         if engines:
             out += [
@@ -52,15 +54,15 @@ def markdown(report: dict[str, Any]) -> str:
                     "the padding share of the computed tokens, rows per batch."
                 ),
                 "",
-                "| contestant | streams busy, 1 client | 4 clients | padding, 1 client | 4 clients | rows per batch, 1 client | 4 clients |",
-                "|---|---|---|---|---|---|---|",
             ]
-            for e in engines:
-                g = e["engine"]
-                out.append(
-                    f"| {e['contestant']} | {g['streams_busy_1']:.0%} | {g['streams_busy_4']:.0%} | {g['padding_1']:.1%} | "
-                    f"{g['padding_4']:.1%} | {g['rows_per_batch_1']:.1f} | {g['rows_per_batch_4']:.1f} |"
-                )
+            head = ["contestant", "streams busy, 1 client", "4 clients", "padding, 1 client", "4 clients"]
+            rows = [
+                [e["contestant"], *(f"{g[f'streams_busy_{n}']:.0%}" for n in (1, 4))]
+                + [*(f"{g[f'padding_{n}']:.1%}" for n in (1, 4)), *(f"{g[f'rows_per_batch_{n}']:.1f}" for n in (1, 4))]
+                for e in engines
+                for g in [e["engine"]]
+            ]
+            out += table([*head, "rows per batch, 1 client", "4 clients"], rows)
         for e in (e for e in shape["table"] if "setup" in e):
             out.append(f"\n{e['contestant']}: {e['setup']}.")
         for name, why in shape["skipped"].items():

@@ -1,9 +1,8 @@
-"""``python -m benchmarks.gpu_suite [encoders|qwen3] ...``: the GPU engine runs.
+"""``python -m benchmarks.gpu_suite {encoders|qwen3|host} ...``: the GPU engine runs.
 
-Without a subcommand, the whole Qwen3 run (see the package's docstring); ``encoders``: the
-cross-encoder runtimes (``encoders.py``); ``qwen3``: every Qwen3 runtime and size
-(``qwen3.py``); ``host``: the host's share of an idle d100 request, on the CPU
-(``host_profile.py``). Each takes its own ``--help``.
+``encoders``: the cross-encoder runtimes (``encoders.py``); ``qwen3``: every Qwen3 runtime and
+size, and the issue's targets (``qwen3.py``); ``host``: the host's share of an idle d100
+request, on the CPU (``host_profile.py``). Each takes its own ``--help``.
 """
 
 import sys
@@ -18,16 +17,12 @@ SUBCOMMANDS = {
 def main() -> None:
     import importlib
 
-    if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
-        name = sys.argv.pop(1)
-        sys.argv[0] = f"python -m benchmarks.gpu_suite {name}"
-        importlib.import_module(SUBCOMMANDS[name]).main()
-        return
-    if {"-h", "--help"} & set(sys.argv[1:]):
+    if len(sys.argv) < 2 or sys.argv[1] not in SUBCOMMANDS:
         print(__doc__)
-    from benchmarks.gpu_suite.run import main as run_main
-
-    run_main()
+        sys.exit(0 if {"-h", "--help"} & set(sys.argv[1:]) else 2)
+    name = sys.argv.pop(1)
+    sys.argv[0] = f"python -m benchmarks.gpu_suite {name}"
+    importlib.import_module(SUBCOMMANDS[name]).main()
 
 
 if __name__ == "__main__":

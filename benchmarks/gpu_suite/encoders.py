@@ -51,7 +51,6 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -63,7 +62,6 @@ from benchmarks.gpu_suite.encoder_checkpoint import (
     DOC_TOKENS,
     DOCS,
     QUERY_TOKENS,
-    TINY_CONFIG,
     build,
     pair_lengths,
     probe_request,
@@ -71,11 +69,9 @@ from benchmarks.gpu_suite.encoder_checkpoint import (
 )
 from benchmarks.gpu_suite.encoder_shapes import flops_per_request
 from benchmarks.gpu_suite.encoders_report import summary
-from benchmarks.gpu_suite.encoders_runtimes import COMMON, MODELS, NEEDS, RUNTIME_ENV, RUNTIMES
-from benchmarks.harness import Gateway, bench_args, gpu_mem_mib
+from benchmarks.gpu_suite.encoders_runtimes import MODELS, NEEDS, RUNTIME_ENV, RUNTIMES
+from benchmarks.harness import Gateway, bench_level, gpu_mem_mib, serve
 from schemas.config import Settings
-
-__all__ = ("COMMON", "DOCS", "DOC_TOKENS", "QUERY_TOKENS", "RUNTIMES", "TINY_CONFIG", "build", "main", "summary")
 
 
 def log(*a: Any) -> None:
@@ -137,27 +133,14 @@ def bench(
     gpu: bool,
     probe: tuple[dict[str, Any], list[float]] | None = None,
 ) -> dict[str, Any]:
-    def run(n: int, seed: int, warmup: int, folder: Path) -> None:
+    def run(n: int, seed: int, warmup: int, folder: Path) -> dict[str, Any]:
+        opts = {"documents": DOCS, "doc_tokens": DOC_TOKENS, "query_tokens": QUERY_TOKENS, "concurrency": clients}
         title = f"{model} d100 {clients} clients"
-        args = bench_args(
-            gw.url,
-            model,
-            model_dir,
-            documents=DOCS,
-            doc_tokens=DOC_TOKENS,
-            query_tokens=QUERY_TOKENS,
-            clients=clients,
-            requests=n,
-            warmup=warmup,
-            seed=seed,
-            title=title,
-            out=folder,
-        )
-        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+        return bench_level(gw.url, model, model_dir, folder, **opts, requests=n, warmup=warmup, seed=seed, title=title)
 
     watched: dict[str, Any] = {}
 
-    def watching(*a: Any) -> None:
+    def watching(*a: Any) -> dict[str, Any]:
         """``run(*a)`` with the probe request sent again and again beside it (``watch``)."""
         stop = threading.Event()
         watcher = threading.Thread(
@@ -165,7 +148,7 @@ def bench(
         )
         watcher.start()
         try:
-            run(*a)
+            return run(*a)
         finally:
             stop.set()
             watcher.join(timeout=150)
@@ -176,13 +159,12 @@ def bench(
     if WARMUP["pass"]:  # traffic of the same kind (other documents: another seed) before the measured run, not counted
         (watching if watch_pass else run)(WARMUP["pass"], 1011 + clients, 0, out.with_name(out.name + "-warm"))
     before = _graph_stats(gw)
-    (watching if watch_pass and not WARMUP["pass"] else run)(requests, 11 + clients, WARMUP["requests"], out)
+    s = (watching if watch_pass and not WARMUP["pass"] else run)(requests, 11 + clients, WARMUP["requests"], out)
     after = _graph_stats(gw)
     # CUDA graphs captured during the measured run (its own warm-up requests included): each cost a
     # step ~10-90 ms; and idle steps replayed in a larger captured bucket instead (graphs.COVER)
     captures = after["captures"] - before["captures"] if before and after else None
     covered = after.get("covered_steps", 0) - before.get("covered_steps", 0) if before and after else None
-    (s,) = json.loads((out / "bench.json").read_text())["summaries"]
     lat = s["latency_ms"]
     row = {
         "clients": clients,
@@ -219,35 +201,16 @@ def _graph_stats(gw: Gateway) -> dict[str, Any] | None:
 
 
 def run_runtime(
-    label: str,
-    model_cfg: dict[str, Any],
-    model_dir: Path,
-    work: Path,
-    levels: dict[int, int],
-    deadline: float,
-    results: dict[str, Any],
-    gpu: bool,
-) -> None:
-    need = NEEDS.get(label, 90)
-    if deadline - time.time() < need:
-        results["skipped"].append(f"{label}: {deadline - time.time():.0f}s left, needs ~{need}s")
-        log("SKIP", results["skipped"][-1])
-        return
+    label: str, model_cfg: dict[str, Any], model_dir: Path, work: Path, levels: dict[int, int], deadline: float,
+    results: dict[str, Any], gpu: bool,
+) -> None:  # fmt: skip
     cfg = {"name": label, "path": str(model_dir), **model_cfg}
-    gw = Gateway(label, [cfg], work, env=RUNTIME_ENV.get(label))
-    entry: dict[str, Any] = {"model": cfg, "rows": []}
-    results["runs"][label] = entry
-    try:
-        body = gw.ready(timeout=max(30.0, deadline - time.time() - 20))
-        entry["start_s"] = time.time() - gw.t0
-        entry["gpu_ready_mib"] = gpu_mem_mib() - gw.base_mib if gpu else None
+
+    def measure(gw: Gateway, entry: dict[str, Any], body: dict[str, Any]) -> None:
         (status,) = body["models"]
         entry["engine_stats"] = status.get("engine_stats")
         entry["describe"] = {k: status.get(k) for k in ("runtime", "device", "dtype", "family")}
-        log(
-            f"{label}: ready in {entry['start_s']:.0f}s; {json.dumps(entry['describe'])}; "
-            f"attention {(entry['engine_stats'] or {}).get('attention')}"
-        )
+        log(f"{label}: {json.dumps(entry['describe'])}; attention {(entry['engine_stats'] or {}).get('attention')}")
         probe = results.get("probe")
         if probe:  # the same request twice: scores against the fp32 reference, and repeatability
             first = gw.rerank(label, probe["query"], probe["documents"])
@@ -261,24 +224,13 @@ def run_runtime(
             if deadline - time.time() < 15:
                 results["skipped"].append(f"{label} x{clients}: deadline")
                 continue
-            entry["rows"].append(
-                bench(
-                    gw,
-                    label,
-                    model_dir,
-                    clients,
-                    n,
-                    work / f"{label}-{clients}",
-                    gpu,
-                    (probe, first) if probe else None,
-                )
-            )
+            folder, watched = work / f"{label}-{clients}", (probe, first) if probe else None
+            entry["rows"].append(bench(gw, label, model_dir, clients, n, folder, gpu, watched))
         entry["engine_stats_after"] = (gw.status() or {}).get("models", [{}])[0].get("engine_stats")
-    except Exception as exc:  # one runtime failing must not lose the others' figures  # noqa: BLE001
-        entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-        log(f"ERROR {label}: {entry['error']}")
-    finally:
-        entry["log_tail"] = gw.stop()
+
+    results["runs"][label] = {"model": cfg, "rows": []}
+    need = NEEDS.get(label, 90)
+    serve(label, [cfg], work, results, measure, need_s=need, deadline=deadline, log=log, env=RUNTIME_ENV.get(label))
 
 
 def main() -> None:

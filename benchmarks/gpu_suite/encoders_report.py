@@ -7,6 +7,7 @@ from typing import Any
 
 from benchmarks.gpu_suite.encoder_checkpoint import DOC_TOKENS, DOCS, QUERY_TOKENS
 from benchmarks.gpu_suite.encoders_runtimes import MODELS
+from benchmarks.harness import table
 
 __all__ = ("summary",)
 
@@ -32,22 +33,20 @@ def summary(results: dict[str, Any]) -> str:
             ),
             "",
         ]
-    lines += [
-        "| runtime | start s | attention | GPU MiB ready | d100 x1 p50 / p99 / max ms | d100 x16 docs/s | MFU x16 | MFU x1 (p50) | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    rows: list[list[Any]] = []
     for label, e in results["runs"].items():
-        rows = {r["clients"]: r for r in e.get("rows", [])}
-        one, many = rows.get(1), rows.get(16) or rows.get(max(rows) if rows else 0)
-        stats = e.get("engine_stats") or {}
+        by_clients = {r["clients"]: r for r in e.get("rows", [])}
+        one, many = by_clients.get(1), by_clients.get(16) or by_clients.get(max(by_clients) if by_clients else 0)
+        if not many:
+            rows.append([label, "", "", "", "", f"error: {(e.get('error') or 'no rows')[:300]}"])
+            continue
         idle = f"{one['p50_ms']:.1f} / {one['p99_ms']:.1f} / {one['max_ms']:.1f}" if one else "-"
-        lines.append(
-            f"| {label} | {e.get('start_s', 0):.0f} | {stats.get('attention', '-')} | {e.get('gpu_ready_mib') or '-'} | {idle} | "
-            f"{many['docs_per_s']:,.0f} | {_pct(e.get('mfu_many'))} | {_pct(e.get('mfu_one'))} | "
-            f"{sum(sum(r['errors'].values()) for r in rows.values())} |"
-            if many
-            else f"| {label} | | | | | error: {(e.get('error') or 'no rows')[:300]} | | | |"
-        )
+        attention = (e.get("engine_stats") or {}).get("attention", "-")
+        rows.append([label, f"{e.get('start_s', 0):.0f}", attention, e.get("gpu_ready_mib") or "-", idle])
+        rows[-1] += [f"{many['docs_per_s']:,.0f}", _pct(e.get("mfu_many")), _pct(e.get("mfu_one"))]
+        rows[-1].append(sum(sum(r["errors"].values()) for r in by_clients.values()))
+    head = ["runtime", "start s", "attention", "GPU MiB ready", "d100 x1 p50 / p99 / max ms", "d100 x16 docs/s"]
+    lines += table([*head, "MFU x16", "MFU x1 (p50)", "errors"], rows)
     lines += [
         "",
         (
@@ -91,16 +90,17 @@ def summary(results: dict[str, Any]) -> str:
             "(random weights bunch the scores: the spread is the reference's max - min)."
         ),
         "",
-        "| runtime | max abs diff vs fp32 | top-10 shared | top-10 same order | repeat max abs diff | spread |",
-        "|---|---|---|---|---|---|",
     ]
-    for label, e in results["runs"].items():
-        p = e.get("probe")
-        if p:
-            lines.append(
-                f"| {label} | {p['max_abs_diff']:.2e} | {p['top10_shared']} | {p['top10_same_order']} | "
-                f"{p['repeat_max_abs_diff']:.2e} | {p['spread']:.2e} |"
-            )
+    probes = [(label, e["probe"]) for label, e in results["runs"].items() if e.get("probe")]
+    head = ["runtime", "max abs diff vs fp32", "top-10 shared", "top-10 same order", "repeat max abs diff", "spread"]
+    lines += table(
+        head,
+        [
+            [label, f"{p['max_abs_diff']:.2e}", p["top10_shared"], p["top10_same_order"]]
+            + [f"{p['repeat_max_abs_diff']:.2e}", f"{p['spread']:.2e}"]
+            for label, p in probes
+        ],
+    )
     lines += ["", "skipped: " + json.dumps(results["skipped"])]
     return "\n".join(lines) + "\n"
 

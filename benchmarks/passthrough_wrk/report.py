@@ -8,6 +8,8 @@ import collections
 import statistics
 from typing import Any
 
+from benchmarks.harness import table
+
 GATEWAYS = ("gateway-before", "gateway-1w", "gateway-Nw", "gateway-chain-1w")
 TARGETS = (*GATEWAYS, "litellm")
 # The one-worker targets whose 1-client p50 is compared with the stub's (the latency target).
@@ -133,23 +135,20 @@ def render(results: dict[str, Any]) -> str:
             else []
         ),
         "",
-        "| target | clients | req/s | p50 ms | p99 ms | CPU ms / request | voluntary context switches / request | errors |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for t in ("stub", *TARGETS):
-        for c, v in s.get(t, {}).items():
-            lines.append(
-                f"| {t} | {c} | {v['req_s']:.0f} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | "
-                f"{v['cpu_ms_per_request']:.3f} | {v.get('switches_per_request', float('nan')):.1f} | {v['errors']} |"
-            )
-    lines += [
-        "",
-        "| gateway ÷ LiteLLM (median of rounds) | req/s | CPU per request, LiteLLM's ÷ ours |",
-        "|---|---|---|",
-    ]
-    for k, v in s["ratios_vs_litellm"].items():
-        lines.append(f"| {k} | {v['req_s_ratio']:.2f}× | {v['cpu_ratio']:.2f}× |")
-    lines.append("")
+    head = ["target", "clients", "req/s", "p50 ms", "p99 ms", "CPU ms / request"]
+    lines += table(
+        [*head, "voluntary context switches / request", "errors"],
+        [
+            [t, c, f"{v['req_s']:.0f}", f"{v['p50_ms']:.2f}", f"{v['p99_ms']:.2f}", f"{v['cpu_ms_per_request']:.3f}"]
+            + [f"{v.get('switches_per_request', float('nan')):.1f}", v["errors"]]
+            for t in ("stub", *TARGETS)
+            for c, v in s.get(t, {}).items()
+        ],
+    )
+    ratios = [[k, f"{v['req_s_ratio']:.2f}×", f"{v['cpu_ratio']:.2f}×"] for k, v in s["ratios_vs_litellm"].items()]
+    head = ["gateway ÷ LiteLLM (median of rounds)", "req/s", "CPU per request, LiteLLM's ÷ ours"]
+    lines += ["", *table(head, ratios), ""]
     for gw, v in s.get("added_p50_ms_1_client_by_target", {}).items():
         lines.append(f"Added p50 over the stub alone at 1 client ({gw}): {v:.2f} ms.")
     of_medians = s.get("cpu_growth_of_medians_by_target", {})
@@ -167,12 +166,8 @@ def render(results: dict[str, Any]) -> str:
                 "per-round pairs; 1.00 = no overhead):"
             ),
             "",
-            "| clients | CPU per request | p50 | p99 | req/s | pairs |",
-            "|---|---|---|---|---|---|",
         ]
-        for c, v in s["chain_vs_plain"].items():
-            lines.append(
-                f"| {c} | {v['cpu_ms_per_request']:.3f}× | {v['p50_ms']:.3f}× | {v['p99_ms']:.3f}× | "
-                f"{v['req_s']:.3f}× | {v['pairs']} |"
-            )
+        keys = ("cpu_ms_per_request", "p50_ms", "p99_ms", "req_s")
+        chain = [[c, *(f"{v[k]:.3f}×" for k in keys), v["pairs"]] for c, v in s["chain_vs_plain"].items()]
+        lines += table(["clients", "CPU per request", "p50", "p99", "req/s", "pairs"], chain)
     return "\n".join(lines) + "\n"

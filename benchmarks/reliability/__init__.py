@@ -8,8 +8,7 @@ Writes ``<out>/<UTC date>/reliability.json`` and ``reliability.md``. Sections (`
   limits (10,000 documents, 20 MiB), before and after the soak: no 5xx, every 4xx a JSON body.
 - ``fuzz``: schemathesis' cases for every operation (every check) and the hostile requests, the
   same list twice after a warm-up, keys and Redis limits on: check failures, RSS after each pass
-  (the second must add < 5 %) and, in a tracemalloc'd twin, where the heap grew
-  (:mod:`benchmarks.reliability.fuzz_memory`).
+  (the second must add < 5 %) (:mod:`benchmarks.reliability.fuzz_memory`).
 - ``soak``: N clients x T seconds of valid rerank requests (1-100 documents) against a real
   gateway process (``static`` engine: the gateway's own code is what runs), RSS every second.
 - ``upstream``: a pool over two stub replicas under load; one is killed (SIGKILL), then

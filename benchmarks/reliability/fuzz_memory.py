@@ -1,4 +1,4 @@
-"""Memory over hostile input: two identical fuzz passes, RSS and tracemalloc before and after each.
+"""Memory over hostile input: two identical fuzz passes, the RSS before and after each.
 
 The reliability suite's ``fuzz`` section (``python -m benchmarks.reliability --only fuzz``). One
 gateway process (``static`` engine, an API key with per-key limits in Redis when
@@ -13,32 +13,22 @@ is growth without bound (each pass would add as much); a first pass that adds me
 second that does not is one-time growth (caches filled, allocator arenas grown). The bound the
 report checks: the second pass adds less than :data:`SECOND_PASS_BOUND` of the RSS.
 
-Where the memory goes is measured in a second process of the same gateway started with
-tracemalloc (``traced-serve`` below: snapshots on SIGUSR2, after a ``gc.collect()``), since
-tracing itself costs memory and would distort the RSS figures: the Python heap after each phase
-and the largest differences by source line. RSS growth beyond the traced heap's is memory Python
-has freed but the allocator keeps (arenas and malloc pools from large bodies), not live objects.
+The tracemalloc'd twin of the gateway (where the Python heap grew: hardly, the growth was
+glibc keeping freed large bodies, docs/reliability/README.md) was removed on 2026-12-05; it last
+existed at commit 7554a0c.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import itertools
 import json
-import os
-import pickle
-import signal
-import sys
 import time
-import tracemalloc
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from benchmarks.reliability.hostile import hostile_cases, send_raw
+from benchmarks.reliability.hostile import hostile_pass
 
 __all__ = ("SECOND_PASS_BOUND", "build_cases", "fuzz_memory", "unequal_score_pairs")
 
@@ -48,7 +38,6 @@ KEY = "rk-reliability-fuzz-memory-0123456789abcdef"
 MAX_BODY = 1_000_000
 MAX_DOCUMENTS = 10_000
 BODY_TIMEOUT_S = 2.0
-_SNAP_SIGNAL = signal.SIGUSR2
 
 
 def unequal_score_pairs(body: object) -> bool:
@@ -138,12 +127,9 @@ def fuzz_pass(url: str, port: int, cases: list[Any]) -> dict[str, Any]:
                 name = type(failure).__name__
                 failures[name] += 1
                 examples.setdefault(name, f"{case.method} {case.path}: {str(failure)[:300]}")
-    hostile_5xx = hostile = 0
-    for case in hostile_cases("static", key=KEY, max_body_bytes=MAX_BODY, max_documents=MAX_DOCUMENTS):
-        hostile += 1
-        with contextlib.suppress(OSError):
-            resp = send_raw("127.0.0.1", port, case, timeout=BODY_TIMEOUT_S + 20)
-            hostile_5xx += resp is not None and resp.status >= 500
+    hostile = hostile_pass(
+        port, key=KEY, max_body_bytes=MAX_BODY, max_documents=MAX_DOCUMENTS, timeout=BODY_TIMEOUT_S + 20
+    )
     return {
         "schemathesis_cases": len(cases) - skipped,
         "out_of_scope": skipped,
@@ -151,8 +137,8 @@ def fuzz_pass(url: str, port: int, cases: list[Any]) -> dict[str, Any]:
         "check_failures": sum(failures.values()),
         "failures_by_check": dict(failures),
         "failure_examples": examples,
-        "hostile_requests": hostile,
-        "hostile_5xx": hostile_5xx,
+        "hostile_requests": hostile["tried"],
+        "hostile_5xx": hostile["five_xx"],
         "seconds": round(time.monotonic() - start, 1),
     }
 
@@ -164,44 +150,8 @@ def warm_up(url: str, n: int) -> None:
             http.post(("/v2/rerank", "/v1/rerank", "/rerank")[i % 3], json=body).raise_for_status()
 
 
-def _snapshot(pid: int, snap_dir: Path, name: str) -> Path:
-    path = snap_dir / f"{name}.pickle"
-    (snap_dir / "next").write_text(name)
-    os.kill(pid, _SNAP_SIGNAL)
-    deadline = time.monotonic() + 120
-    while not (snap_dir / f"{name}.done").exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no tracemalloc snapshot {name}")
-        time.sleep(0.2)
-    return path
-
-
-def _heap_report(paths: dict[str, Path], top: int = 12) -> dict[str, Any]:
-    snaps = {name: pickle.loads(p.read_bytes()) for name, p in paths.items()}
-    ignore = (
-        tracemalloc.Filter(False, tracemalloc.__file__),
-        tracemalloc.Filter(False, "<frozen importlib._bootstrap*>"),
-    )
-    snaps = {name: s.filter_traces(ignore) for name, s in snaps.items()}
-    out: dict[str, Any] = {
-        "traced_mb": {name: round(sum(t.size for t in s.traces) / 2**20, 2) for name, s in snaps.items()}
-    }
-    names = list(snaps)
-    for before, after in itertools.pairwise(names):
-        stats = snaps[after].compare_to(snaps[before], "lineno")
-        out[f"{before}->{after}"] = [
-            {
-                "where": f"{s.traceback[0].filename.split('site-packages/')[-1]}:{s.traceback[0].lineno}",
-                "kb": round(s.size_diff / 1024, 1),
-                "blocks": s.count_diff,
-            }
-            for s in sorted(stats, key=lambda s: -abs(s.size_diff))[:top]
-        ]
-    return out
-
-
 def fuzz_memory(workdir: Path, gateway_cls: Any, redis: Any, per_operation: int, warmup: int = 600) -> dict[str, Any]:
-    """Run both processes (plain for RSS, traced for attribution); see the module docstring."""
+    """The warm-up and both passes against one gateway process, its RSS after each; see the module docstring."""
     from gateway.app import create_app
     from gateway.config.settings import load_settings
 
@@ -245,38 +195,4 @@ def fuzz_memory(workdir: Path, gateway_cls: Any, redis: Any, per_operation: int,
     finally:
         gw.stop()
 
-    snap_dir = workdir / "snapshots"
-    snap_dir.mkdir(exist_ok=True)
-    traced = gateway_cls(text, workdir, "fuzz-traced", traced=snap_dir).ready()
-    try:
-        warm_up(traced.url, warmup)
-        paths = {"warm": _snapshot(traced.proc.pid, snap_dir, "warm")}
-        for n in (1, 2):
-            fuzz_pass(traced.url, traced.port, cases)
-            paths[f"pass{n}"] = _snapshot(traced.proc.pid, snap_dir, f"pass{n}")
-        report["heap"] = _heap_report(paths)
-    finally:
-        traced.stop()
     return report
-
-
-def traced_serve(argv: list[str]) -> None:
-    """``traced-serve SNAP_DIR serve ARGS...``: the gateway with tracemalloc, a snapshot per SIGUSR2."""
-    snap_dir = Path(argv[0])
-    tracemalloc.start(1)
-
-    def snapshot(signum: int, frame: Any) -> None:
-        name = (snap_dir / "next").read_text().strip()
-        gc.collect()
-        (snap_dir / f"{name}.pickle").write_bytes(pickle.dumps(tracemalloc.take_snapshot()))
-        (snap_dir / f"{name}.done").touch()
-
-    signal.signal(_SNAP_SIGNAL, snapshot)
-    from gateway.cli import main
-
-    raise SystemExit(main(argv[1:]))
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["traced-serve"]:
-        traced_serve(sys.argv[2:])

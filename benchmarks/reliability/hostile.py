@@ -18,8 +18,9 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ("Case", "RawResponse", "hostile_cases", "send_raw")
+__all__ = ("Case", "RawResponse", "hostile_cases", "hostile_pass", "send_raw")
 
 # What a case may get back: "error" = a 4xx with the JSON error body; "ok" = 2xx;
 # "ok_or_error" = either; "parser_400" = the ASGI server's own text/plain 400 (unparseable HTTP);
@@ -299,3 +300,31 @@ def send_raw(host: str, port: int, case: Case, *, timeout: float = 30.0) -> RawR
     if response is not None:
         response.elapsed_s = time.monotonic() - start
     return response
+
+
+def hostile_pass(port: int, *, key: str, max_body_bytes: int, max_documents: int, timeout: float) -> dict[str, Any]:
+    """Every case once against the gateway on ``port`` (model ``static``): how many, the 5xx, the
+    4xx without the JSON error body, and what failed (a connection error is a failure, not a 5xx)."""
+    tried = five = bad_body = 0
+    failures: list[str] = []
+    for case in hostile_cases("static", key=key, max_body_bytes=max_body_bytes, max_documents=max_documents):
+        tried += 1
+        try:
+            resp = send_raw("127.0.0.1", port, case, timeout=timeout)
+        except OSError as exc:
+            failures.append(f"{case.name}: {type(exc).__name__}")
+            continue
+        if resp is None:
+            continue
+        if resp.status >= 500:
+            five += 1
+            failures.append(f"{case.name}: {resp.status}")
+        elif resp.status >= 400 and case.expect not in ("parser_400", "any_non_5xx"):
+            try:
+                ok = set(resp.json()) == {"message", "id", "detail"}  # type: ignore[arg-type]
+            except ValueError:
+                ok = False
+            if not ok:
+                bad_body += 1
+                failures.append(f"{case.name}: {resp.status} without the JSON error body")
+    return {"tried": tried, "five_xx": five, "four_xx_without_json_body": bad_body, "failures": failures}

@@ -24,6 +24,7 @@ class Load:
 
     outcomes: list[tuple[float, int, float, str | None]] = field(default_factory=list)
     start: float = 0.0
+    marks: dict[str, float] = field(default_factory=dict)  # when each fault happened (``mark``)
 
     def summary(self, since: float = 0.0, until: float = float("inf")) -> dict[str, Any]:
         rows = [o for o in self.outcomes if since <= o[0] < until]
@@ -39,6 +40,10 @@ class Load:
             "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 2) if lat else None,
             "retry_after_on_all_503": all(o[3] for o in rows if o[1] == 503),
         }
+
+    def mark(self, name: str) -> None:
+        """A fault happens now: seconds since the load started, as ``marks[name]``."""
+        self.marks[name] = time.monotonic() - self.start
 
     def first_ok_after(self, t: float) -> float | None:
         oks = [o[0] + o[2] for o in self.outcomes if o[1] == 200 and o[0] >= t]
@@ -79,3 +84,14 @@ async def _load(
                 i += clients
 
     await asyncio.gather(*(client(n) for n in range(clients)))
+
+
+def under_load(url: str, clients: int, seconds: float, faults: Any, load: Load | None = None, **kw: Any) -> Load:
+    """``_load`` beside ``await faults(load)``, which marks when each fault happens (``Load.mark``)."""
+    load = load or Load()
+
+    async def run() -> None:
+        await asyncio.gather(_load(url, clients, seconds, load, **kw), faults(load))
+
+    asyncio.run(run())
+    return load

@@ -24,15 +24,13 @@ KEY = "rk-reliability-long-run-0123456789abcdef"
 
 
 class Gateway(Proc):
-    def __init__(self, config: str, workdir: Path, name: str, traced: Path | None = None) -> None:
+    def __init__(self, config: str, workdir: Path, name: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         path = workdir / f"{name}.toml"
         path.write_text(config)
-        # traced: the same gateway under tracemalloc, a snapshot into this folder per SIGUSR2.
-        entry = ["benchmarks.reliability.fuzz_memory", "traced-serve", str(traced)] if traced else ["gateway"]
         super().__init__(
-            [sys.executable, "-m", *entry, "serve", "--config", str(path), "--port", str(self.port)],
+            [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(self.port)],
             workdir / f"{name}.log",
             env={"HF_HUB_OFFLINE": "1"},
         )

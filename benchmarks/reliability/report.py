@@ -6,7 +6,111 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import table
 from benchmarks.reliability.sections import SECTIONS
+
+
+def _j(*values: Any) -> str:
+    return " / ".join(str(v) for v in values)
+
+
+def _rows(report: dict[str, Any]) -> list[list[Any]]:
+    """(section, figure, value) for every section the report holds."""
+    rows: list[list[Any]] = []
+    if (f := report.get("fuzz")) and "passes" in f:
+        p1, p2 = f["passes"]
+        cases = f"{p1['schemathesis_cases']} ({p1['out_of_scope']}) / {p1['check_failures']}, {p2['check_failures']}"
+        rows.append(["fuzz", "schemathesis cases per pass (out of scope) / check failures pass 1, 2", cases])
+        hostile = f"{p1['hostile_requests']} / {p1['hostile_5xx']}, {p2['hostile_5xx']}"
+        rows.append(["fuzz", "hostile requests per pass / 5xx pass 1, 2", hostile])
+        r = f["rss_mb"]
+        rss = _j(r["after_warmup"], f"{r['after_pass_1']} (+{f['pass_1_growth_pct']} %)")
+        rows.append(
+            [
+                "fuzz",
+                "RSS MB after warm-up / pass 1 / pass 2",
+                f"{rss} / {r['after_pass_2']} (+{f['pass_2_growth_pct']} %)",
+            ]
+        )
+        rows.append(["fuzz", f"second pass adds < {f['bound_second_pass']:.0%}", f["second_pass_within_bound"]])
+        rows.append(
+            [
+                "fuzz",
+                "5xx counted by the server, tracebacks logged",
+                f"{f['server_5xx_counted']}, {f['tracebacks_logged']}",
+            ]
+        )
+    elif f:
+        rows.append(["fuzz", "skipped", f.get("skipped")])
+    if s := report.get("soak"):
+        rows.append(["soak", "clients x minutes", f"{s['clients']} x {s['seconds'] / 60:.1f} = {s['client_minutes']}"])
+        rows.append(
+            ["soak", "requests tried / 5xx / errors / lost", _j(s["requests"], s["five_xx"], s["errors"], s["lost"])]
+        )
+        rows.append(["soak", "req/s, p50 / p99 ms", f"{s['req_per_s']}, {s['p50_ms']} / {s['p99_ms']}"])
+        rows.append(["soak", "RSS MB start / end / max", _j(s["rss_mb_start"], s["rss_mb_end"], s["rss_mb_max"])])
+        for tag in ("hostile_before", "hostile_after"):
+            h = s[tag]
+            figure = f"{tag}: tried / 5xx / 4xx without JSON body / healthy after"
+            rows.append(
+                ["hostile", figure, _j(h["tried"], h["five_xx"], h["four_xx_without_json_body"], h["healthy_after"])]
+            )
+        rows.append(
+            [
+                "soak",
+                "5xx counted by the server, tracebacks logged",
+                f"{s['server_5xx_counted']}, {s['tracebacks_logged']}",
+            ]
+        )
+    if u := report.get("upstream"):
+        for phase in ("before_kill", "replica_killed", "replica_slow"):
+            p = u[phase]
+            rows.append(
+                [
+                    "upstream",
+                    f"{phase}: requests / errors / lost / p99 ms",
+                    _j(p["requests"], p["errors"], p["lost"], p["p99_ms"]),
+                ]
+            )
+        rows.append(["upstream", "recovery after the kill (s to first 200)", u["recovery_s_after_kill"]])
+    if (fo := report.get("failover")) and "healthy" in fo:
+        for phase in ("healthy", "first_second_after_kill", "primary_dead", "after_restart"):
+            p = fo[phase]
+            figure = f"{phase}: requests / errors / p50 / p99 ms / served by"
+            rows.append(["failover", figure, _j(p["requests"], p["errors"], p["p50_ms"], p["p99_ms"], p["served_by"])])
+        figure = f"primary preferred again (s after it is back; cooldown_s {fo['cooldown_s']:g}): first answer / first second all its own"
+        rows.append(["failover", figure, _j(fo["preferred_again_s"], fo["all_primary_again_s"])])
+    elif fo:
+        rows.append(["failover", "skipped", fo.get("skipped")])
+    for mode, m in (report.get("redis") or {}).items():
+        d, a = m["redis_down"], m["after_restart"]
+        figure = f"{mode}: while down: requests / statuses / Retry-After on every 503"
+        rows.append(["redis", figure, _j(d["requests"], d["statuses"], d["retry_after_on_all_503"])])
+        rows.append(["redis", f"{mode}: recovery (s)", m["recovery_s_after_restart"]])
+        rows.append(["redis", f"{mode}: after restart: errors / lost", _j(a["errors"], a["lost"])])
+    if t := report.get("sigterm"):
+        figure = "in flight / answered 200 / exit s / exit code"
+        rows.append(["sigterm", figure, _j(t["in_flight"], t["answered_200"], t["exit_s"], t["exit_code"])])
+    if (e := report.get("engine")) and "skipped" in e:
+        rows.append(["engine", "skipped", e["skipped"]])
+    elif e:
+        a = e.get("until_recovery") or e["after_kill"]
+        figure = "kill to recovery: requests / statuses / lost / Retry-After on every 503"
+        rows.append(["engine", figure, _j(a["requests"], a["statuses"], a["lost"], a["retry_after_on_all_503"])])
+        rows.append(["engine", "recovery (s from kill to first 200)", e["recovery_s_after_kill"]])
+        if "window_s" in e:
+            rows.append(
+                ["engine", "window (s) / first start of the engine (s)", f"{e['window_s']:g} / {e['first_start_s']}"]
+            )
+            restarts = [ev for ev in e["gateway_events"] if ev["event"] == "engine_restarted"]
+            failed = [ev for ev in e["gateway_events"] if ev["event"] == "engine_restart_failed"]
+            restart = _j(restarts[0]["load_s"] if restarts else None, len(failed))
+            rows.append(["engine", "restart: engine start s / failed attempts", restart])
+        if r := e.get("after_recovery"):
+            rows.append(
+                ["engine", "after recovery: requests / statuses / lost", _j(r["requests"], r["statuses"], r["lost"])]
+            )
+    return rows
 
 
 def _md(report: dict[str, Any]) -> str:
@@ -17,144 +121,9 @@ def _md(report: dict[str, Any]) -> str:
         "",
     ]
     if ran := report.get("section_dates"):
-        lines += [
-            "Sections re-run later (the others ran at the time above): "
-            + ", ".join(f"{k} {v}" for k, v in ran.items())
-            + ".",
-            "",
-        ]
-    lines += ["| Section | Figure | Value |", "|---|---|---|"]
-
-    def row(section: str, figure: str, value: Any) -> None:
-        lines.append(f"| {section} | {figure} | {value} |")
-
-    if (f := report.get("fuzz")) and "passes" in f:
-        p1, p2 = f["passes"]
-        row(
-            "fuzz",
-            "schemathesis cases per pass (out of scope) / check failures pass 1, 2",
-            f"{p1['schemathesis_cases']} ({p1['out_of_scope']}) / {p1['check_failures']}, {p2['check_failures']}",
-        )
-        row(
-            "fuzz",
-            "hostile requests per pass / 5xx pass 1, 2",
-            f"{p1['hostile_requests']} / {p1['hostile_5xx']}, {p2['hostile_5xx']}",
-        )
-        r = f["rss_mb"]
-        row(
-            "fuzz",
-            "RSS MB after warm-up / pass 1 / pass 2",
-            f"{r['after_warmup']} / {r['after_pass_1']} (+{f['pass_1_growth_pct']} %) / {r['after_pass_2']} (+{f['pass_2_growth_pct']} %)",
-        )
-        row("fuzz", f"second pass adds < {f['bound_second_pass']:.0%}", f["second_pass_within_bound"])
-        if h := f.get("heap"):
-            row(
-                "fuzz",
-                "traced Python heap MB (warm / pass 1 / pass 2)",
-                " / ".join(str(v) for v in h["traced_mb"].values()),
-            )
-            for phase in ("warm->pass1", "pass1->pass2"):
-                top = ", ".join(f"{d['where']} {d['kb']:+} kB" for d in h.get(phase, [])[:4])
-                row("fuzz", f"heap growth {phase}, largest lines", top)
-        row(
-            "fuzz",
-            "5xx counted by the server, tracebacks logged",
-            f"{f['server_5xx_counted']}, {f['tracebacks_logged']}",
-        )
-    elif f:
-        row("fuzz", "skipped", f.get("skipped"))
-    if s := report.get("soak"):
-        row("soak", "clients x minutes", f"{s['clients']} x {s['seconds'] / 60:.1f} = {s['client_minutes']}")
-        row(
-            "soak",
-            "requests tried / 5xx / errors / lost",
-            f"{s['requests']} / {s['five_xx']} / {s['errors']} / {s['lost']}",
-        )
-        row("soak", "req/s, p50 / p99 ms", f"{s['req_per_s']}, {s['p50_ms']} / {s['p99_ms']}")
-        row("soak", "RSS MB start / end / max", f"{s['rss_mb_start']} / {s['rss_mb_end']} / {s['rss_mb_max']}")
-        for tag in ("hostile_before", "hostile_after"):
-            h = s[tag]
-            row(
-                "hostile",
-                f"{tag}: tried / 5xx / 4xx without JSON body / healthy after",
-                f"{h['tried']} / {h['five_xx']} / {h['four_xx_without_json_body']} / {h['healthy_after']}",
-            )
-        row(
-            "soak",
-            "5xx counted by the server, tracebacks logged",
-            f"{s['server_5xx_counted']}, {s['tracebacks_logged']}",
-        )
-    if u := report.get("upstream"):
-        for phase in ("before_kill", "replica_killed", "replica_slow"):
-            p = u[phase]
-            row(
-                "upstream",
-                f"{phase}: requests / errors / lost / p99 ms",
-                f"{p['requests']} / {p['errors']} / {p['lost']} / {p['p99_ms']}",
-            )
-        row("upstream", "recovery after the kill (s to first 200)", u["recovery_s_after_kill"])
-    if (fo := report.get("failover")) and "healthy" in fo:
-        for phase in ("healthy", "first_second_after_kill", "primary_dead", "after_restart"):
-            p = fo[phase]
-            row(
-                "failover",
-                f"{phase}: requests / errors / p50 / p99 ms / served by",
-                f"{p['requests']} / {p['errors']} / {p['p50_ms']} / {p['p99_ms']} / {p['served_by']}",
-            )
-        row(
-            "failover",
-            f"primary preferred again (s after it is back; cooldown_s {fo['cooldown_s']:g}): first answer / "
-            "first second all its own",
-            f"{fo['preferred_again_s']} / {fo['all_primary_again_s']}",
-        )
-    elif fo:
-        row("failover", "skipped", fo.get("skipped"))
-    if r := report.get("redis"):
-        for mode, m in r.items():
-            d = m["redis_down"]
-            row(
-                "redis",
-                f"{mode}: while down: requests / statuses / Retry-After on every 503",
-                f"{d['requests']} / {d['statuses']} / {d['retry_after_on_all_503']}",
-            )
-            row("redis", f"{mode}: recovery (s)", m["recovery_s_after_restart"])
-            row(
-                "redis",
-                f"{mode}: after restart: errors / lost",
-                f"{m['after_restart']['errors']} / {m['after_restart']['lost']}",
-            )
-    if t := report.get("sigterm"):
-        row(
-            "sigterm",
-            "in flight / answered 200 / exit s / exit code",
-            f"{t['in_flight']} / {t['answered_200']} / {t['exit_s']} / {t['exit_code']}",
-        )
-    if e := report.get("engine"):
-        if "skipped" in e:
-            row("engine", "skipped", e["skipped"])
-        else:
-            a = e.get("until_recovery") or e["after_kill"]
-            row(
-                "engine",
-                "kill to recovery: requests / statuses / lost / Retry-After on every 503",
-                f"{a['requests']} / {a['statuses']} / {a['lost']} / {a['retry_after_on_all_503']}",
-            )
-            row("engine", "recovery (s from kill to first 200)", e["recovery_s_after_kill"])
-            if "window_s" in e:
-                row("engine", "window (s) / first start of the engine (s)", f"{e['window_s']:g} / {e['first_start_s']}")
-                restarts = [ev for ev in e["gateway_events"] if ev["event"] == "engine_restarted"]
-                failed = [ev for ev in e["gateway_events"] if ev["event"] == "engine_restart_failed"]
-                row(
-                    "engine",
-                    "restart: engine start s / failed attempts",
-                    f"{restarts[0]['load_s'] if restarts else None} / {len(failed)}",
-                )
-            if r := e.get("after_recovery"):
-                row(
-                    "engine",
-                    "after recovery: requests / statuses / lost",
-                    f"{r['requests']} / {r['statuses']} / {r['lost']}",
-                )
+        later = ", ".join(f"{k} {v}" for k, v in ran.items())
+        lines += [f"Sections re-run later (the others ran at the time above): {later}.", ""]
+    lines += table(["Section", "Figure", "Value"], _rows(report))
     lines += ["", "Full figures (per-phase statuses, RSS timeline) are in reliability.json.", ""]
     return "\n".join(lines)
 

@@ -21,8 +21,8 @@ import httpx
 import psutil
 
 from benchmarks.harness import free_port, wait_http
-from benchmarks.reliability.hostile import hostile_cases, send_raw
-from benchmarks.reliability.load import Load, _load
+from benchmarks.reliability.hostile import hostile_pass as hostile_pass_on
+from benchmarks.reliability.load import Load, under_load
 from benchmarks.reliability.processes import KEY, Gateway, Proc, _auth_toml, _redis
 
 # The order in which the sections run; ``--only`` picks a subset.
@@ -30,36 +30,9 @@ SECTIONS = ("fuzz", "soak", "upstream", "failover", "redis", "sigterm", "engine"
 
 
 def hostile_pass(gw: Gateway) -> dict[str, Any]:
-    tried = five = bad_body = 0
-    failures: list[str] = []
-    for case in hostile_cases("static", key=KEY, max_body_bytes=20 * 2**20, max_documents=10_000):
-        tried += 1
-        try:
-            resp = send_raw("127.0.0.1", gw.port, case, timeout=60)
-        except OSError as exc:
-            failures.append(f"{case.name}: {type(exc).__name__}")
-            continue
-        if resp is None:
-            continue
-        if resp.status >= 500:
-            five += 1
-            failures.append(f"{case.name}: {resp.status}")
-        elif resp.status >= 400 and case.expect not in ("parser_400", "any_non_5xx"):
-            try:
-                ok = set(resp.json()) == {"message", "id", "detail"}  # type: ignore[arg-type]
-            except ValueError:
-                ok = False
-            if not ok:
-                bad_body += 1
-                failures.append(f"{case.name}: {resp.status} without the JSON error body")
-    healthy = httpx.get(f"{gw.url}/ready", timeout=10).status_code == 200
-    return {
-        "tried": tried,
-        "five_xx": five,
-        "four_xx_without_json_body": bad_body,
-        "failures": failures,
-        "healthy_after": healthy,
-    }
+    limits = {"max_body_bytes": 20 * 2**20, "max_documents": 10_000}  # the gateway's defaults
+    out = hostile_pass_on(gw.port, key=KEY, **limits, timeout=60)
+    return {**out, "healthy_after": httpx.get(f"{gw.url}/ready", timeout=10).status_code == 200}
 
 
 def soak(workdir: Path, clients: int, seconds: float) -> dict[str, Any]:
@@ -68,18 +41,14 @@ def soak(workdir: Path, clients: int, seconds: float) -> dict[str, Any]:
     try:
         before = hostile_pass(gw)
         rss: list[tuple[float, float]] = []
-        load = Load()
 
-        async def run() -> None:
-            async def sampler() -> None:
-                t0 = time.monotonic()
-                while time.monotonic() - t0 < seconds + 1:
-                    rss.append((round(time.monotonic() - t0, 1), round(gw.rss_mb(), 1)))
-                    await asyncio.sleep(1.0)
+        async def sampler(load: Load) -> None:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < seconds + 1:
+                rss.append((round(time.monotonic() - t0, 1), round(gw.rss_mb(), 1)))
+                await asyncio.sleep(1.0)
 
-            await asyncio.gather(_load(gw.url, clients, seconds, load, model="static"), sampler())
-
-        asyncio.run(run())
+        load = under_load(gw.url, clients, seconds, sampler, model="static")
         after = hostile_pass(gw)
         summary = load.summary()
         return {
@@ -115,25 +84,20 @@ def upstream(workdir: Path, clients: int) -> dict[str, Any]:
         f"urls = [{urls}]\ntimeout_s = 10\neject_after_failures = 2\ncooldown_s = 2.0\n"
     )
     gw = Gateway(config, workdir, "pool").ready()
-    load = Load()
-    slow: Proc | None = None
-    marks: dict[str, float] = {}
+    slow: list[Proc] = []
     try:
 
-        async def run() -> None:
-            async def faults() -> None:
-                await asyncio.sleep(5)
-                marks["kill"] = time.monotonic() - load.start
-                stubs[1].stop(signal.SIGKILL)
-                await asyncio.sleep(7)
-                nonlocal slow
-                marks["slow"] = time.monotonic() - load.start
-                stub = [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(ports[1]), "--delay-s", "1"]
-                slow = Proc(stub, workdir / "stub-slow.log")
+        async def faults(load: Load) -> None:
+            await asyncio.sleep(5)
+            load.mark("kill")
+            stubs[1].stop(signal.SIGKILL)
+            await asyncio.sleep(7)
+            load.mark("slow")
+            stub = [sys.executable, "-m", "benchmarks.stub_upstream", "--port", str(ports[1]), "--delay-s", "1"]
+            slow.append(Proc(stub, workdir / "stub-slow.log"))
 
-            await asyncio.gather(_load(gw.url, clients, 25, load, model="pool", key=None), faults())
-
-        asyncio.run(run())
+        load = under_load(gw.url, clients, 25, faults, model="pool", key=None)
+        marks = load.marks
         return {
             "clients": clients,
             "before_kill": load.summary(0, marks["kill"]),
@@ -144,7 +108,7 @@ def upstream(workdir: Path, clients: int) -> dict[str, Any]:
         }
     finally:
         gw.stop()
-        for s in [*stubs, *([slow] if slow else [])]:
+        for s in [*stubs, *slow]:
             s.stop(signal.SIGKILL)
 
 
@@ -158,23 +122,19 @@ def redis_faults(workdir: Path, clients: int) -> dict[str, Any]:
             f'redis_failure = "{mode}"\n\n{_auth_toml(rpm=10**6)}[[models]]\nname = "static"\nengine = "static"\n'
         )
         gw = Gateway(config, workdir, f"redis-{mode}").ready()
-        load = Load()
-        marks: dict[str, float] = {}
         try:
 
-            async def run() -> None:
-                async def faults() -> None:
-                    nonlocal redis
-                    await asyncio.sleep(3)
-                    marks["kill"] = time.monotonic() - load.start  # noqa: B023
-                    redis.stop(signal.SIGKILL)
-                    await asyncio.sleep(5)
-                    redis = await asyncio.to_thread(_redis, port, workdir)  # noqa: B023
-                    marks["restart"] = time.monotonic() - load.start  # noqa: B023
+            async def faults(load: Load) -> None:
+                nonlocal redis
+                await asyncio.sleep(3)
+                load.mark("kill")
+                redis.stop(signal.SIGKILL)
+                await asyncio.sleep(5)
+                redis = await asyncio.to_thread(_redis, port, workdir)  # noqa: B023
+                load.mark("restart")
 
-                await asyncio.gather(_load(gw.url, clients, 15, load, model="static"), faults())  # noqa: B023
-
-            asyncio.run(run())
+            load = under_load(gw.url, clients, 15, faults, model="static")
+            marks = load.marks
             down = load.summary(marks["kill"], marks["restart"])
             out[mode] = {
                 "before": load.summary(0, marks["kill"]),
@@ -260,7 +220,7 @@ def engine_kill(workdir: Path, clients: int, window_s: float, logs: Path | None 
         gw = Gateway(config, workdir, "vllm").ready(timeout=480)
         first_start_s = round(time.monotonic() - started, 1)
         load = Load()
-        marks: dict[str, float] = {}
+        marks = load.marks
         try:
             # The engine-core process only: its executor's VLLM::Worker child is left to notice.
             cores = [
@@ -275,20 +235,15 @@ def engine_kill(workdir: Path, clients: int, window_s: float, logs: Path | None 
                 ok = load.first_ok_after(marks["kill"])
                 return ok is not None and time.monotonic() - load.start > marks["kill"] + ok + _AFTER_RECOVERY_S
 
-            async def run() -> None:
-                async def faults() -> None:
-                    await asyncio.sleep(3)
-                    marks["kill"] = time.monotonic() - load.start
-                    for core in cores:
-                        with contextlib.suppress(psutil.Error):
-                            core.send_signal(signal.SIGKILL)
+            async def faults(load: Load) -> None:
+                await asyncio.sleep(3)
+                load.mark("kill")
+                for core in cores:
+                    with contextlib.suppress(psutil.Error):
+                        core.send_signal(signal.SIGKILL)
 
-                await asyncio.gather(
-                    _load(gw.url, clients, window_s, load, model="vs", backoff_503=0.5, until=recovered_a_while_ago),
-                    faults(),
-                )
-
-            asyncio.run(run())
+            kw = {"model": "vs", "backoff_503": 0.5, "until": recovered_a_while_ago}
+            under_load(gw.url, clients, window_s, faults, load, **kw)
             restarted = load.first_ok_after(marks["kill"])
             after = marks["kill"] + (restarted if restarted is not None else window_s)
             return {
