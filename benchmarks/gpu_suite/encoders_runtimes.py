@@ -27,10 +27,10 @@ RUNTIMES: dict[str, dict[str, Any]] = {
     # the packed default with the Rust tokenizer's pool at 8 threads, not one per core (RUNTIME_ENV):
     # open (gpu-h200-2026-12-03, calls 7 and 8) until an A/B beside packed repeats it
     "packed-rayon8": {**COMMON, "engine": "packed", "batch_tokens": 65536},
-    # the packed default ("auto": 4 runs on a 16-CPU host) against a request's documents in one
-    # encode_batch call (tok1, as before issue 41) and in 8 runs; tok4-norayon: 4 runs, each
-    # encoded on its own thread alone (RUNTIME_ENV turns the tokenizer's rayon pool off)
-    **{f"packed-tok{n}": {**COMMON, "engine": "packed", "batch_tokens": 65536, "tokenize_threads": n} for n in (1, 8)},
+    # a request's documents tokenized in 4 or 8 runs on threads against the default one call
+    # (tokenize_threads; no gain on the H200 host, report gpu-h200-2026-12-05); tok4-norayon: 4 runs,
+    # each encoded on its own thread alone (RUNTIME_ENV turns the tokenizer's rayon pool off)
+    **{f"packed-tok{n}": {**COMMON, "engine": "packed", "batch_tokens": 65536, "tokenize_threads": n} for n in (4, 8)},
     "packed-tok4-norayon": {**COMMON, "engine": "packed", "batch_tokens": 65536, "tokenize_threads": 4},
     "vllm-score": {**COMMON, "engine": "vllm-score", "max_num_batched_tokens": 65536, "max_num_seqs": 512},
     "transformers": {**COMMON, "engine": "transformers", "device": "cuda", "dtype": "bfloat16"},

@@ -52,9 +52,10 @@ class LocalModelConfig(ModelConfig, frozen=True):
     trust_remote_code: bool = False
     # A request's documents (24 or more) are tokenized in this many contiguous runs at once, each
     # one Rust encode_batch call on a thread of the model's own (the ids are the same as one
-    # call's). "auto": a quarter of the CPUs the process may run on, at most 4 (1 on a box of
-    # fewer than 8); 1: one call, parallel only through the tokenizer's rayon pool.
-    tokenize_threads: Literal["auto"] | Positive = "auto"
+    # call's). 1 (default): one call, parallel through the tokenizer's own rayon pool -- on the
+    # H200's 16-CPU host runs on 4 or 8 threads were slower (d100: 4.5 / 4.7 ms against 4.2, report
+    # gpu-h200-2026-12-05). "auto": a quarter of the CPUs the process may run on, at most 4.
+    tokenize_threads: Literal["auto"] | Positive = 1
 
     def __post_init__(self) -> None:
         engine = str(type(self).__struct_config__.tag)
