@@ -359,6 +359,10 @@ def _chain(targets: str, name: str = "c", extra: str = "") -> str:
         (_chain('["a", "c"]') + STATIC.format(name="a"), "models[0].targets[1]: chain 'c' names itself"),
         (_chain('["a", "a"]') + STATIC.format(name="a"), "models[0].targets[1]: 'a' names 'a' a second time"),
         (_chain('["d"]') + _chain('["c"]', name="d"), "names form a cycle (c -> d -> c)"),
+        (  # c -> [d, a] and d -> [a, b]: a request to c would try a twice
+            _chain('["d", "a"]') + _chain('["a", "b"]', name="d") + STATIC.format(name="a") + STATIC.format(name="b"),
+            "models[0] (c): reaches 'a' twice (c -> d -> a; c -> a)",
+        ),
         (
             _chain('["a"]', extra='mode = "spillover"\n') + STATIC.format(name="a"),
             'mode = "spillover" needs spill_queue_depth or spill_wait_s',

@@ -6,7 +6,9 @@ serve as usual, and the gateway routes its requests to them (``gateway.serving.r
 kind of it subclasses :class:`ComposedModelConfig` and lists the names it gives in
 :meth:`ComposedModelConfig.references`; :func:`check_references` then checks them all at load, in
 one place, whatever the kind: each name is a configured model or alias, no entry names itself,
-and no entry reaches itself through others (a cycle would route a request forever).
+no entry reaches itself through others (a cycle would route a request forever), and no chain
+reaches one model twice through chains it names (a request would try that model twice, and its
+failures would count twice towards its ejection).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def check_references(models: Sequence[ModelConfig]) -> dict[str, tuple[str, ...]
     back. Raises :class:`ModelReferenceError` naming ``models[i].<field>`` and what is wrong.
     """
     canonical = {name: m.name for m in models for name in (m.name, *m.aliases)}
-    kinds = {m.name: type(m).__struct_config__.tag for m in models}
+    kinds = {m.name: str(type(m).__struct_config__.tag) for m in models}
     graph: dict[str, tuple[str, ...]] = {}
     where: dict[str, int] = {}
     for i, model in enumerate(models):
@@ -83,7 +85,30 @@ def check_references(models: Sequence[ModelConfig]) -> dict[str, tuple[str, ...]
                 f"models[{i}] ({start}): names form a cycle ({' -> '.join(cycle)}); a request would be routed forever",
                 ("models", i),
             )
+    for start, i in where.items():
+        if kinds[start] == "chain":
+            _reached_once(start, i, graph, kinds)
     return graph
+
+
+def _reached_once(chain: str, i: int, graph: dict[str, tuple[str, ...]], kinds: dict[str, str]) -> None:
+    """Refuse a chain that reaches one model along two paths of nested chains (graphs are acyclic here)."""
+    via: dict[str, str] = {}
+
+    def walk(node: str, path: str) -> None:
+        for target in graph.get(node, ()):
+            here = f"{path} -> {target}"
+            if target in via:
+                raise ModelReferenceError(
+                    f"models[{i}] ({chain}): reaches {target!r} twice ({via[target]}; {here}); a request "
+                    "would try it twice: name it once",
+                    ("models", i),
+                )
+            via[target] = here
+            if kinds[target] == "chain":
+                walk(target, here)
+
+    walk(chain, chain)
 
 
 def _cycle(start: str, graph: dict[str, tuple[str, ...]]) -> list[str]:
