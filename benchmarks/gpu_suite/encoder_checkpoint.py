@@ -108,9 +108,6 @@ else:
     extra = {"bos_token": "<s>", "eos_token": "</s>"}
 PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=unk_, pad_token=pad_, cls_token=cls_, sep_token=sep_,
                         mask_token=mask_, model_max_length=cfg["max_position_embeddings"] - 2, **extra).save_pretrained(out)
-if len(sys.argv) > 4 and sys.argv[4] == "tokenizer":  # the host profile (host_profile.py) needs no weights
-    print("RATES {}")
-    raise SystemExit
 torch.manual_seed(0)
 on_gpu = device == "cuda"
 torch.set_default_dtype(torch.bfloat16 if on_gpu else torch.float32)
@@ -140,10 +137,9 @@ print("RATES " + json.dumps(rates))
 """
 
 
-def build(out: Path, cfg: dict[str, Any], device: str, *, tokenizer_only: bool = False) -> dict[str, Any]:
-    """Tokenizer + checkpoint (+ matmul rates on CUDA), written by a child process; the
-    tokenizer alone with ``tokenizer_only``."""
-    argv = [sys.executable, "-c", _BUILD, str(out), json.dumps(cfg), device, *(["tokenizer"] if tokenizer_only else [])]
+def build(out: Path, cfg: dict[str, Any], device: str) -> dict[str, Any]:
+    """Tokenizer + checkpoint (+ matmul rates on CUDA), written by a child process."""
+    argv = [sys.executable, "-c", _BUILD, str(out), json.dumps(cfg), device]
     proc = subprocess.run(argv, check=True, capture_output=True, text=True)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RATES "))
     return json.loads(line[6:])
