@@ -112,37 +112,6 @@ def test_passthrough_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
         assert f"| {name} | 1 |" in md, name
 
 
-def test_gateway_overhead_runs_at_a_tiny_size(tmp_path: Path) -> None:
-    """In-process and over HTTP, then the tracing report's mode with this
-    checkout standing in for the build without tracing."""
-    out = tmp_path / "ov"
-    _run(["benchmarks.passthrough_wrk", "overhead", "--requests", "10", "--out", str(out)])
-    report = json.loads((out / "cpu_overhead.json").read_text())
-    assert report["in_process"]["added_p50_ms"] is not None
-    assert (out / "overhead" / "report.md").exists()
-    _run(
-        [
-            "benchmarks.passthrough_wrk",
-            "overhead",
-            "--tracing",
-            str(ROOT),
-            "--rounds",
-            "1",
-            "--requests",
-            "10",
-            "--out",
-            str(out),
-        ]
-    )
-    tracing = json.loads((out / "tracing_cpu.json").read_text())
-    assert set(tracing["median_cpu_ms_per_request"]) == {
-        "without (build before tracing)",
-        "tracing off",
-        "tracing on (OTLP to loopback)",
-    }
-    assert tracing["command"].startswith("python -m benchmarks.passthrough_wrk overhead --tracing")
-
-
 def test_reliability_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
     """The fuzz section end to end (its traced gateway child, both passes, the report)."""
     _run(["benchmarks.reliability", "--only", "fuzz", "--fuzz-examples", "1", "--out", str(tmp_path)])
