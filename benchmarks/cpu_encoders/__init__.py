@@ -20,12 +20,9 @@ between rounds, both sides of a ratio see the same one). Top-10 agreement: each 
 scores for ``--agree`` requests against the transformers engine's fp32 scores (same documents
 in the same order, documents whose fp32 scores differ by < 1e-3 may swap).
 
-    python -m benchmarks.cpu_encoders --out docs/benchmarks/cpu-2026-12-01-encoders \
-        --peers-python /work/peers-venv/bin/python
+    python -m benchmarks.cpu_encoders --out docs/benchmarks/cpu-$(date +%F)
 
-Infinity and CTranslate2 need packages whose pins would replace the project's: they run as
-servers under ``--peers-python``, a venv of their own (benchmarks/cpu_peers.py; how to make it:
-docs/benchmarks.md), measured like the gateway (loopback HTTP, CPU-seconds of their process).
-Contestants that cannot run here (a package not installed, no ``--peers-python``) are listed as
-skipped, with why.
+Contestants that cannot run here (a package not installed) are listed as skipped, with why.
+Infinity and CTranslate2 (``benchmarks/cpu_peers.py``) were removed on 2026-12-05, answered in
+cpu-2026-12-01-peers.
 """
