@@ -4,13 +4,10 @@
 
 Writes ``<out>/<UTC date>/reliability.json`` and ``reliability.md``. Sections (``--only`` picks):
 
-- ``hostile``: every request of :mod:`benchmarks.reliability.hostile` against a gateway with the default
-  limits (10,000 documents, 20 MiB), before and after the soak: no 5xx, every 4xx a JSON body.
-- ``fuzz``: schemathesis' cases for every operation (every check) and the hostile requests, the
-  same list twice after a warm-up, keys and Redis limits on: check failures, RSS after each pass
-  (the second must add < 5 %) (:mod:`benchmarks.reliability.fuzz_memory`).
 - ``soak``: N clients x T seconds of valid rerank requests (1-100 documents) against a real
-  gateway process (``static`` engine: the gateway's own code is what runs), RSS every second.
+  gateway process (``static`` engine: the gateway's own code is what runs), RSS every second;
+  every request of :mod:`benchmarks.reliability.hostile` before and after it (the default
+  limits, 10,000 documents, 20 MiB): no 5xx, every 4xx a JSON body.
 - ``upstream``: a pool over two stub replicas under load; one is killed (SIGKILL), then
   replaced by a slow one (1 s per request): errors and p99 per phase.
 - ``failover``: a fallback chain over two pools under load, its primary killed then restarted:
@@ -25,5 +22,6 @@ Writes ``<out>/<UTC date>/reliability.json`` and ``reliability.md``. Sections (`
 
 "Recovery" is the time from the fault's end (process back, or the kill for self-healing
 faults) to the first 200. Every request's outcome is counted: a request without a response
-(exception, timeout) is "lost".
+(exception, timeout) is "lost". The ``fuzz`` section (memory over two identical fuzz passes,
+``fuzz_memory.py``) was removed on 2026-12-05, answered in reliability 2026-12-01.
 """
