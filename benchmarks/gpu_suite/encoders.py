@@ -36,11 +36,8 @@ A runtime whose start would pass the deadline (``RR_DEADLINE`` from device_run.s
 ``--tiny`` runs the same script on CPU with a tiny XLM-R (hidden 128, 2 layers, vocabulary 2,000)
 and the packed and transformers engines: a check of this script's logic, not a measurement.
 
-``--model modernbert-base``: ModernBERT-base's shape instead (``benchmarks/gpu_suite/encoder_shapes.py``:
-22 layers, hidden 768, local attention over 128 tokens, vocabulary 50,368; same tokenizer
-construction with ``[CLS] q [SEP] d [SEP]``).
-
-The forward probe (the packed replica alone in a child process, ``--forward-only``) and the other
+``--model modernbert-base`` (ModernBERT-base's shape) was removed on 2026-12-05, answered in
+gpu-h200-2026-12-02. The forward probe (the packed replica alone in a child process, ``--forward-only``) and the other
 one-off A/B runtimes were removed on 2026-12-05; their answers are in gpu-h200-2026-12-02,
 -12-02-b, -12-02-c, -12-02-d and -12-03.
 """
@@ -62,14 +59,16 @@ from benchmarks.gpu_suite.encoder_checkpoint import (
     DOC_TOKENS,
     DOCS,
     QUERY_TOKENS,
+    REAL_CONFIG,
+    TINY_CONFIG,
     build,
+    flops_per_request,
     pair_lengths,
     probe_request,
     reference_scores,
 )
-from benchmarks.gpu_suite.encoder_shapes import flops_per_request
-from benchmarks.gpu_suite.encoders_report import summary
-from benchmarks.gpu_suite.encoders_runtimes import MODELS, NEEDS, RUNTIME_ENV, RUNTIMES
+from benchmarks.gpu_suite.encoders_report import TITLE, summary
+from benchmarks.gpu_suite.encoders_runtimes import NEEDS, RUNTIME_ENV, RUNTIMES
 from benchmarks.harness import Gateway, bench_level, gpu_mem_mib, serve
 from schemas.config import Settings
 
@@ -237,8 +236,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runtimes", default="packed,vllm-score,transformers", help="comma list, run in this order")
     ap.add_argument("--tiny", action="store_true", help="CPU check of this script: tiny model, cpu devices")
-    ap.add_argument("--model", choices=sorted(MODELS), default="xlmr-large", help="the checkpoint's shape")
-    ap.add_argument("--pooling", choices=("cls", "mean"), help="ModernBERT's classifier_pooling (default: cls)")
     ap.add_argument("--idle-requests", type=int, default=40)
     ap.add_argument("--load-requests", type=int, default=160, help="requests at 16 clients")
     ap.add_argument("--clients", type=int, default=16)
@@ -264,16 +261,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     gpu = not args.tiny
-    real, tiny, folder, title = MODELS[args.model]
-    cfg = dict(tiny if args.tiny else real)
-    if args.pooling:
-        cfg["classifier_pooling"] = args.pooling
+    cfg = dict(TINY_CONFIG if args.tiny else REAL_CONFIG)
     results: dict[str, Any] = {
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": {},
         "skipped": [],
         "config": cfg,
-        "title": title,
+        "title": TITLE,
         "workload": {"documents": DOCS, "doc_tokens": DOC_TOKENS, "query_tokens": QUERY_TOKENS},
     }
 
@@ -285,7 +279,7 @@ def main() -> None:
     for label in labels:  # every runtime's config, typed as the gateway will read it: a typo fails now, not in minutes
         msgspec.convert({"models": [{"name": label, "path": "/nonexistent", **RUNTIMES[label]}]}, Settings, strict=True)
     t = time.time()
-    model_dir = work / (f"{folder}-tiny" if args.tiny else args.model)
+    model_dir = work / ("xlmr-tiny" if args.tiny else "xlmr-large")
     rates = build(model_dir, cfg, "cpu" if args.tiny else "cuda")
     results["device"] = rates.get("device", "cpu (--tiny: a logic check, not a measurement)")
     # uvicorn's loop = "auto": uvloop when it is installed (a dependency of the project; the GPU bundle added it 2026-12-02)
