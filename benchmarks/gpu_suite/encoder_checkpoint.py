@@ -1,12 +1,9 @@
 """The checkpoint and the d100 workload ``benchmarks/gpu_suite/encoders.py`` measures, and its fp32 reference.
 
-XLM-RoBERTa large's real config (bge-reranker-v2-m3's) and the tiny one of ``--tiny``. :func:`build` writes the tokenizer and the
-random-weight checkpoint (and, on CUDA, measures the bf16 matmul rates) in a child process, so
-the benchmark's own process never touches CUDA; :func:`reference_scores` scores the probe
-request with plain transformers in fp32, in another. :func:`pair_lengths` and
-:func:`probe_request` draw the d100 workload from the bench's own generator;
-:func:`flops_per_request` counts a request's FLOPs. ModernBERT-base's shape (``--model
-modernbert-base``, ``encoder_shapes.py``) was removed on 2026-12-05, answered in gpu-h200-2026-12-02.
+XLM-R large's real config (bge-reranker-v2-m3's) and ``--tiny``'s. :func:`build` writes the
+tokenizer and the random-weight checkpoint (on CUDA also the bf16 matmul rates) in a child
+process, :func:`reference_scores` the probe's fp32 scores in another: the benchmark's own process
+never touches CUDA. ModernBERT-base's shape (``encoder_shapes.py``) went on 2026-12-05.
 """
 
 from __future__ import annotations
