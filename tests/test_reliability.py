@@ -46,6 +46,7 @@ def unequal_score_pairs(body: object) -> bool:
             return True
     return False
 
+
 SETTINGS = Settings(
     server=ServerConfig(body_read_timeout_s=BODY_TIMEOUT_S),
     limits=LimitsConfig(max_body_bytes=MAX_BODY, max_documents=MAX_DOCUMENTS),
