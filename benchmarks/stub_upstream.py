@@ -1,13 +1,8 @@
-"""A minimal Cohere-compatible rerank server: the trivial baseline and the stub upstream.
+"""A minimal Cohere-compatible rerank server: the zero-work upstream of the suites' proxies.
 
-Raw ASGI on uvicorn, no framework: it decodes the JSON body (msgspec), gives every document the
-same score and answers in Cohere's v2 shape (``id``, ``results`` cut to ``top_n``, ``meta``).
-That is the least any HTTP rerank server must do, so
-
-- ``rerank-gateway bench GATEWAY --compare STUB`` at one client measures what the gateway adds
-  per request on top of HTTP + JSON (the gateway's static engine is zero-cost too), and
-- as the upstream of the gateway's Cohere pool and of LiteLLM's cohere provider, it makes both
-  proxies' own cost the only difference.
+Raw ASGI on uvicorn: it decodes the JSON body (msgspec), gives every document the same score and
+answers in Cohere's v2 shape, the least any HTTP rerank server must do; in front of it, the
+proxies' own cost is the only difference. ``--delay-s``: a slow one.
 
     python -m benchmarks.stub_upstream --port 9100
 """

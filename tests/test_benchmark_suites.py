@@ -112,44 +112,15 @@ def test_passthrough_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
         assert f"| {name} | 1 |" in md, name
 
 
-def test_gateway_overhead_runs_at_a_tiny_size(tmp_path: Path) -> None:
-    """In-process and over HTTP, then the tracing report's mode with this
-    checkout standing in for the build without tracing."""
-    out = tmp_path / "ov"
-    _run(["benchmarks.passthrough_wrk", "overhead", "--requests", "10", "--out", str(out)])
-    report = json.loads((out / "cpu_overhead.json").read_text())
-    assert report["in_process"]["added_p50_ms"] is not None
-    assert (out / "overhead" / "report.md").exists()
-    _run(
-        [
-            "benchmarks.passthrough_wrk",
-            "overhead",
-            "--tracing",
-            str(ROOT),
-            "--rounds",
-            "1",
-            "--requests",
-            "10",
-            "--out",
-            str(out),
-        ]
-    )
-    tracing = json.loads((out / "tracing_cpu.json").read_text())
-    assert set(tracing["median_cpu_ms_per_request"]) == {
-        "without (build before tracing)",
-        "tracing off",
-        "tracing on (OTLP to loopback)",
-    }
-    assert tracing["command"].startswith("python -m benchmarks.passthrough_wrk overhead --tracing")
-
-
 def test_reliability_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
-    """The fuzz section end to end (its traced gateway child, both passes, the report)."""
-    _run(["benchmarks.reliability", "--only", "fuzz", "--fuzz-examples", "1", "--out", str(tmp_path)])
+    """The soak section end to end (a gateway process, the hostile pass before and after, the report)."""
+    _run(["benchmarks.reliability", "--only", "soak", "--clients", "2", "--soak-s", "2", "--out", str(tmp_path)])
     (day,) = tmp_path.iterdir()
-    report = json.loads((day / "reliability.json").read_text())
-    assert "skipped" not in report["fuzz"], report["fuzz"]
-    assert "fuzz" in (day / "reliability.md").read_text()
+    soak = json.loads((day / "reliability.json").read_text())["soak"]
+    assert "skipped" not in soak, soak
+    assert soak["requests"] > 0 and soak["lost"] == 0
+    assert soak["hostile_after"]["tried"] > 0 and soak["hostile_after"]["five_xx"] == 0
+    assert "| soak |" in (day / "reliability.md").read_text()
 
 
 def test_gpu_suite_subcommands_run_their_gateways_on_cpu(tmp_path: Path) -> None:

@@ -22,7 +22,6 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from benchmarks.reliability.fuzz_memory import unequal_score_pairs
 from benchmarks.reliability.hostile import Case, hostile_cases, send_raw
 from gateway.app import create_app
 from gateway.security.auth import hash_key
@@ -35,6 +34,18 @@ KEY = "rk-reliability-suite-key-0123456789abcdef"
 MAX_BODY = 1_000_000
 MAX_DOCUMENTS = 10_000
 BODY_TIMEOUT_S = 2.0
+
+
+def unequal_score_pairs(body: object) -> bool:
+    """vLLM's N:N rule (as many first-side texts as second-side ones) that JSON Schema cannot state."""
+    if not isinstance(body, dict):
+        return False
+    for first, second in (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2")):
+        a, b = body.get(first), body.get(second)
+        if isinstance(a, list) and len(a) > 1 and len(a) != (len(b) if isinstance(b, list) else 1):
+            return True
+    return False
+
 
 SETTINGS = Settings(
     server=ServerConfig(body_read_timeout_s=BODY_TIMEOUT_S),

@@ -26,11 +26,6 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=4, help="requests per contestant, round and client count")
     p.add_argument("--agree", type=int, default=8, help="requests whose top-10 is compared")
     p.add_argument(
-        "--peers-python",
-        default="",
-        help="interpreter of a venv with infinity-emb and ctranslate2 (else they are skipped)",
-    )
-    p.add_argument(
         "--gate", default="", help="golden set of the reduced precisions' gate, QUERIESxDOCUMENTS (default 32x30)"
     )
     args = p.parse_args()

@@ -1,7 +1,6 @@
 """The contestants: the gateway's runtimes and precisions (models of one ``rerank-gateway serve``
 process, over loopback HTTP) and the in-process tools (sentence-transformers, ONNX Runtime,
-FlashRank). Each one is a ``ScoreFn``; the peers that need a venv of their own are in
-``benchmarks.cpu_peers``.
+FlashRank). Each one is a ``ScoreFn``.
 """
 
 from __future__ import annotations

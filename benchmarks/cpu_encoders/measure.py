@@ -17,7 +17,6 @@ import psutil
 
 from benchmarks.cpu_encoders.checkpoints import SHAPES
 from benchmarks.cpu_encoders.contestants import BASELINE, GATEWAY_VARIANTS, IN_PROCESS, Gateway, ScoreFn
-from benchmarks.cpu_peers import PEERS, start_peer
 from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter
 
 DOCS, DOC_TOKENS, CLIENTS = 50, "60-140", 4
@@ -82,11 +81,10 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
         for b in (msgspec.json.decode(r.body) for r in build_workload(spec, load_token_counter(str(model_dir))))
     ]
     timed, agree_reqs = reqs[: args.requests], reqs[args.requests :]
-    wanted = args.contestants.split(";") if args.contestants else list(GATEWAY_VARIANTS) + list(IN_PROCESS) + PEERS
+    wanted = args.contestants.split(";") if args.contestants else list(GATEWAY_VARIANTS) + list(IN_PROCESS)
     fns: dict[str, ScoreFn] = {}
     pids: dict[str, int] = {}  # whose CPU-seconds each contestant is measured by (default: this process)
     skipped: dict[str, str] = {}
-    peers: dict[str, Any] = {}
     gw_names = [n for n in wanted if n in GATEWAY_VARIANTS]
     gateway = Gateway(model_dir, work / shape, gw_names, args.gate) if gw_names else None
     try:
@@ -104,17 +102,6 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
                 fns[name] = IN_PROCESS[name](model_dir)
             except Exception as exc:  # noqa: BLE001 -- a missing package skips the contestant, said why
                 skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-        for name in (n for n in wanted if n in PEERS):
-            if not args.peers_python:
-                skipped[name] = (
-                    "needs --peers-python (a venv with infinity-emb and ctranslate2, see docs/benchmarks.md)"
-                )
-                continue
-            try:  # one at a time: each server loads while the machine is otherwise idle
-                peers[name], fns[name] = start_peer(name, model_dir, work / shape, args.peers_python)
-                pids[name] = peers[name].pid
-            except Exception as exc:  # noqa: BLE001 -- a peer that cannot start or convert is skipped, said why
-                skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         scores = {name: [fn(q, d) for q, d in agree_reqs] for name, fn in fns.items()}  # also the warm-up
         rounds: list[dict[str, Any]] = []
         names = list(fns)
@@ -147,8 +134,6 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
     finally:
         if gateway is not None:
             gateway.stop()
-        for server in peers.values():
-            server.stop()
     table = []
     for name in names:
         one = [rd[name]["1"] for rd in rounds]
@@ -173,8 +158,6 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
                 for k in ("streams_busy", "padding", "rows_per_batch")
                 for c in ("1", "4")
             }
-        if name in peers:
-            entry["setup"] = peers[name].setup
         if name in described:
             entry["gateway_model"] = {
                 k: described[name].get(k)

@@ -1,4 +1,4 @@
-"""cpu_encoders.md: one table per shape, the openvino engine's insides, setups and skips."""
+"""cpu_encoders.md: one table per shape, the openvino engine's insides and skips."""
 
 from __future__ import annotations
 
@@ -63,8 +63,6 @@ def markdown(report: dict[str, Any]) -> str:
                 for g in [e["engine"]]
             ]
             out += table([*head, "rows per batch, 1 client", "4 clients"], rows)
-        for e in (e for e in shape["table"] if "setup" in e):
-            out.append(f"\n{e['contestant']}: {e['setup']}.")
         for name, why in shape["skipped"].items():
             out.append(f"\nSkipped: {name}: {why}")
         out.append("")

@@ -1,14 +1,9 @@
 """The checkpoint and the d100 workload ``benchmarks/gpu_suite/encoders.py`` measures, and its fp32 reference.
 
-XLM-RoBERTa large's real config (bge-reranker-v2-m3's) and the tiny one of ``--tiny``; the other
-shapes are in ``benchmarks/gpu_suite/encoder_shapes.py``. :func:`build` writes the tokenizer and the
-random-weight checkpoint (and, on CUDA, measures the bf16 matmul rates) in a child process, so
-the benchmark's own process never touches CUDA; :func:`reference_scores` scores the probe
-request with plain transformers in fp32, in another. :func:`pair_lengths` and
-:func:`probe_request` draw the d100 workload from the bench's own generator. Apart from the
-runner and the report because other scripts
-build and load the same tiny checkpoint (they import these names from ``gpu_encoders``, which
-hands them on).
+XLM-R large's real config (bge-reranker-v2-m3's) and ``--tiny``'s. :func:`build` writes the
+tokenizer and the random-weight checkpoint (on CUDA also the bf16 matmul rates) in a child
+process, :func:`reference_scores` the probe's fp32 scores in another: the benchmark's own process
+never touches CUDA. ModernBERT-base's shape (``encoder_shapes.py``) went on 2026-12-05.
 """
 
 from __future__ import annotations
@@ -19,8 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_suite.encoder_shapes import pair_specials
-
 __all__ = (
     "DOCS",
     "DOC_TOKENS",
@@ -28,6 +21,7 @@ __all__ = (
     "REAL_CONFIG",
     "TINY_CONFIG",
     "build",
+    "flops_per_request",
     "pair_lengths",
     "probe_request",
     "reference_scores",
@@ -71,12 +65,10 @@ from transformers import PreTrainedTokenizerFast
 from gateway.bench.workload import _WORDS
 
 out, cfg, device = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-modern = cfg.pop("model_type", None) == "modernbert"
-# XLM-R's special ids (<s> 0, <pad> 1, </s> 2, <unk> 3, <mask> last; ModernBERT: [CLS] 0, [PAD] 1,
-# [SEP] 2, [UNK] 3, [MASK] last); the workload's words whole,
+# XLM-R's special ids (<s> 0, <pad> 1, </s> 2, <unk> 3, <mask> last); the workload's words whole,
 # characters and letter pairs (word starts and continuations) so any text tokenizes, then
 # three- and four-letter word starts up to the real vocabulary size.
-cls_, pad_, sep_, unk_, mask_ = ("[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]") if modern else ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+cls_, pad_, sep_, unk_, mask_ = "<s>", "<pad>", "</s>", "<unk>", "<mask>"
 letters = string.ascii_lowercase
 chars = [c for c in string.printable if not c.isspace()]
 vocab = [(cls_, 0.0), (pad_, 0.0), (sep_, 0.0), (unk_, 0.0), ("\u2581", -6.0)]
@@ -96,21 +88,11 @@ assert len(vocab) == cfg["vocab_size"], len(vocab)
 tok = Tokenizer(models.Unigram(vocab, unk_id=3, byte_fallback=False))
 tok.pre_tokenizer = pre_tokenizers.Metaspace()
 tok.decoder = decoders.Metaspace()
-if modern:  # [CLS] q [SEP] d [SEP], no token types (ModernBERT takes none)
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-                                                       special_tokens=[("[CLS]", 0), ("[SEP]", 2)])
-    from transformers import ModernBertConfig as Config, ModernBertForSequenceClassification as Model
-    cfg.update(pad_token_id=1, cls_token_id=0, bos_token_id=0, sep_token_id=2, eos_token_id=2)
-    extra = {"model_input_names": ["input_ids", "attention_mask"]}
-else:
-    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-    from transformers import XLMRobertaConfig as Config, XLMRobertaForSequenceClassification as Model
-    extra = {"bos_token": "<s>", "eos_token": "</s>"}
+tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+from transformers import XLMRobertaConfig as Config, XLMRobertaForSequenceClassification as Model
 PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=unk_, pad_token=pad_, cls_token=cls_, sep_token=sep_,
-                        mask_token=mask_, model_max_length=cfg["max_position_embeddings"] - 2, **extra).save_pretrained(out)
-if len(sys.argv) > 4 and sys.argv[4] == "tokenizer":  # the host profile (host_profile.py) needs no weights
-    print("RATES {}")
-    raise SystemExit
+                        mask_token=mask_, model_max_length=cfg["max_position_embeddings"] - 2,
+                        bos_token="<s>", eos_token="</s>").save_pretrained(out)
 torch.manual_seed(0)
 on_gpu = device == "cuda"
 torch.set_default_dtype(torch.bfloat16 if on_gpu else torch.float32)
@@ -130,7 +112,7 @@ if on_gpu:  # the bf16 matmul rate MFU is measured against: square, and the mode
         return 2 * m * k * n / sorted(times)[len(times) // 2] / 1e12
     h, i = cfg["hidden_size"], cfg["intermediate_size"]
     rates["square_8192_tflops"] = rate(8192, 8192, 8192)
-    shapes = {"qkv": (16384, h, 3 * h), "out": (16384, h, h), "up": (16384, h, 2 * i if modern else i), "down": (16384, i, h)}
+    shapes = {"qkv": (16384, h, 3 * h), "out": (16384, h, h), "up": (16384, h, i), "down": (16384, i, h)}
     per = {k: rate(*s) for k, s in shapes.items()}
     flops = {k: s[1] * s[2] for k, s in shapes.items()}
     rates["model_gemms_tflops"] = sum(flops.values()) / sum(flops[k] / per[k] for k in per)
@@ -140,10 +122,9 @@ print("RATES " + json.dumps(rates))
 """
 
 
-def build(out: Path, cfg: dict[str, Any], device: str, *, tokenizer_only: bool = False) -> dict[str, Any]:
-    """Tokenizer + checkpoint (+ matmul rates on CUDA), written by a child process; the
-    tokenizer alone with ``tokenizer_only``."""
-    argv = [sys.executable, "-c", _BUILD, str(out), json.dumps(cfg), device, *(["tokenizer"] if tokenizer_only else [])]
+def build(out: Path, cfg: dict[str, Any], device: str) -> dict[str, Any]:
+    """Tokenizer + checkpoint (+ matmul rates on CUDA), written by a child process."""
+    argv = [sys.executable, "-c", _BUILD, str(out), json.dumps(cfg), device]
     proc = subprocess.run(argv, check=True, capture_output=True, text=True)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RATES "))
     return json.loads(line[6:])
@@ -161,8 +142,15 @@ def pair_lengths(model_dir: Path, cfg: dict[str, Any], requests: int = 8) -> lis
     for r in build_workload(spec, counter):
         body = msgspec.json.decode(r.body)
         (q,) = counter.count([body["query"]])
-        out.append([q + d + pair_specials(cfg) for d in counter.count(body["documents"])])
+        out.append([q + d + 4 for d in counter.count(body["documents"])])
     return out
+
+
+def flops_per_request(cfg: dict[str, Any], pair_lens: list[int]) -> float:
+    """2 x non-embedding weights x tokens + bidirectional attention (QK^T and PV: 4 L x keys x d per layer)."""
+    h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    weights = layers * (4 * h * h + 2 * h * cfg["intermediate_size"])
+    return 2 * weights * sum(pair_lens) + layers * sum(4 * n * n * h for n in pair_lens)
 
 
 def probe_request(model_dir: Path) -> tuple[str, list[str]]:

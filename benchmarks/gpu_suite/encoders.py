@@ -2,47 +2,23 @@
 
     RR_SKIP_CHECK=1 RR_BUDGET=520 RR_CMD="python3 -m benchmarks.gpu_suite encoders" bash .gpu/device_run.sh
 
-Each gateway is its own ``python -m gateway serve --config ...`` process (this process never
-touches CUDA: the checkpoint and the matmul rate come from a child process) and
-``python -m gateway bench`` is the load client, a third process, as in ``benchmarks/gpu_suite/qwen3.py``.
+Each runtime (``--runtimes``; labels and A/B variants in ``encoders_runtimes.py``) is its own
+``python -m gateway serve`` process, one after the other, and ``rerank-gateway bench`` the load
+client (this process never touches CUDA). Checkpoint: XLM-R large's real config with random bf16
+weights and a 250,002-piece Unigram tokenizer built offline (``encoder_checkpoint.py``).
+Workload d100: 1 query (15 tokens) x 100 documents of U[60,200] tokens.
 
-Checkpoint: XLM-RoBERTa large's real config (hidden 1,024, 24 layers, 16 heads, MLP 4,096,
-vocabulary 250,002, 8,194 positions, one token type: bge-reranker-v2-m3) with random bf16
-weights and a Unigram tokenizer of the real vocabulary size built offline (the workload's
-English words are single pieces, other text falls back to shorter pieces), so documents are
-cut at exact token counts. Workload d100: 1 query (15 tokens) x 100 documents of U[60,200]
-tokens (~14.9k tokens per request with the pair's 4 special tokens).
+Rows per runtime: d100 at 1 client (p50 / p99 / max) and at ``--clients`` (docs/s), each row's
+server timing per phase; the compute floor (FLOPs per request over the measured bf16 matmul
+rate) and MFU. One probe request is scored against plain transformers in fp32, and again beside
+a loaded level's warm pass (or measured run): graph memory clobbered under load would give other
+finite scores, which the engine cannot see. A runtime that would pass the deadline
+(``RR_DEADLINE``, else ``--budget`` s) is skipped and listed. Writes ``encoders_results.json``
+and ``encoders_summary.md`` (``encoders_report.py``). ``--tiny``: the same on CPU with a tiny
+XLM-R (a logic check, not a measurement).
 
-Rows, per runtime (``--runtimes``, default packed, vllm-score, transformers; each in its own
-gateway, started one after the other): d100 at 1 client (40 requests: p50 / p99 / max) and at
-16 clients (docs/s). The report adds the compute floor: FLOPs of a d100 request (2 x
-non-embedding weights x tokens + bidirectional attention) over the measured bf16 matmul rate
-(square 8192^3, and the model's own GEMM shapes at 16k tokens), and each row's MFU.
-
-``packed-eager`` (no CUDA graphs), ``packed-one-job`` (no two-part submit when idle) and
-``packed-rayon8`` (the tokenizer's pool at 8 threads) are the A/B variants of ``packed`` kept in ``benchmarks/gpu_suite/encoders_runtimes.py`` (a variant is one
-line there); the Markdown summary is written by ``benchmarks/gpu_suite/encoders_report.py``.
-The summary gives each row's server timing per phase (mean, p50 / p99 / max) and the packed
-scheduler's step split (host prep vs device wait).
-
-At a loaded level the probe request (below) is sent again and again beside the warm pass (or
-the measured run, without one), each answer against the idle one (``probe_under_load``): graph
-memory clobbered under load would give other finite scores, which the engine cannot see.
-
-A runtime whose start would pass the deadline (``RR_DEADLINE`` from device_run.sh, else
-``--budget`` seconds from now) is skipped and listed. Writes ``$OUT/encoders_results.json`` and
-``$OUT/encoders_summary.md`` (two files: the device returns at most eight).
-
-``--tiny`` runs the same script on CPU with a tiny XLM-R (hidden 128, 2 layers, vocabulary 2,000)
-and the packed and transformers engines: a check of this script's logic, not a measurement.
-
-``--model modernbert-base``: ModernBERT-base's shape instead (``benchmarks/gpu_suite/encoder_shapes.py``:
-22 layers, hidden 768, local attention over 128 tokens, vocabulary 50,368; same tokenizer
-construction with ``[CLS] q [SEP] d [SEP]``).
-
-The forward probe (the packed replica alone in a child process, ``--forward-only``) and the other
-one-off A/B runtimes were removed on 2026-12-05; their answers are in gpu-h200-2026-12-02,
--12-02-b, -12-02-c, -12-02-d and -12-03.
+Removed on 2026-12-05, answered in their reports: ``--model modernbert-base`` (gpu-h200-2026-12-02),
+the forward probe and other one-off A/B runtimes (gpu-h200-2026-12-02 to -12-03).
 """
 
 from __future__ import annotations
@@ -62,14 +38,16 @@ from benchmarks.gpu_suite.encoder_checkpoint import (
     DOC_TOKENS,
     DOCS,
     QUERY_TOKENS,
+    REAL_CONFIG,
+    TINY_CONFIG,
     build,
+    flops_per_request,
     pair_lengths,
     probe_request,
     reference_scores,
 )
-from benchmarks.gpu_suite.encoder_shapes import flops_per_request
-from benchmarks.gpu_suite.encoders_report import summary
-from benchmarks.gpu_suite.encoders_runtimes import MODELS, NEEDS, RUNTIME_ENV, RUNTIMES
+from benchmarks.gpu_suite.encoders_report import TITLE, summary
+from benchmarks.gpu_suite.encoders_runtimes import NEEDS, RUNTIME_ENV, RUNTIMES
 from benchmarks.harness import Gateway, bench_level, gpu_mem_mib, serve
 from schemas.config import Settings
 
@@ -237,23 +215,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runtimes", default="packed,vllm-score,transformers", help="comma list, run in this order")
     ap.add_argument("--tiny", action="store_true", help="CPU check of this script: tiny model, cpu devices")
-    ap.add_argument("--model", choices=sorted(MODELS), default="xlmr-large", help="the checkpoint's shape")
-    ap.add_argument("--pooling", choices=("cls", "mean"), help="ModernBERT's classifier_pooling (default: cls)")
     ap.add_argument("--idle-requests", type=int, default=40)
     ap.add_argument("--load-requests", type=int, default=160, help="requests at 16 clients")
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument(
-        "--warmup",
-        type=int,
-        default=4,
-        help="requests before each level's measured ones (CUDA graphs are captured on a bucket's first step)",
-    )
-    ap.add_argument(
-        "--warm-pass",
-        type=int,
-        default=0,
-        help="before each level, this many requests of the same traffic with other documents, not measured",
-    )
+    ap.add_argument("--warmup", type=int, default=4, help="unmeasured requests before each level's measured ones")
+    ap.add_argument("--warm-pass", type=int, default=0, help="unmeasured requests of other documents before each level")
     ap.add_argument("--budget", type=float, default=480, help="seconds from now, when RR_DEADLINE is not set")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-out/encoders"))
     ap.add_argument("--work", default="/tmp/rr-encoders")
@@ -264,16 +230,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     gpu = not args.tiny
-    real, tiny, folder, title = MODELS[args.model]
-    cfg = dict(tiny if args.tiny else real)
-    if args.pooling:
-        cfg["classifier_pooling"] = args.pooling
+    cfg = dict(TINY_CONFIG if args.tiny else REAL_CONFIG)
     results: dict[str, Any] = {
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": {},
         "skipped": [],
         "config": cfg,
-        "title": title,
+        "title": TITLE,
         "workload": {"documents": DOCS, "doc_tokens": DOC_TOKENS, "query_tokens": QUERY_TOKENS},
     }
 
@@ -285,7 +248,7 @@ def main() -> None:
     for label in labels:  # every runtime's config, typed as the gateway will read it: a typo fails now, not in minutes
         msgspec.convert({"models": [{"name": label, "path": "/nonexistent", **RUNTIMES[label]}]}, Settings, strict=True)
     t = time.time()
-    model_dir = work / (f"{folder}-tiny" if args.tiny else args.model)
+    model_dir = work / ("xlmr-tiny" if args.tiny else "xlmr-large")
     rates = build(model_dir, cfg, "cpu" if args.tiny else "cuda")
     results["device"] = rates.get("device", "cpu (--tiny: a logic check, not a measurement)")
     # uvicorn's loop = "auto": uvloop when it is installed (a dependency of the project; the GPU bundle added it 2026-12-02)

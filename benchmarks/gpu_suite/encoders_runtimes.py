@@ -2,17 +2,14 @@
 
 ``RUNTIMES``: label -> the model's config keys (beside name and path); ``RUNTIME_ENV``: label ->
 its gateway's environment variables. ``NEEDS``: seconds a gateway needs to start and run both levels (a runtime
-that would pass the deadline is skipped). ``MODELS``: the checkpoint shapes of ``--model``.
+that would pass the deadline is skipped).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.gpu_suite.encoder_checkpoint import REAL_CONFIG, TINY_CONFIG
-from benchmarks.gpu_suite.encoder_shapes import MODERNBERT_CONFIG, MODERNBERT_TINY
-
-__all__ = ("COMMON", "MODELS", "NEEDS", "RUNTIMES", "RUNTIME_ENV")
+__all__ = ("COMMON", "NEEDS", "RUNTIMES", "RUNTIME_ENV")
 
 COMMON = {"max_length": 1024, "max_query_tokens": 64}
 # label -> the model's config keys beside name and path; an A/B variant is one line here.
@@ -39,8 +36,3 @@ RUNTIMES: dict[str, dict[str, Any]] = {
 RUNTIME_ENV = {"packed-rayon8": {"RAYON_NUM_THREADS": "8"}, "packed-tok4-norayon": {"TOKENIZERS_PARALLELISM": "false"}}
 # runtime -> seconds its gateway needs to start and run both levels (vLLM: import + compile ~90 s)
 NEEDS = {**{label: 75 for label in RUNTIMES if label.startswith("packed")}, "vllm-score": 170, "transformers": 60}
-# --model: (real config, --tiny config, checkpoint folder name, report title)
-MODELS: dict[str, tuple[dict[str, Any], dict[str, Any], str, str]] = {
-    "xlmr-large": (REAL_CONFIG, TINY_CONFIG, "xlmr", "bge-reranker-v2-m3 shape (XLM-R large)"),
-    "modernbert-base": (MODERNBERT_CONFIG, MODERNBERT_TINY, "modernbert", "ModernBERT-base shape"),
-}

@@ -1,30 +1,22 @@
 """Issue 24's GPU run: every Qwen3 runtime behind the real CLI, over HTTP, one H200.
 
     RR_SKIP_CHECK=1 RR_BUDGET=540 RR_CMD="python3 -m benchmarks.gpu_suite qwen3 --phases 0.6b" bash .gpu/device_run.sh
-    python -m benchmarks.gpu_suite qwen3 --smoke --out /tmp/qwen3-smoke   # the same code on CPU, tiny model, 10-document requests
 
-Each gateway is its own ``python -m gateway serve --config ...`` process (as deployed: this
-process never touches CUDA, so a vLLM engine forks or spawns exactly as it would in production)
-and ``rerank-gateway bench`` is the load client, another process. Checkpoints have the real
-configs of Qwen3-Reranker-0.6B / -4B / -8B with random bf16 weights (built in a child process)
-and the offline BPE tokenizer of ``tests.tiny_qwen3`` (documents cut at exact token counts).
+Each gateway is its own ``python -m gateway serve`` process (this one never touches CUDA, so
+vLLM forks or spawns as in production), ``rerank-gateway bench`` the client. Checkpoints: the
+real configs of Qwen3-Reranker-0.6B / -4B / -8B, random bf16 weights, the offline BPE tokenizer
+of ``tests.tiny_qwen3``. Phases:
 
-Phases:
-- ``0.6b``: one gateway serving packed bf16 (each request's shared prefix computed once per
-  step), packed bf16 with whole prompts (``share_prefix = false``) and packed fp8 (shared; the
-  gate's figure from ``/ready``), measured side by side: each level (d100 at 1 client, d100 and
-  d300 at 16) runs every model before the next level; before that, one 100-document request to
-  each gives the max score difference to packed bf16 (shared = whole prompts, up to bf16 noise).
-  The summary judges the issue's targets on these levels (``targets.py``: met only with zero
-  failed requests, >= 200 requests for a p99, clear of the spread).
-- ``4b``, ``8b``: each runtime (packed bf16, packed fp8, vllm-score, vllm-generate, transformers)
-  in its own gateway: GPU memory in use once ready and at peak, d100 at 1 and 16 clients.
+- ``0.6b``: one gateway serving packed bf16 (shared prefixes), packed bf16 with whole prompts and
+  packed fp8, level by level (d100 at 1 client, d100 and d300 at 16) after one request each
+  compared with packed bf16; the issue's targets judged on those levels (``targets.py``: met
+  only with zero failed requests, >= 200 requests for a p99, clear of the spread).
+- ``4b``, ``8b``: each runtime in its own gateway: GPU memory ready and at peak, d100 at 1 and 16.
 
-vllm-score beside a packed model and with its engine core spawned (issue 24 item 4, answered in
-gpu-h200-2026-12-01-c) were ``--vllm`` until 2026-12-05. A step that would pass the deadline (``RR_DEADLINE``, set by device_run.sh) is skipped and listed.
-Writes ``$OUT/qwen3_results.json`` and ``$OUT/qwen3_summary.md``. ``--smoke`` runs the 0.6b
-phase's packed gateway on CPU with the tiny Qwen3 of ``tests.tiny_qwen3`` and a few 10-document
-requests per level (the script's logic, not a measurement).
+A step that would pass the deadline (``RR_DEADLINE``) is skipped and listed. Writes
+``qwen3_results.json`` and ``qwen3_summary.md``. ``--smoke``: the 0.6b phase's packed gateway on
+CPU, tiny Qwen3, a few 10-document requests per level (a logic check). ``--vllm`` (vLLM beside
+packed, spawned) was removed on 2026-12-05, answered in gpu-h200-2026-12-01-c.
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 
     python -m benchmarks.passthrough_wrk.pyclient URL BODY_FILE CLIENTS SECONDS
 
-``CLIENTS`` aiohttp tasks post ``BODY_FILE`` back to back for ``SECONDS`` on keep-alive
-connections and it prints one JSON line in :func:`benchmarks.passthrough_wrk.wrk.parse_wrk`'s shape
-(requests, req_s, p50/p90/p99 in ms, errors), so the suite's report reads both clients alike. It
-costs more client CPU per request than wrk (a Python event loop), which on a small box takes cores
-from the targets: compare targets measured with the same client only. Each target's own CPU per
-request is read from /proc either way.
+``CLIENTS`` aiohttp tasks post ``BODY_FILE`` back to back on keep-alive connections; one JSON line
+in :func:`benchmarks.passthrough_wrk.wrk.parse_wrk`'s shape. It costs more client CPU than wrk:
+compare targets measured with the same client only.
 """
 
 from __future__ import annotations

@@ -4,26 +4,18 @@
 
 Writes ``<out>/<UTC date>/reliability.json`` and ``reliability.md``. Sections (``--only`` picks):
 
-- ``hostile``: every request of :mod:`benchmarks.reliability.hostile` against a gateway with the default
-  limits (10,000 documents, 20 MiB), before and after the soak: no 5xx, every 4xx a JSON body.
-- ``fuzz``: schemathesis' cases for every operation (every check) and the hostile requests, the
-  same list twice after a warm-up, keys and Redis limits on: check failures, RSS after each pass
-  (the second must add < 5 %) (:mod:`benchmarks.reliability.fuzz_memory`).
-- ``soak``: N clients x T seconds of valid rerank requests (1-100 documents) against a real
-  gateway process (``static`` engine: the gateway's own code is what runs), RSS every second.
-- ``upstream``: a pool over two stub replicas under load; one is killed (SIGKILL), then
-  replaced by a slow one (1 s per request): errors and p99 per phase.
-- ``failover``: a fallback chain over two pools under load, its primary killed then restarted:
-  errors and p50/p99 per phase, which target served, and the time until the primary is
-  preferred again (:mod:`benchmarks.reliability.failover`).
-- ``redis``: per-key limits in Redis; Redis killed under load then restarted, with
-  ``redis_failure = "closed"`` (503 + Retry-After meanwhile) and ``"open"`` (keeps serving).
-- ``sigterm``: SIGTERM with requests in flight: every one is answered, then the process exits.
-- ``engine``: the vLLM engine on CPU (tiny random Qwen3, ``vllm-score``) killed under load:
-  every request gets exactly one response, 503 + Retry-After meanwhile; recovery time. Holds
-  ``/tmp/vllm.lock`` so two vLLM engines never start at once on a shared machine.
+- ``soak``: N clients x T seconds of valid requests against a gateway process (``static``
+  engine), RSS every second; every request of :mod:`benchmarks.reliability.hostile` before and
+  after (default limits): no 5xx, every 4xx a JSON body.
+- ``upstream``: a pool over two stub replicas under load; one killed, then replaced by a slow one.
+- ``failover``: a fallback chain's primary killed then restarted under load
+  (:mod:`benchmarks.reliability.failover`).
+- ``redis``: per-key limits in Redis; Redis killed under load, ``redis_failure`` closed and open.
+- ``sigterm``: SIGTERM with requests in flight: every one answered, then the process exits.
+- ``engine``: the vLLM engine on CPU (tiny Qwen3) killed under load: one response per request,
+  503 + Retry-After meanwhile; recovery time. Holds ``/tmp/vllm.lock``.
 
-"Recovery" is the time from the fault's end (process back, or the kill for self-healing
-faults) to the first 200. Every request's outcome is counted: a request without a response
-(exception, timeout) is "lost".
+"Recovery": from the fault's end to the first 200. Every request is counted; one without a
+response is "lost". The ``fuzz`` section (``fuzz_memory.py``) was removed on 2026-12-05,
+answered in reliability 2026-12-01.
 """

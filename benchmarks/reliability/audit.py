@@ -2,18 +2,10 @@
 
     python -m benchmarks.reliability audit --path .venv/lib/python3.11/site-packages --out docs/reliability/DATE
 
-pip-audit's PyPI service reads ``/pypi/<name>/<version>/json``, whose ``vulnerabilities`` list
-PyPI fills from its advisory database (the PyPA advisory DB and OSV). Some build machines reach
-PyPI only for ``/pypi/<name>/json`` (the project, as of its latest release) and nothing else of
-an advisory database: pip-audit then skips every dependency as "not found on PyPI", and
-``--vulnerability-service osv`` / ``esms`` cannot resolve their hosts.
-
-The project JSON carries the same ``vulnerabilities`` list, for the latest release. So for an
-installed version that *is* the latest release, it is a real answer from the live database;
-for any other version it says nothing. This runs pip-audit itself (its dependency listing, its
-PyPI parsing, its JSON output) with one change: the response it parses is the project JSON, used
-only when the installed version is the latest; every other dependency is reported as skipped,
-with the latest version in the reason. Nothing here decides what is vulnerable.
+Where a machine reaches PyPI only for ``/pypi/<name>/json`` (no advisory database), pip-audit
+skips every dependency. That JSON's ``vulnerabilities`` list answers for the latest release, so
+this runs pip-audit itself on it for each installed version that is the latest, and reports every
+other dependency as skipped (the latest version in the reason). Nothing here decides what is vulnerable.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from benchmarks.reliability.report import _write
 from benchmarks.reliability.sections import (
     SECTIONS,
     engine_kill,
-    fuzz,
     redis_faults,
     sigterm,
     soak,
@@ -54,12 +53,6 @@ def main(argv: list[str] | None = None) -> int:
         default=420.0,
         help="engine section: longest wait for the first 200 after the kill",
     )
-    parser.add_argument(
-        "--fuzz-examples",
-        type=int,
-        default=100,
-        help="fuzz section: schemathesis examples per operation and mode (positive, negative)",
-    )
     parser.add_argument("--keep-logs", default=None, help="copy the engine section's gateway log into this folder")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
@@ -73,7 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="reliability-") as tmp:
         workdir = Path(tmp)
         steps = {
-            "fuzz": lambda: fuzz(workdir, args.fuzz_examples),
             "soak": lambda: soak(workdir, args.clients, args.soak_s),
             "upstream": lambda: upstream(workdir, max(2, args.clients // 2)),
             "failover": lambda: failover(workdir, args.clients),

@@ -17,31 +17,6 @@ def _j(*values: Any) -> str:
 def _rows(report: dict[str, Any]) -> list[list[Any]]:
     """(section, figure, value) for every section the report holds."""
     rows: list[list[Any]] = []
-    if (f := report.get("fuzz")) and "passes" in f:
-        p1, p2 = f["passes"]
-        cases = f"{p1['schemathesis_cases']} ({p1['out_of_scope']}) / {p1['check_failures']}, {p2['check_failures']}"
-        rows.append(["fuzz", "schemathesis cases per pass (out of scope) / check failures pass 1, 2", cases])
-        hostile = f"{p1['hostile_requests']} / {p1['hostile_5xx']}, {p2['hostile_5xx']}"
-        rows.append(["fuzz", "hostile requests per pass / 5xx pass 1, 2", hostile])
-        r = f["rss_mb"]
-        rss = _j(r["after_warmup"], f"{r['after_pass_1']} (+{f['pass_1_growth_pct']} %)")
-        rows.append(
-            [
-                "fuzz",
-                "RSS MB after warm-up / pass 1 / pass 2",
-                f"{rss} / {r['after_pass_2']} (+{f['pass_2_growth_pct']} %)",
-            ]
-        )
-        rows.append(["fuzz", f"second pass adds < {f['bound_second_pass']:.0%}", f["second_pass_within_bound"]])
-        rows.append(
-            [
-                "fuzz",
-                "5xx counted by the server, tracebacks logged",
-                f"{f['server_5xx_counted']}, {f['tracebacks_logged']}",
-            ]
-        )
-    elif f:
-        rows.append(["fuzz", "skipped", f.get("skipped")])
     if s := report.get("soak"):
         rows.append(["soak", "clients x minutes", f"{s['clients']} x {s['seconds'] / 60:.1f} = {s['client_minutes']}"])
         rows.append(

@@ -26,7 +26,7 @@ from benchmarks.reliability.load import Load, under_load
 from benchmarks.reliability.processes import KEY, Gateway, Proc, _auth_toml, _redis
 
 # The order in which the sections run; ``--only`` picks a subset.
-SECTIONS = ("fuzz", "soak", "upstream", "failover", "redis", "sigterm", "engine")
+SECTIONS = ("soak", "upstream", "failover", "redis", "sigterm", "engine")
 
 
 def hostile_pass(gw: Gateway) -> dict[str, Any]:
@@ -281,18 +281,3 @@ def _events(log: Path, names: tuple[str, ...]) -> list[dict[str, Any]]:
             if rec.get("event") in names:
                 out.append({k: (v[:300] if isinstance(v, str) else v) for k, v in rec.items()})
     return out
-
-
-def fuzz(workdir: Path, per_operation: int) -> dict[str, Any]:
-    from benchmarks.reliability.fuzz_memory import fuzz_memory
-
-    redis = None
-    if shutil.which("redis-server"):
-        port = free_port()
-        redis = _redis(port, workdir)
-        redis.port = port  # type: ignore[attr-defined]
-    try:
-        return fuzz_memory(workdir, Gateway, redis, per_operation)
-    finally:
-        if redis is not None:
-            redis.stop(signal.SIGKILL)

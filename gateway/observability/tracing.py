@@ -10,8 +10,8 @@ batching (``OTEL_BSP_*``), resource (``OTEL_SERVICE_NAME``, else ``rerank-gatewa
 baggage by default).
 
 Off (the default), nothing of OpenTelemetry is imported and every hook below returns after one
-test of a module global: :data:`TRACER` is None. ``docs/benchmarks/`` has the CPU per request
-off, on, and without this module.
+test of a module global: :data:`TRACER` is None. ``docs/benchmarks/tracing-2026-12-04/`` has the
+CPU per request off, on, and without this module.
 
 The tree of a rerank request (docs/operating-teams.md)::
 

@@ -7,9 +7,10 @@ import sys
 sys.path.insert(0, os.getcwd())
 from pathlib import Path
 
+from benchmarks.passthrough_wrk.overhead import Proc
+
 from benchmarks.harness import free_port as _free_port
 from benchmarks.passthrough_wrk import _body, _lua, _tree, _wrk
-from benchmarks.passthrough_wrk.overhead import Proc
 
 logs = Path("/tmp/pt2x/logs2")
 logs.mkdir(exist_ok=True)

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.getcwd())
+from benchmarks.passthrough_wrk.overhead import Proc
+
 from benchmarks.harness import free_port as _free_port
 from benchmarks.passthrough_wrk import _body, _lua, _wrk
-from benchmarks.passthrough_wrk.overhead import Proc
 
 logs = Path("/tmp/pt2x/logs")
 logs.mkdir(exist_ok=True)
