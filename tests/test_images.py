@@ -208,8 +208,8 @@ def torch_index(private_tmp: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def images(podman: Podman, torch_index: str) -> dict[str, str]:
-    """Both CPU images, built from the working tree once per session, side by side (the cloud
-    build waits on PyPI while the other unpacks torch: one after the other took longer)."""
+    """Both CPU images, built from the working tree once per session, side by side (each waits
+    on the network or the disk for much of its build)."""
 
     def build(kind: str, extras: str) -> float:
         start = time.monotonic()
