@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import subprocess
@@ -25,6 +26,21 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _in_process_loggers_not_cached() -> Iterator[None]:
+    """An in-process app (``create_app`` configures logging) caches every module's structlog
+    logger bound to the processors of that moment, for the rest of the pytest process: a later
+    test's ``structlog.testing.capture_logs()`` then saw no event. Which tests failed depended on
+    the order of the files (``tests/test_routing_chain.py`` before ``tests/test_pool_stats.py``
+    failed 4). Server processes keep the default (cached)."""
+    import gateway.app
+    from gateway.observability.logging import configure_logging
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(gateway.app, "configure_logging", functools.partial(configure_logging, cache=False))
+        yield
 
 
 @pytest.fixture(scope="session")
