@@ -73,6 +73,14 @@ def _served(response: Any) -> str:
     return str(target)
 
 
+def _await_probe(chain: Any) -> None:
+    """The readmission probe runs in the app's loop: a bounded wait for its verdict on the first target."""
+    for _ in range(500):
+        if chain.targets[0].admitted:
+            return
+        time.sleep(0.01)
+
+
 def _attempts(client: TestClient[Any]) -> dict[tuple[str, str], float]:
     out = {}
     for line in client.get("/metrics").text.splitlines():
@@ -162,10 +170,7 @@ def test_a_failing_target_is_skipped_for_its_cooldown_then_preferred_again(upstr
         assert entry["targets"][0]["admitted"] is False and entry["targets"][0]["cooldown_left_s"] == 30.0
         now[0] += 31.0  # the cooldown is over: the next request starts its probe (and is served meanwhile)
         assert _served(client.post("/v2/rerank", json=BODY)) == "fallback"
-        for _ in range(500):  # the probe runs in the app's loop: bounded wait for its verdict
-            if chain.targets[0].admitted:
-                break
-            time.sleep(0.01)
+        _await_probe(chain)
         assert chain.targets[0].admitted
         assert _served(client.post("/v2/rerank", json=BODY)) == "primary"
 
@@ -253,10 +258,7 @@ def test_a_chain_target_that_is_a_chain_is_readmitted_once_it_can_serve(upstream
         upstream.set("ok")
         now[0] += 31.0  # the cooldown is over: the next request starts the readmission probe
         assert _served(client.post("/v2/rerank", json=BODY)) == "fallback"
-        for _ in range(500):  # the probe runs in the app's loop: bounded wait for its verdict
-            if chain.targets[0].admitted:
-                break
-            time.sleep(0.01)
+        _await_probe(chain)
         # A chain has no engine of its own: it was probed by whether a target of it can serve.
         assert chain.targets[0].admitted
         assert _served(client.post("/v2/rerank", json=BODY)) == "primary"
