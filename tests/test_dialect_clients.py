@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -192,11 +193,17 @@ def test_one_log_line_per_dialect_request_with_the_same_fields(servers):
         headers={"x-request-id": "dia-cohere"},
         timeout=60,
     )
-    lines = {}
-    for line in tiny.output().splitlines():
-        if line.startswith("{") and '"request"' in line:
-            record = json.loads(line)
-            lines[record.get("request_id")] = record
+    # The access line is written once the answer is sent: the client can read its answer before
+    # the server's output holds the line (the last one was missing once under CI load). Bounded wait.
+    lines: dict[str, dict] = {}
+    for _ in range(200):
+        for line in tiny.output().splitlines():
+            if line.startswith("{") and '"request"' in line:
+                record = json.loads(line)
+                lines[record.get("request_id")] = record
+        if {"dia-tei", "dia-vllm", "dia-cohere"} <= lines.keys():
+            break
+        time.sleep(0.05)
     tei, vllm, cohere = lines["dia-tei"], lines["dia-vllm"], lines["dia-cohere"]
     assert tei["dialect"] == "tei" and vllm["dialect"] == "vllm"
     for record in (tei, vllm, cohere):
