@@ -55,7 +55,8 @@ log = structlog.get_logger("adapters.runtimes.cpu")
 # Bump when the traced graph or the quantization recipe changes: old entries are then unused.
 # 2: models with local (sliding-window) attention layers (ModernBERT) traced with eager attention
 # (version 1's SDPA graphs gave NaN for rows padded past half the window).
-EXPORT_VERSION = 2
+# 3: BERT-style cross-encoders' last layer for the first token only (graph.py).
+EXPORT_VERSION = 3
 _XML, _BIN, _MANIFEST = "model.xml", "model.bin", "manifest.json"
 _OWNER = ".owner"  # in a temporary directory: locked by its writer while it writes
 _TEMP = re.compile(r"\.[0-9a-f]{32}-")  # tempfile.mkdtemp(prefix=f".{key}-")
@@ -284,7 +285,8 @@ def _owner_alive(folder: Path) -> bool | None:
 
 
 def export_family(family: Any, *, example: Iterable[Iterable[int]] = ((1, 2, 3, 4), (1, 2, 3, 4))) -> Any:
-    """Trace ``family.output`` over the checkpoint's fp32 weights into an ``openvino.Model``.
+    """Trace ``family.output`` over the checkpoint's fp32 weights into an ``openvino.Model``;
+    a BERT-style cross-encoder's last layer computed for the first token only (``graph.py``).
 
     Inputs (i64, dynamic ``[batch, length]``): ``input_ids``, ``attention_mask`` and, for typed
     pairs, ``token_type_ids``; one f32 output ``[batch, k]``.
@@ -292,7 +294,11 @@ def export_family(family: Any, *, example: Iterable[Iterable[int]] = ((1, 2, 3, 
     import openvino as ov
     import torch
 
+    from adapters.families.cross_encoder import CrossEncoderFamily
+    from adapters.runtimes.cpu.graph import trimmed_cross_encoder
+
     family.load_torch(torch.device("cpu"), torch.float32)
+    trimmed = trimmed_cross_encoder(family._model) if isinstance(family, CrossEncoderFamily) else None
     if "sliding_attention" in (getattr(family._model.config, "layer_types", None) or ()):
         # A padded position farther than half the local window from every real token has no key
         # left to attend to: torch's SDPA returns zeros for such a fully masked row, OpenVINO's
@@ -304,9 +310,12 @@ def export_family(family: Any, *, example: Iterable[Iterable[int]] = ((1, 2, 3, 
     class Graph(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.model = family._model  # registered, so its weights become the graph's constants
+            # Registered, so its weights become the graph's constants.
+            self.model = trimmed if trimmed is not None else family._model
 
         def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+            if trimmed is not None:
+                return trimmed(*tensors)  # the same logits as family.output's (graph.py)
             return family.output(dict(zip(names, tensors, strict=True)))
 
     rows = [list(r) for r in example]
