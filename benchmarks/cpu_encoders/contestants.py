@@ -6,6 +6,8 @@ FlashRank). Each one is a ``ScoreFn``.
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +41,6 @@ GATEWAY_VARIANTS: dict[str, dict[str, Any]] = {  # contestant -> its model entry
     },
     "gateway openvino int8 refine10": {**OV, "precision": "int8", "refine_top": 10, **LOW},
 }
-BASELINE = "gateway transformers (fp32)"
 ScoreFn = Callable[[str, list[str]], list[float]]
 
 
@@ -199,6 +200,58 @@ IN_PROCESS: dict[str, Callable[[Path], ScoreFn]] = {
     "onnxruntime fp32 (batch 32)": lambda d: ort_scorer(d, int8=False),
     "onnxruntime int8 dynamic (batch 32)": lambda d: ort_scorer(d, int8=True),
     "FlashRank (ONNX int8, as it ships)": flashrank_scorer,
-    # sentence-transformers' own onnx / openvino backends need optimum(-intel), whose pins would
-    # replace the environment's torch and transformers: the ORT rows above stand in for them.
+}
+
+
+class Peer:
+    """A sentence-transformers backend in the peers' Python (``peer.py``), one request at a time
+    through its pipe: concurrent clients queue, as callers sharing one ``CrossEncoder`` would."""
+
+    def __init__(self, python: str, model_dir: Path, backend: str, ov_config: dict[str, str] | None = None) -> None:
+        extra = [json.dumps(ov_config)] if ov_config else []
+        self.proc = subprocess.Popen(
+            [python, str(Path(__file__).with_name("peer.py")), str(model_dir), backend, *extra],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.pid = self.proc.pid
+        self._lock = threading.Lock()
+        assert self.proc.stdout is not None
+        ready = self.proc.stdout.readline()  # the export and warm-up are done (or it died: "")
+        if not ready:
+            raise RuntimeError(f"{python} peer.py {backend} exited {self.proc.wait()} before it was ready")
+        self.info: dict[str, Any] = json.loads(ready)  # what the peer runs (its inference precision)
+
+    def score(self, query: str, docs: list[str]) -> list[float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        with self._lock:
+            self.proc.stdin.write(json.dumps({"query": query, "documents": docs}) + "\n")
+            self.proc.stdin.flush()
+            return [float(s) for s in json.loads(self.proc.stdout.readline())]
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# The peers' Python's contestants (``--peers-python``): name -> (sentence-transformers backend,
+# OpenVINO config or None for the backend's default).
+PEERS: dict[str, tuple[str, dict[str, str] | None]] = {
+    # The exact path: fp32 weights computed in fp32 (the hint given, see peer.py).
+    "sentence-transformers openvino fp32 (batch 32)": (
+        "openvino",
+        {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"},
+    ),
+    # As a user gets it: the fp32 model, the plugin's precision (bf16 on CPUs that have it).
+    "sentence-transformers openvino, default config (batch 32)": ("openvino", None),
+    "sentence-transformers onnx fp32 (batch 32)": ("onnx", None),
+    # The same protocol on torch: runs in this environment too (no --peers-python), so CI's tiny
+    # run covers the peer path.
+    "sentence-transformers torch (batch 32, own process)": ("torch", None),
 }

@@ -17,7 +17,7 @@ def markdown(report: dict[str, Any]) -> str:
         (
             f"Machine: {report['machine']}. Workload: 1 query x {DOCS} documents of {DOC_TOKENS} tokens; "
             f"{report['rounds']} interleaved rounds; docs/s medians over rounds; ratios are medians of per-round ratios "
-            f"to the gateway's transformers engine; top-10 order vs that engine's fp32 scores."
+            f"to the baseline; top-10 order vs the gateway's transformers engine's fp32 scores (else the baseline's)."
         ),
         "",
     ]
@@ -26,7 +26,11 @@ def markdown(report: dict[str, Any]) -> str:
         out += [
             f"## {shape['shape']} ({shape['checkpoint']})",
             "",
-            f"Load average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}.",
+            (
+                f"Baseline: {shape.get('baseline', 'gateway transformers (fp32)')}. "
+                f"CPU-bound processes beside the timed rounds: {shape.get('busy', 0)}. "
+                f"Load average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}."
+            ),
             "",
             "Per round (1-minute load average before / after): "
             + ", ".join(f"{rd['round']}: {rd['load_before']:.2f} / {rd['load_after']:.2f}" for rd in shape["rounds"])
@@ -37,13 +41,13 @@ def markdown(report: dict[str, Any]) -> str:
         for e in shape["table"]:
             a = e.get("agreement", {})
             kept = f"{a['queries_kept']}/{a['queries']}" if a else "-"
-            rows.append([e["contestant"], f"{e['docs_s_1']:.1f}", f"{e.get('vs_transformers', nan):.2f}x"])
+            rows.append([e["contestant"], f"{e['docs_s_1']:.1f}", f"{e.get('vs_baseline', nan):.2f}x"])
             rows[-1] += [f"{e['docs_s_4']:.1f}", f"{e['four_vs_one']:.2f}x", f"{e['docs_per_cpu_s']:.1f}"]
-            rows[-1] += [f"{e.get('cpu_vs_transformers', nan):.2f}x", f"{e['docs_per_cpu_s_4']:.1f}"]
+            rows[-1] += [f"{e.get('cpu_vs_baseline', nan):.2f}x", f"{e['docs_per_cpu_s_4']:.1f}"]
             rows[-1] += [f"{e['four_vs_one_cpu']:.2f}x", kept, f"{a.get('mean_shared_top10', nan):.1f}"]
             rows[-1] += [f"{a.get('max_abs_delta', nan):.1e}", _gate(e)]
-        head = ["contestant", "docs/s, 1 client", "vs transformers", "docs/s, 4 clients", "4 clients vs 1"]
-        head += ["docs per CPU-s", "vs transformers (CPU)", "docs per CPU-s, 4 clients", "4 vs 1 (CPU)"]
+        head = ["contestant", "docs/s, 1 client", "vs baseline", "docs/s, 4 clients", "4 clients vs 1"]
+        head += ["docs per CPU-s", "vs baseline (CPU)", "docs per CPU-s, 4 clients", "4 vs 1 (CPU)"]
         out += table([*head, "top-10 order kept", "top-10 shared", "max abs Δ", "parity gate (golden set)"], rows)
         engines = [e for e in shape["table"] if "engine" in e]
         if engines:
@@ -70,6 +74,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def _gate(entry: dict[str, Any]) -> str:
+    if "inference_precision" in entry.get("peer", {}):  # a peer: what its plugin computes in
+        return f"- (computes in {entry['peer']['inference_precision']})"
     kept = (entry.get("gateway_model") or {}).get("parity_kept")
     if not kept:
         return "exact" if (entry.get("gateway_model") or {}).get("precision") == "fp32" else "-"
