@@ -32,7 +32,10 @@ def main() -> None:
     info = {"class": type(model.model).__name__}
     compiled = getattr(model.model, "request", None)  # optimum-intel's compiled model
     if hasattr(compiled, "get_property"):
-        info["inference_precision"] = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        precision = compiled.get_property("INFERENCE_PRECISION_HINT")
+        info["inference_precision"] = (
+            precision.get_type_name() if hasattr(precision, "get_type_name") else str(precision)
+        )
         info["ov_config"] = model.model.ov_config
     print(json.dumps(info), flush=True)
     for line in sys.stdin:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from benchmarks.cpu_encoders.measure import DOC_TOKENS, DOCS
@@ -75,7 +76,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 def _gate(entry: dict[str, Any]) -> str:
     if "inference_precision" in entry.get("peer", {}):  # a peer: what its plugin computes in
-        return f"- (computes in {entry['peer']['inference_precision']})"
+        precision = re.sub(r"<Type: '(\w+)'>", r"\1", entry["peer"]["inference_precision"])  # older runs' repr
+        return f"- (computes in {precision})"
     kept = (entry.get("gateway_model") or {}).get("parity_kept")
     if not kept:
         return "exact" if (entry.get("gateway_model") or {}).get("precision") == "fp32" else "-"
