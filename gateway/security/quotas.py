@@ -15,7 +15,10 @@ upstream counts them), so a request is
 
 With Redis (``limits.redis_url``) step 2 is one Lua script over every replica's counters, so
 concurrent requests on any number of replicas can never take a quota past its limit; without
-Redis the same check runs on this process's counters. A Redis outage follows
+Redis the same check runs on this process's counters. With Redis, the windows are also judged
+by Redis's clock (``TIME``, read again every :data:`CLOCK_REFRESH_S`), not each replica's: two
+replicas whose clocks disagree around midnight would otherwise charge one day's quota in two
+windows, letting a key through twice its limit. A Redis outage follows
 ``limits.redis_failure`` as rpm/tpm do: "closed" answers 503, "open" counts in this process.
 
 Every charged request (any key, quota or not) is also added to the usage ledger: per local day,
@@ -30,6 +33,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from time import monotonic as _monotonic  # a module global, so tests can set the clock
 from typing import Any, Final, Literal
 from zoneinfo import ZoneInfo
 
@@ -269,19 +273,39 @@ return {0, 0}
 """
 
 
+# How long a replica trusts its last reading of Redis's clock (``RedisQuotaStore._now``): the
+# offset to the local clock drifts by well under a second a minute.
+CLOCK_REFRESH_S: Final = 60.0
+
+
 class RedisQuotaStore(_Store):
-    """Counters shared by every replica. Calls raise the client's errors (the caller maps them)."""
+    """Counters shared by every replica, in windows of Redis's clock. Calls raise the client's
+    errors (the caller maps them)."""
 
     def __init__(self, calendar: Calendar, client: Any) -> None:
         super().__init__(calendar)
         self._client = client
         self._charge = client.register_script(_CHARGE)
+        self._offset = 0.0  # Redis's clock minus the calendar's, in seconds
+        self._synced: float | None = None  # _monotonic() of the last reading
+
+    async def _now(self) -> datetime:
+        """Now by Redis's clock: the calendar's clock plus the offset read with ``TIME`` (taken at
+        the middle of the round trip), read again once older than :data:`CLOCK_REFRESH_S`."""
+        if self._synced is None or _monotonic() - self._synced > CLOCK_REFRESH_S:
+            before = self.calendar.clock().timestamp()
+            seconds, micros = await self._client.time()
+            after = self.calendar.clock().timestamp()
+            self._offset = seconds + micros / 1e6 - (before + after) / 2
+            self._synced = _monotonic()
+        shared = self.calendar.clock().timestamp() + self._offset
+        return datetime.fromtimestamp(shared, UTC).astimezone(self.calendar.zone)
 
     async def check(self, key: ApiKeyConfig) -> None:
-        now = self.calendar.now()
+        if not quota_rules(key):
+            return  # nothing to read: a key without quotas costs no round trip here
+        now = await self._now()
         windows = self._windows(key, now)
-        if not windows:
-            return
         values = await self._client.mget([_counter(key.id, r, w) for r, w, _ in windows])
         for (rule, _, reset), value in zip(windows, values, strict=True):
             used = int(value or 0)
@@ -289,7 +313,7 @@ class RedisQuotaStore(_Store):
                 raise quota_refusal(key, rule, used, 0, reset, now)
 
     async def charge(self, key: ApiKeyConfig, model: str, *, documents: int, tokens: int, search_units: int) -> None:
-        now = self.calendar.now()
+        now = await self._now()
         windows = self._windows(key, now)
         keys = [_counter(key.id, rule, window) for rule, window, _ in windows]
         args: list[Any] = [len(windows)]
@@ -306,9 +330,9 @@ class RedisQuotaStore(_Store):
             raise quota_refusal(key, rule, int(used), self._cost(rule, tokens, search_units), reset, now)
 
     async def status(self, key: ApiKeyConfig) -> list[QuotaStatus]:
-        windows = self._windows(key, self.calendar.now())
-        if not windows:
+        if not quota_rules(key):
             return []
+        windows = self._windows(key, await self._now())
         values = await self._client.mget([_counter(key.id, r, w) for r, w, _ in windows])
         return self._status(windows, [int(v or 0) for v in values])
 
