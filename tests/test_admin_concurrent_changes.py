@@ -11,11 +11,11 @@ import asyncio
 from typing import Any
 
 import pytest
-import redis.asyncio
 
 from gateway.errors import KeyConflictError, KeyNotFoundError
 from gateway.security.admin import SharedKeys, change_key, create_key, revoke_key
 from schemas.admin import KeyChange, KeyCreate
+from tests.test_ratelimit_redis import on_flushed_redis as _run
 from tests.test_ratelimit_redis import redis_url  # noqa: F401  (the real redis-server fixture)
 
 
@@ -33,18 +33,6 @@ class _Interleaving(SharedKeys):
         if self.gets <= self.barrier.parties:  # the first read of each change; their re-reads go on
             await self.barrier.wait()
         return raw
-
-
-def _run(url: str, body: Any) -> Any:
-    async def main() -> Any:
-        client = redis.asyncio.Redis.from_url(url)
-        try:
-            await client.flushdb()
-            return await body(client)
-        finally:
-            await client.aclose()
-
-    return asyncio.run(main())
 
 
 def test_two_changes_of_one_key_at_once_both_land(redis_url: str) -> None:

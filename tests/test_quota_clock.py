@@ -8,20 +8,18 @@ Redis's own date, so the second charge is refused and both report the same usage
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-import redis.asyncio
 
 from gateway.errors import RateLimitedError
 from gateway.security import quotas
 from gateway.security.auth import hash_key
 from gateway.security.quotas import Calendar, RedisQuotaStore
 from schemas.config import ApiKeyConfig
+from tests.test_ratelimit_redis import on_flushed_redis as _run
 from tests.test_ratelimit_redis import redis_url  # noqa: F401  (the real redis-server fixture)
 
 KEY = ApiKeyConfig(id="team-a", hash=hash_key("rk-team-a"), models=("*",), tokens_per_day=100)
@@ -29,18 +27,6 @@ KEY = ApiKeyConfig(id="team-a", hash=hash_key("rk-team-a"), models=("*",), token
 
 def _fixed(at: datetime) -> Calendar:
     return Calendar("UTC", clock=lambda: at)
-
-
-def _run(url: str, body: Callable[[Any], Awaitable[Any]]) -> Any:
-    async def main() -> Any:
-        client = redis.asyncio.Redis.from_url(url)
-        try:
-            await client.flushdb()
-            return await body(client)
-        finally:
-            await client.aclose()
-
-    return asyncio.run(main())
 
 
 def test_replicas_either_side_of_midnight_share_one_window(redis_url: str) -> None:

@@ -13,13 +13,15 @@ import shutil
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import redis
+import redis.asyncio
 from litestar.testing import TestClient
 
 from gateway.app import create_app
@@ -61,6 +63,20 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(timeout=10)
+
+
+def on_flushed_redis(url: str, body: Callable[[Any], Awaitable[Any]]) -> Any:
+    """``body(client)`` on an asyncio client of ``url``'s database, emptied first; its result."""
+
+    async def main() -> Any:
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            await client.flushdb()
+            return await body(client)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
 
 
 def _config(redis_url: str) -> str:
