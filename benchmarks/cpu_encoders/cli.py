@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.cpu_encoders.contestants import TORCH
 from benchmarks.cpu_encoders.measure import bench_shape
 from benchmarks.cpu_encoders.report import markdown
 
@@ -28,9 +29,7 @@ def main() -> None:
     p.add_argument(
         "--gate", default="", help="golden set of the reduced precisions' gate, QUERIESxDOCUMENTS (default 32x30)"
     )
-    p.add_argument(
-        "--baseline", default="gateway transformers (fp32)", help="the contestant every ratio is taken against"
-    )
+    p.add_argument("--baseline", default=TORCH, help="the contestant every ratio is taken against")
     p.add_argument(
         "--peers-python",
         default="",

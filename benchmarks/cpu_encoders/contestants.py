@@ -19,8 +19,10 @@ from benchmarks import harness
 
 OV = {"engine": "openvino"}
 LOW = {"parity_min_agreement": 0.001}
+# torch's fp32 scores: the top-10 order and score changes are taken against it, and ratios by default.
+TORCH = "gateway transformers (fp32)"
 GATEWAY_VARIANTS: dict[str, dict[str, Any]] = {  # contestant -> its model entry's keys
-    "gateway transformers (fp32)": {"engine": "transformers", "device": "cpu", "dtype": "float32"},
+    TORCH: {"engine": "transformers", "device": "cpu", "dtype": "float32"},
     "gateway openvino fp32": {**OV, "precision": "fp32"},
     # The same with batches that never mix requests: what shared batches gain at 4 clients.
     "gateway openvino fp32 (per-request batches)": {**OV, "precision": "fp32", "batching": "per-request"},

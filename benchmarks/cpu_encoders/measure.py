@@ -20,7 +20,7 @@ import msgspec
 import psutil
 
 from benchmarks.cpu_encoders.checkpoints import SHAPES
-from benchmarks.cpu_encoders.contestants import GATEWAY_VARIANTS, IN_PROCESS, PEERS, Gateway, Peer, ScoreFn
+from benchmarks.cpu_encoders.contestants import GATEWAY_VARIANTS, IN_PROCESS, PEERS, TORCH, Gateway, Peer, ScoreFn
 from gateway.bench.workload import WorkloadSpec, build_workload, load_token_counter
 
 DOCS, DOC_TOKENS, CLIENTS = 50, "60-140", 4
@@ -182,7 +182,7 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> dict[str, A
             entry["vs_baseline"] = statistics.median(rd[name]["1"] / rd[baseline]["1"] for rd in rounds)
             entry["vs_baseline_4"] = statistics.median(rd[name]["4"] / rd[baseline]["4"] for rd in rounds)
             entry["cpu_vs_baseline"] = statistics.median(rd[name]["cpu"] / rd[baseline]["cpu"] for rd in rounds)
-        reference = "gateway transformers (fp32)" if "gateway transformers (fp32)" in fns else baseline
+        reference = TORCH if TORCH in fns else baseline
         if reference in fns:  # the top-10 order against torch's fp32 scores where that engine ran
             entry["agreement"] = agreement(scores[reference], scores[name])
         if all("engine_1" in rd[name] for rd in rounds):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from benchmarks.cpu_encoders.contestants import TORCH
 from benchmarks.cpu_encoders.measure import DOC_TOKENS, DOCS
 from benchmarks.harness import table
 
@@ -28,7 +29,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"## {shape['shape']} ({shape['checkpoint']})",
             "",
             (
-                f"Baseline: {shape.get('baseline', 'gateway transformers (fp32)')}. "
+                f"Baseline: {shape.get('baseline', TORCH)}. "
                 f"CPU-bound processes beside the timed rounds: {shape.get('busy', 0)}. "
                 f"Load average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}."
             ),
