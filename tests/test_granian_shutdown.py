@@ -16,6 +16,8 @@ import time
 import httpx
 import pytest
 
+from gateway.launch.servers import _GRANIAN_STOP_MARGIN_S
+
 pytestmark = pytest.mark.slow
 
 CONFIG = (
@@ -23,6 +25,8 @@ CONFIG = (
     '[[models]]\nname = "stuck"\nengine = "static"\ndelay_s = 60.0\ntimeout_s = 120\n'
     '[[models]]\nname = "slow"\nengine = "static"\ndelay_s = 1.0\n'
 )
+# run_granian's workers_kill_timeout for the shutdown_timeout_s = 2 above.
+KILL_TIMEOUT_S = 2 + _GRANIAN_STOP_MARGIN_S
 
 
 def test_sigterm_answers_the_stuck_request_503_and_stops_the_engines(gateway_server) -> None:
@@ -71,4 +75,14 @@ def test_sigterm_answers_the_stuck_request_503_and_stops_the_engines(gateway_ser
     assert events.index("gateway_draining") < events.index("gateway_stopping") < events.index("gateway_stopped")
     (draining,) = [x for x in lines if x["event"] == "gateway_draining"]
     assert draining["signal"] == "SIGTERM" and draining["in_flight_requests"] == 2, draining
-    assert "Killing worker" not in output and "Traceback" not in output, output
+    # Not granian's last-resort kill: it comes only once join(workers_kill_timeout) has timed
+    # out, so a worker that refused to stop kept the process alive at least KILL_TIMEOUT_S.
+    # granian's "Killing worker-1 after it refused to gracefully stop" line is no proof of one:
+    # granian 2.8.9 also writes it for a worker that has already exited. Its watcher thread's
+    # waitpid() can reap the worker first; the stopping thread's waitpid() then fails (ECHILD),
+    # which multiprocessing's is_alive() reads as alive until the watcher thread gets the GIL
+    # back, and granian waits 1 ms for that. Under load it does not always: the line came
+    # 6-30 ms after gateway_stopped, 2 s after SIGTERM, in one full .ci/run and in 2 of 60 runs
+    # of this test beside 4 busy loops on the 2-core box.
+    assert took < KILL_TIMEOUT_S, (took, output)
+    assert "Traceback" not in output, output
