@@ -254,6 +254,79 @@ def test_a_class_first_step_warms_on_the_replay_stream_and_the_capture_stream_on
     assert g.captures == 3
 
 
+def test_a_capture_that_fails_leaves_the_pool_routing_ended_and_reports_its_own_error(monkeypatch):
+    """torch 2.11's ``capture_end`` raises on a broken capture before it ends the allocator's
+    routing into the graphs' pool; left on, every later capture of the replica failed "already
+    recording to mempool_id" (H100, 2026-12-05). The fake below keeps that order: after one
+    failed capture the next class must still capture, and the failure recorded is the run's."""
+    import torch
+
+    from adapters.runtimes.packed import graphs
+
+    routing = {"on": False}
+    ended = []
+
+    class Graph:
+        def capture_begin(self, **_kw):
+            if routing["on"]:
+                raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
+            routing["on"] = True
+            self.broken = False
+
+        def capture_end(self):  # torch 2.11's order: the capture's error first, the routing after
+            if self.broken:
+                raise RuntimeError("operation failed due to a previous error during capture")
+            routing["on"] = False
+
+    def end_allocate(device, pool):
+        ended.append(device)
+        if not routing["on"]:
+            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+        routing["on"] = False
+
+    class Stream:
+        def wait_stream(self, _other):
+            pass
+
+        def synchronize(self):
+            pass
+
+    def forward(ids, *_rest):
+        if ids.shape[0] == 4080 and routing["on"]:  # the first class's capture: an op capture refuses
+            graph_made[-1].broken = True
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return torch.zeros(4, 1)
+
+    graph_made: list[Graph] = []
+
+    def new_graph():
+        graph_made.append(Graph())
+        return graph_made[-1]
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda _device: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda _device: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda _s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", new_graph)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end_allocate, raising=False)
+    g = _cpu_graphs(monkeypatch, forward)
+    with pytest.raises(graphs.CaptureError, match="operation not permitted when stream is capturing"):
+        g._launch(torch.zeros(4080, dtype=torch.long), (4080, 32, 256), 4000, lambda dst, src: None)
+    assert ended == [0] and not routing["on"]
+    g._capture((4336, 64, 256))  # another class: captures
+    assert g.captures == 1 and not routing["on"]
+    # a torch that ends the routing itself: ending it again raises, which is ignored
+    broken = Graph()
+    broken.capture_begin()
+    broken.broken = True
+    routing["on"] = False
+    g._end_capture(broken, failed=True)
+    assert ended == [0, 0]
+    with pytest.raises(RuntimeError, match="previous error during capture"):
+        g._end_capture(broken, failed=False)  # capture_end's own error, when the run did not raise
+
+
 def test_an_idle_step_replays_the_smallest_captured_bucket_that_holds_it(monkeypatch):
     """``idle`` (nothing waits behind the step): a bucket not captured yet borrows the smallest
     captured one with room for it (a padding token and an empty pair to spare, as long a max

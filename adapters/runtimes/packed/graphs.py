@@ -300,12 +300,33 @@ class StepGraphs:
             graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
             try:
                 out = self._run(inputs, key)
-            finally:
-                graph.capture_end()
+            except BaseException:
+                self._end_capture(graph, failed=True)  # the run's error says why: it is the one raised
+                raise
+            self._end_capture(graph, failed=False)
         main.wait_stream(stream)  # replays on the main stream come after the capture
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
         return _Graph(graph, inputs, out, self.captures)
+
+    def _end_capture(self, graph: Any, failed: bool) -> None:
+        """``graph.capture_end()``, with the caching allocator's routing into the pool ended even
+        when it raises. torch 2.11's ``CUDAGraph::capture_end`` checks ``cudaStreamEndCapture``'s
+        error before it ends that routing, so a capture that failed left it on and every later
+        capture of the replica failed with "beginAllocateToPool: already recording to mempool_id"
+        (H100, 2026-12-05): one bucket that could not be captured made every later bucket eager.
+        Newer torch ends the routing first; ending it twice raises "not currently recording",
+        which is ignored. ``failed``: the capture's run raised, and that error, not capture_end's
+        "previous error during capture", is the one the caller records."""
+        try:
+            graph.capture_end()
+        except Exception:
+            try:
+                torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), self._pool)
+            except Exception:  # noqa: BLE001, S110  # already ended (a torch that ends it first)
+                pass
+            if not failed:
+                raise
 
     def launch(
         self,
