@@ -254,6 +254,63 @@ def test_a_class_first_step_warms_on_the_replay_stream_and_the_capture_stream_on
     assert g.captures == 3
 
 
+def test_a_later_bucket_whose_capture_fails_is_warmed_and_captured_once_more(monkeypatch):
+    """A later bucket of a class is captured without a run of its own; if that capture fails (say a
+    compiled region compiling for the new token count inside it), the bucket runs once outside
+    the capture and is captured again. A class's first capture (warmed already) and a second
+    failure are not retried: the bucket is the caller's to record as failed (eager from then on)."""
+    import torch
+
+    state = {"capturing": False}
+    runs = []
+    refuse = {4336: 1, 4592: 2}  # how many captures of that token count to refuse
+
+    class Stream:
+        def wait_stream(self, _other):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class Graph:
+        def capture_begin(self, **_kw):
+            state["capturing"] = True
+
+        def capture_end(self):
+            state["capturing"] = False
+
+    def forward(ids, *_rest):
+        t = ids.shape[0]
+        runs.append((t, state["capturing"]))
+        if state["capturing"] and refuse.get(t, 0) > 0:
+            refuse[t] -= 1
+            raise RuntimeError(f"operation not permitted when stream is capturing ({t})")
+        return torch.zeros(4, 1)
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda _device: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda _device: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda _s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    g = _cpu_graphs(monkeypatch, forward)
+    g._capture((4080, 32, 256))  # the class's first: warmed, captured
+    g._capture((4336, 32, 256))  # refused once: warmed, captured again
+    assert runs == [(4080, False), (4080, True), (4336, True), (4336, False), (4336, True)]
+    assert g.captures == 2
+    assert g.stats()["captured_after_a_warm_run"] == {
+        "4336x32x256": "RuntimeError: operation not permitted when stream is capturing (4336)"
+    }
+    runs.clear()
+    with pytest.raises(RuntimeError, match=r"\(4592\)"):  # refused twice: the second failure is raised
+        g._capture((4592, 32, 256))
+    assert runs == [(4592, True), (4592, False), (4592, True)] and g.captures == 2
+    runs.clear()
+    refuse[4080] = 1
+    with pytest.raises(RuntimeError, match=r"\(4080\)"):  # a class's first capture: warmed already, no retry
+        g._capture((4080, 64, 256))
+    assert runs == [(4080, False), (4080, True)]
+
+
 def test_a_capture_that_fails_leaves_the_pool_routing_ended_and_reports_its_own_error(monkeypatch):
     """torch 2.11's ``capture_end`` raises on a broken capture before it ends the allocator's
     routing into the graphs' pool; left on, every later capture of the replica failed "already

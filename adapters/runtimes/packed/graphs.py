@@ -181,6 +181,8 @@ class StepGraphs:
         self.headroom_captures = 0  # buckets captured above an idle step's new one
         self._stream: torch.cuda.Stream | None = None  # captures and their warm runs (made on the first capture)
         self.failed: dict[Key, str] = {}  # bucket -> why its capture failed
+        # bucket -> why its first capture (without a run of its own) failed; captured after one
+        self.recaptured: dict[str, str] = {}
         self._warmed: set[tuple[int, int]] = set()  # (pairs, max length) classes run once before a capture
         self.nonfinite_steps = 0  # replays that gave a real pair a non-finite logit (``nonfinite``)
         self.recent_nonfinite: collections.deque[dict[str, Any]] = collections.deque(maxlen=8)
@@ -224,6 +226,7 @@ class StepGraphs:
             "headroom_captures": self.headroom_captures,
             # a list first: the worker thread may add a failure while /ready reads this
             "failed_captures": {"x".join(map(str, k)): why for k, why in list(self.failed.items())},
+            "captured_after_a_warm_run": dict(list(self.recaptured.items())),
             "padding_share": round(self.padded / (self.tokens + self.padded), 4) if self.replays else 0.0,
             "nonfinite_steps": self.nonfinite_steps,
             "recent_nonfinite": list(self.recent_nonfinite),
@@ -271,8 +274,8 @@ class StepGraphs:
         # lazy initialisation and any compilation happen there, not in the graph. Later buckets of
         # the class differ only in the token count, which the compiled regions take symbolically
         # (dynamic=True) and the kernels as a launch size, so they skip that run: it was most of a
-        # capture's ~90 ms under load (a whole forward), and a bucket that still fails to capture
-        # runs eagerly (CaptureError).
+        # capture's ~90 ms under load (a whole forward). One whose capture fails is warmed and
+        # captured once more; a bucket that still fails runs eagerly (CaptureError).
         # It runs on the main stream, behind the step in flight, not on the capture stream as
         # PyTorch's docs do: PyTorch keeps a cuBLAS workspace per stream and every graph keeps its
         # capture stream's, so eager GEMMs there could write that workspace while earlier graphs
@@ -280,15 +283,39 @@ class StepGraphs:
         # (report gpu-h200-2026-12-03) and the rare non-finite
         # steps under load went on without it (``nonfinite`` records them); it stays a hazard
         # this ordering removes for the cost of one forward per class on the main stream.
-        if key[1:] not in self._warmed:
-            self._run(inputs, key)
+        warmed_now = key[1:] not in self._warmed
+        if warmed_now:
+            self._warm(inputs, key, main)
             self._warmed.add(key[1:])
-            # The warm run's activations are cached blocks of the ordinary allocator, which the
-            # graphs' pool cannot reuse: release them, as ``torch.cuda.graph`` does before every
-            # capture (without it the engine held 14.1 GB instead of 6.3 after its 64k-token start
-            # step, report gpu-h200-2026-12-02-c). Once per class, where a whole forward runs anyway.
-            main.synchronize()
-            torch.cuda.empty_cache()
+        try:
+            graph, out = self._record(inputs, key, stream, main)
+        except Exception as exc:
+            if warmed_now or isinstance(exc, torch.cuda.OutOfMemoryError):
+                raise
+            # A later bucket of a warmed class, captured without a run of its own, failed: the
+            # capture may have met what only a run outside it does (a compiled region compiling
+            # for this token count). Run it once outside, as a class's first capture does, and
+            # capture again; a second failure is the bucket's (``failed``, eager from then on).
+            self.recaptured["x".join(map(str, key))] = f"{type(exc).__name__}: {exc}"[:300]
+            self._warm(inputs, key, main)
+            graph, out = self._record(inputs, key, stream, main)
+        main.wait_stream(stream)  # replays on the main stream come after the capture
+        self.captures += 1
+        self.capture_s += time.perf_counter() - t0
+        return _Graph(graph, inputs, out, self.captures)
+
+    def _warm(self, inputs: torch.Tensor, key: Key, main: Any) -> None:
+        """The step once outside any capture, on the main stream (see ``_capture``)."""
+        self._run(inputs, key)
+        # The warm run's activations are cached blocks of the ordinary allocator, which the
+        # graphs' pool cannot reuse: release them, as ``torch.cuda.graph`` does before every
+        # capture (without it the engine held 14.1 GB instead of 6.3 after its 64k-token start
+        # step, report gpu-h200-2026-12-02-c). Once per class, where a whole forward runs anyway.
+        main.synchronize()
+        torch.cuda.empty_cache()
+
+    def _record(self, inputs: torch.Tensor, key: Key, stream: Any, main: Any) -> tuple[Any, torch.Tensor]:
+        """Capture the step on ``stream``: (the graph, its output tensor)."""
         stream.wait_stream(main)  # ``inputs`` is written on the main stream
         graph = torch.cuda.CUDAGraph()
         # ``capture_begin``/``capture_end`` as ``torch.cuda.graph`` calls them, without what that
@@ -304,10 +331,7 @@ class StepGraphs:
                 self._end_capture(graph, failed=True)  # the run's error says why: it is the one raised
                 raise
             self._end_capture(graph, failed=False)
-        main.wait_stream(stream)  # replays on the main stream come after the capture
-        self.captures += 1
-        self.capture_s += time.perf_counter() - t0
-        return _Graph(graph, inputs, out, self.captures)
+        return graph, out
 
     def _end_capture(self, graph: Any, failed: bool) -> None:
         """``graph.capture_end()``, with the caching allocator's routing into the pool ended even
