@@ -9,7 +9,7 @@ tokenization, padding and activation).
   token-type starts, RoPE positions restarting), through the HTTP API, and raw;
 - a two-label head scores with softmax on its positive label, as the family says;
 - an architecture the packed layers do not run (DeBERTa-v2) is refused with one line, at
-  check-config and at start; fp8 is refused for cross-encoders;
+  check-config and at start; fp8 is refused for ModernBERT;
 - on a GPU machine the default engine is packed for a checkpoint it runs, not for one it cannot;
   without a GPU the default is unchanged.
 """
@@ -190,11 +190,13 @@ async def test_unsupported_architecture_is_refused(dirs):
     await eng.stop()
 
 
-async def test_fp8_is_refused_for_cross_encoders(dirs):
-    with pytest.raises(ValueError, match="precision = 'fp8' is for Qwen3"):
-        PackedEngineConfig(name="x", family="cross-encoder", precision="fp8")
-    eng = build_engine(_config(dirs["bert"], precision="fp8"))  # family "auto": refused once detected, at start
-    with pytest.raises(EngineConfigError, match="precision = 'fp8' is for Qwen3 rerankers"):
+async def test_fp8_is_refused_for_modernbert(dirs):
+    # BERT / ELECTRA / XLM-R run it (tests/test_packed_encoder_fp8.py); ModernBERT's layers have no FP8 forward.
+    settings = Settings(models=(PackedEngineConfig(name="m", path=str(dirs["modernbert"]), precision="fp8"),))
+    (finding,) = [f for f in preflight(settings).findings if f.refuses]
+    assert "ModernBERT's layers (pre-norm, gated GeGLU MLP) have no FP8 forward yet" in finding.message
+    eng = build_engine(_config(dirs["modernbert"], precision="fp8"))  # family "auto": refused once detected
+    with pytest.raises(EngineConfigError, match="have no FP8 forward yet: drop precision"):
         await eng.start()
     await eng.stop()
 
@@ -263,12 +265,12 @@ def test_bi_encoder_on_packed_names_the_runtimes():
 
 
 def test_config_error_type():  # load_settings wraps the struct's ValueError in one line
-    with pytest.raises(ConfigError, match="fp8"):
+    with pytest.raises(ConfigError, match="parity_set is the golden set of the FP8 ranking gate"):
         load_settings(
             environ={
                 "RERANK_MODELS__0__FAMILY": "cross-encoder",
                 "RERANK_MODELS__0__ENGINE": "packed",
-                "RERANK_MODELS__0__PRECISION": "fp8",
+                "RERANK_MODELS__0__PARITY_SET": "golden.jsonl",  # read only with precision = "fp8"
             }
         )
 

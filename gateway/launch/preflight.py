@@ -209,7 +209,7 @@ def _local_family(i: int, model: LocalModelConfig) -> str:
     if kind == "packed" and detection.family == "cross-encoder":
         from schemas.config import packed_encoder_refusal
 
-        why = packed_encoder_refusal(files.config)
+        why = packed_encoder_refusal(files.config, getattr(model, "precision", "auto"))
         if why is not None:
             raise ConfigError(f"models[{i}].engine: '{model.path}': {why}")
     if detection.family == "qwen3":

@@ -149,9 +149,17 @@ def packed_runs_checkpoint(hf_config: dict[str, Any]) -> bool:
     return bool(heads) and packed_encoder_refusal(hf_config) is None
 
 
-def packed_encoder_refusal(hf_config: dict[str, Any]) -> str | None:
-    """Why the packed runtime cannot run this cross-encoder checkpoint (its config.json), or None."""
+def packed_encoder_refusal(hf_config: dict[str, Any], precision: str = "auto") -> str | None:
+    """Why the packed runtime cannot run this cross-encoder checkpoint (its config.json) in
+    ``precision`` (the engine config's), or None."""
     model_type = str(hf_config.get("model_type") or "?")
+    if precision == "fp8" and model_type == "modernbert":
+        # Its layers are another forward (pre-norm, bias-free GeGLU MLP, global / local attention:
+        # modernbert_forward) whose quantizing regions are not written yet.
+        return (
+            "precision = 'fp8' on engine 'packed' runs BERT, ELECTRA, RoBERTa and XLM-R cross-encoders; "
+            "ModernBERT's layers (pre-norm, gated GeGLU MLP) have no FP8 forward yet: drop precision"
+        )
     if model_type not in PACKED_ENCODER_TYPES:
         return (
             f"engine 'packed' runs BERT, ELECTRA, RoBERTa, XLM-R and ModernBERT cross-encoders, not model_type "

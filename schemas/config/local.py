@@ -219,6 +219,8 @@ class PackedEngineConfig(GatedPrecisionConfig, tag="packed", frozen=True):
     # "fp8": the GEMMs in e4m3 (weights quantized at load, one scale per output channel; activations
     # per token), attention and norms in bf16. Kept only if bf16's top-10 order survives on >= 99 %
     # of a golden set's queries, checked at load (adapters/runtimes/packed/gate.py). "auto": `dtype`.
+    # Qwen3 rerankers and BERT / ELECTRA / RoBERTa / XLM-R cross-encoders (their four linear layers
+    # per encoder layer; embeddings, attention, LayerNorms and the head in bf16); not ModernBERT.
     # "fp32", "bf16", "fp16" are another way to write dtype.
     precision: Literal["auto", "fp8", "fp32", "bf16", "fp16"] = "auto"
     # A failed gate: "refuse" the model (one line saying by how much), or "warn": serve it anyway
@@ -255,10 +257,6 @@ class PackedEngineConfig(GatedPrecisionConfig, tag="packed", frozen=True):
         if self.family == "qwen3" and self.gelu_epilogue == "on":
             raise ValueError(
                 "gelu_epilogue = 'on' is for cross-encoders on engine 'packed'; Qwen3's MLP is gated (SiLU)"
-            )
-        if self.family == "cross-encoder" and self.precision != "auto":
-            raise ValueError(
-                "precision = 'fp8' is for Qwen3 rerankers on engine 'packed'; cross-encoders run in `dtype`"
             )
         if self.parity_set is not None and self.precision != "fp8":
             raise ValueError(

@@ -16,6 +16,9 @@ mistake the CPU tests cannot see:
   notice (it requires the Triton family to be the one serving).
 - ``fp8-weight-scales``: every FP8 weight's per-channel scales doubled (``fp8.quantize_weight``),
   on every device: the scores the suite compares must move.
+- ``fp8-encoder-triton-scales``: the cross-encoders' Triton LayerNorm / activation kernels
+  (``encoder_fp8_triton``) store twice the scale they quantized with. The picker refuses them on
+  CUDA and the compiled regions serve; the suite must notice (it requires the Triton ones to serve).
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ PLANTED: dict[str, list[tuple[str, str, str]]] = {
     "fp8-triton-scales": [
         (
             "adapters/runtimes/packed/fp8_triton.py",
+            "    tl.store(S + row, scale)\n",
+            "    tl.store(S + row, scale * 2.0)\n",
+        )
+    ],
+    "fp8-encoder-triton-scales": [
+        (
+            "adapters/runtimes/packed/encoder_fp8_triton.py",
             "    tl.store(S + row, scale)\n",
             "    tl.store(S + row, scale * 2.0)\n",
         )

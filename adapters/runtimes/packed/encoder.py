@@ -18,6 +18,7 @@ import copy
 import math
 from typing import Any
 
+import msgspec
 import structlog
 import torch
 
@@ -25,11 +26,13 @@ from adapters.base import EngineConfigError, EngineError, EngineUnavailableError
 from adapters.families import create_family
 from adapters.families.base import WEIGHTS_LOCK
 from adapters.families.cross_encoder import CrossEncoderFamily, PairTokenizer
-from adapters.runtimes.packed.encoder_forward import PackedPairReplica, load_cross_encoder
+from adapters.runtimes.packed import gate
+from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica, PackedPairReplica, load_cross_encoder
 from adapters.runtimes.packed.encoder_replicas import make_replica
 from adapters.runtimes.packed.engine import PackedEngineBase, resolve_devices
 from adapters.runtimes.packed.graphs import token_bucket
 from adapters.runtimes.packed.scheduler import PackedScheduler
+from adapters.runtimes.parity import GoldenQuery, fixed_threads, golden_set_or_refuse
 from schemas.config import PackedEngineConfig, packed_encoder_refusal
 
 __all__ = ("PackedEncoderEngine",)
@@ -53,6 +56,7 @@ class PackedEncoderEngine(PackedEngineBase):
         # parts, the device starting on each while the next is tokenized.
         self.overlaps_tokenizing = False
         self.nonfinite_retries = 0  # requests whose non-finite logits were scored again (``score``)
+        self._gate: gate.GateResult | None = None  # precision = "fp8": the ranking gate's verdict
 
     @property
     def tokenizer(self) -> PairTokenizer | None:
@@ -82,6 +86,13 @@ class PackedEncoderEngine(PackedEngineBase):
         }
         if errors:
             base["cuda_graph_error"] = errors[0]
+        fp8 = getattr(self._replicas[0], "fp8", None) if self._replicas else None
+        if fp8 is not None:  # the same keys as the Qwen3 engine's
+            base["precision"] = {
+                "mode": getattr(self._replicas[0], "precision", None),
+                **fp8.describe(),
+                "gate": msgspec.structs.asdict(self._gate) if self._gate else None,
+            }
         return self._stats(base)
 
     async def score(self, job: ScoreJob) -> ScoreResult:
@@ -123,10 +134,11 @@ class PackedEncoderEngine(PackedEngineBase):
     # -- worker-thread code ----------------------------------------------------------------
     def _load(self) -> None:
         cfg = self._config
-        if cfg.precision != "auto":
+        fp8 = cfg.precision == "fp8"
+        if fp8 and cfg.dtype not in ("auto", "bfloat16"):  # the unquantized parts and the gate's reference
             raise EngineConfigError(
-                f"model '{cfg.name}': precision = '{cfg.precision}' is for Qwen3 rerankers; "
-                "a cross-encoder on engine 'packed' runs in `dtype`"
+                f"model '{cfg.name}': precision = 'fp8' runs the rest of the model in bfloat16; "
+                f"drop dtype = '{cfg.dtype}' or precision"
             )
         if cfg.split != "none":
             raise EngineConfigError(
@@ -138,13 +150,16 @@ class PackedEncoderEngine(PackedEngineBase):
             raise EngineConfigError(
                 f"model '{cfg.name}': the packed encoder path runs cross-encoders, not {family.name}"
             )
-        why = packed_encoder_refusal(family.files.config)
+        why = packed_encoder_refusal(family.files.config, cfg.precision)
         if why is not None:
             raise EngineConfigError(f"model '{cfg.name}': {why}")
+        golden = golden_set_or_refuse(cfg.name, cfg.parity_set, gate.golden_set) if fp8 else []
         family.load_tokenizer()
         devices = resolve_devices(cfg.devices)
         on_gpu = devices[0].type == "cuda"
-        if cfg.dtype != "auto":
+        if fp8:
+            dtype = torch.bfloat16
+        elif cfg.dtype != "auto":
             dtype = getattr(torch, cfg.dtype)
         elif on_gpu:
             dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -166,8 +181,15 @@ class PackedEncoderEngine(PackedEngineBase):
             ]
         except ValueError as exc:  # gelu_epilogue = "on" for an activation without an epilogue
             raise EngineConfigError(f"model '{cfg.name}': {exc}") from None
-        for r in replicas:  # compile and warm every replica before traffic
-            check = _warm_up(r, family)
+        checks = [_warm_up(r, family) for r in replicas]  # compile and warm every replica before traffic
+        if fp8:  # before any graph is captured: the gate's bf16 pass runs eagerly, and so does its FP8 one
+            try:
+                self._gate = _to_fp8(replicas, family, cfg, golden)
+            except (ValueError, RuntimeError) as exc:  # no FP8 GEMM or region kernel works on this device
+                if "precision = 'fp8'" not in str(exc):
+                    raise
+                raise EngineConfigError(f"model '{cfg.name}': {exc}") from None
+        for r, check in zip(replicas, checks, strict=True):
             if r.device.type == "cuda":
                 if cfg.cuda_graphs == "auto":
                     r.use_graphs(token_bucket(cfg.batch_tokens + 1), check)
@@ -228,6 +250,69 @@ def _reserve_full_step(
         replica.score(prompts, segments)
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
+
+
+def _golden_scores(
+    replica: PackedPairReplica, family: CrossEncoderFamily, batch_tokens: int, golden: list[GoldenQuery]
+) -> list[list[float]]:
+    """The golden set's scores (the family's score rule on the head's logits), pairs packed into
+    steps of at most ``batch_tokens`` tokens as the scheduler packs them. A document longer than
+    the window is cut to it, as ``truncate`` would: the gate compares one score per document."""
+    pair = family.tokenizer
+    out: list[list[float]] = []
+    for item in golden:
+        shared = pair.encode_shared(item.query, "")
+        room = pair.item_room(shared)
+        docs = [d[:room] for d in pair.encode_documents(item.documents)]
+        rows = [pair.row(shared, d) for d in docs]
+        logits: list[list[float]] = []
+        start = 0
+        while start < len(rows):
+            end, tokens = start, 0
+            while end < len(rows) and (end == start or tokens + len(rows[end].ids) <= batch_tokens):
+                tokens += len(rows[end].ids)
+                end += 1
+            logits += replica.score([r.ids for r in rows[start:end]], [r.segment_start for r in rows[start:end]])
+            start = end
+        job = ScoreJob(query=item.query, instruction="", shared_ids=shared, item_ids=docs)
+        out.append(family.scores(job, logits))
+    return out
+
+
+def _to_fp8(
+    replicas: list[PackedPairReplica], family: CrossEncoderFamily, cfg: PackedEngineConfig, golden: list[GoldenQuery]
+) -> gate.GateResult:
+    """Quantize every replica; the first one's golden-set ranking against its bf16 self decides
+    (``gate``: the rule Qwen3's FP8 is admitted by). Refuses unless ``precision_gate = "warn"``."""
+    # Fixed intra-op threads for both passes (parity.fixed_threads): on a CPU "device" a reduction's
+    # order follows the thread count, which is process state; on a GPU it costs nothing.
+    with fixed_threads():
+        base = _golden_scores(replicas[0], family, cfg.batch_tokens, golden)
+    for r in replicas:
+        if not isinstance(r, PackedEncoderReplica):  # ModernBERT: packed_encoder_refusal refused it already
+            raise EngineConfigError(f"model '{cfg.name}': precision = 'fp8' is not built for {r.model_type}")
+        r.to_fp8()
+        _warm_up(r, family)
+    with fixed_threads():
+        cand = _golden_scores(replicas[0], family, cfg.batch_tokens, golden)
+    result = gate.judge(
+        "fp8",
+        base,
+        cand,
+        tie=cfg.parity_tie,
+        min_agreement=cfg.parity_min_agreement,
+        golden=cfg.parity_set or "generated",
+    )
+    if not result.passed and cfg.precision_gate == "refuse":
+        raise EngineConfigError(
+            f"model '{cfg.name}': {result.line()}: refused; serve it in bf16 (drop precision) "
+            f"or set precision_gate = 'warn' after checking the ranking on your own data"
+        )
+    # a failed gate served anyway (precision_gate = "warn") is a warning in the log, as in /ready
+    (log.info if result.passed else log.warning)(
+        "packed_fp8_gate", model=cfg.name, passed=result.passed, line=result.line()
+    )
+    return result
 
 
 async def _scores_of(scheduler: PackedScheduler, req: Any) -> list[Any]:

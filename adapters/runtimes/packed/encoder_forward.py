@@ -100,6 +100,22 @@ class _Layer:
         self.down_w, self.down_b = layer.output.dense.weight, layer.output.dense.bias
         self.ln2 = (layer.output.LayerNorm.weight, layer.output.LayerNorm.bias, float(layer.output.LayerNorm.eps))
 
+    def free_weights(self, layer: Any) -> None:
+        """Once quantized (``encoder_fp8``): the four GEMMs' bf16 weights freed, their row counts kept."""
+        a = layer.attention.self
+        for lin in (
+            a.query,
+            a.key,
+            a.value,
+            layer.attention.output.dense,
+            layer.intermediate.dense,
+            layer.output.dense,
+        ):
+            lin.weight = torch.nn.Parameter(lin.weight.new_empty(lin.weight.shape[0], 0), requires_grad=False)
+        self.qkv_w, self.o_w, self.up_w, self.down_w = (
+            t.new_empty(t.shape[0], 0) for t in (self.qkv_w, self.o_w, self.up_w, self.down_w)
+        )
+
 
 def add_ln(
     delta: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float, real: torch.Tensor
@@ -398,6 +414,38 @@ class PackedEncoderReplica(PackedPairReplica):
             gelu_epilogue == "auto" and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
         )
         self.epilogue: str | None = EPILOGUE_ACTS[act_name] if wanted and refusal is None else None
+        self.fp8: Any = None  # encoder_fp8.EncoderFp8 once ``to_fp8`` ran: the forward's GEMMs in e4m3
+
+    def to_fp8(self, quantize: Callable[[torch.Tensor], Any] | None = None, regions: str = "auto") -> None:
+        """Quantize every layer's four GEMMs to e4m3 and run them in FP8 from now on
+        (``encoder_fp8``: what stays in the model dtype, how the kernels are picked); the model-dtype
+        weights of those GEMMs are freed. The engine loads the model in bfloat16 for it; float32
+        (the tests' reference comparison, free of bf16 rounding) runs the same code. ``warm_up``
+        again afterwards (the regions compile then)."""
+        from adapters.runtimes.packed import encoder_fp8
+
+        self.fp8 = encoder_fp8.EncoderFp8(self, quantize, regions)
+        self.epilogue = None  # the activation runs in the quantizing region, not a GEMM's epilogue
+        for w, layer in zip(self._layers, getattr(self.model, self.model.base_model_prefix).encoder.layer, strict=True):
+            w.free_weights(layer)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    @property
+    def precision(self) -> str:
+        return "model dtype" if self.fp8 is None else "fp8 e4m3 GEMMs (per-channel weight, per-token activation scales)"
+
+    def _uncompile(self) -> None:
+        super()._uncompile()
+        if self.fp8 is not None:  # its compiled regions go too; Triton / vLLM ones picked stay
+            self.fp8.pick(False)
+
+    def _embed(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+        """The embedding module's own tables and norm, in its order: (word + token type) + position,
+        LayerNorm (called piecewise: its forward's signature changed across transformers versions)."""
+        e = self._emb
+        h = e.LayerNorm(e.word_embeddings(ids) + e.token_type_embeddings(types) + e.position_embeddings(positions))
+        return h if self._project is None else self._project(h)
 
     def _forward(
         self,
@@ -408,15 +456,12 @@ class PackedEncoderReplica(PackedPairReplica):
         max_len: int,
         lens: list[int] | None,
     ) -> torch.Tensor:
+        if self.fp8 is not None:  # the same step in FP8 GEMMs: one code path for eager and graphs
+            return self.fp8.forward(self, ids, positions, types, cu_long, max_len, lens)
         add_ln_, act = self._regions
         cu = cu_long.to(torch.int32)
         first = cu_long[:-1]
-        # The embedding module's own tables and norm, in its order: (word + token type) + position,
-        # LayerNorm (called piecewise: its forward's signature changed across transformers versions).
-        e = self._emb
-        h = e.LayerNorm(e.word_embeddings(ids) + e.token_type_embeddings(types) + e.position_embeddings(positions))
-        if self._project is not None:
-            h = self._project(h)
+        h = self._embed(ids, positions, types)
         n_tokens = h.shape[0]
         real = real_rows(cu_long, n_tokens)
         last = len(self._layers) - 1

@@ -33,6 +33,7 @@ __all__ = (
     "mm_emulated",
     "mm_torch",
     "mm_vllm",
+    "pick_each",
     "pick_regions",
     "quant",
     "quantize_rows",
@@ -332,6 +333,44 @@ def _correct(row: dict[str, Any]) -> bool:
     return "excess" in row and row["excess"] <= REGION_EXCESS  # nan fails too
 
 
+def pick_each(
+    cands: dict[str, dict[str, Any]],
+    error: Callable[[str, Any], dict[str, float]],
+    call: Callable[[str, Any], Callable[[], Any]],
+    timer: Callable[[Callable[[], Any]], float] | None,
+    choice: str = "auto",
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per region of ``cands`` the fastest correct kernel (``error(region, fn)``: a row as
+    :func:`region_error` gives, correct up to :data:`REGION_EXCESS`; ``timer(call(region, fn)) -> ms``);
+    the rules of :func:`pick_regions`, for any set of regions (Qwen3's here, the encoders' in
+    :mod:`.encoder_fp8`)."""
+    picked: dict[str, Any] = {}
+    info: dict[str, Any] = {}
+    for region, named in cands.items():
+        rows: dict[str, dict[str, Any]] = {}
+        for name, fn in named.items():
+            try:
+                rows[name] = dict(error(region, fn))
+            except Exception as exc:  # noqa: BLE001  # a kernel this GPU or build lacks
+                rows[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+                continue
+            if not _correct(rows[name]):
+                continue
+            if timer is not None:
+                rows[name]["ms"] = timer(call(region, fn))
+        ok = [n for n, r in rows.items() if _correct(r)]
+        preferred = [n for n in ok if n.startswith(choice)] if choice != "auto" else []
+        pool = preferred or ok
+        if not pool:
+            raise RuntimeError(f"precision = 'fp8': no kernel computes the {region} region ({rows})")
+        best = min(pool, key=lambda n: rows[n].get("ms", 0.0))
+        picked[region] = named[best]
+        info[region] = {"kernel": best, "candidates": rows}
+        if choice != "auto" and not preferred:
+            info[region]["note"] = f"no correct {choice!r} kernel: the fastest correct one serves"
+    return picked, info
+
+
 def pick_regions(
     cands: dict[str, dict[str, Any]],
     inputs: dict[str, torch.Tensor],
@@ -345,38 +384,16 @@ def pick_regions(
     variants); a region without such a kernel that passes takes the fastest that does. Without a
     timer (CPU) the first correct kernel serves. A kernel that raises or differs is recorded, never used.
     """
-    picked: dict[str, Any] = {}
-    info: dict[str, Any] = {}
     # checked on 2k tokens (float64 copies of a 16k-token MLP activation would take GBs), timed on all
     check = {k: v if k == "w" else v[:2048] for k, v in inputs.items()}
-    for region, named in cands.items():
-        rows: dict[str, dict[str, Any]] = {}
-        for name, fn in named.items():
-            try:
-                rows[name] = region_error(region, fn, check, eps)
-            except Exception as exc:  # noqa: BLE001  # a kernel this GPU or build lacks
-                rows[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
-                continue
-            if not _correct(rows[name]):
-                continue
-            if timer is not None:
-                h, delta, w = inputs["h"].clone(), inputs["delta"], inputs["w"]
-                call = (
-                    (lambda fn=fn, h=h, delta=delta, w=w: fn[1](h, delta, w, eps))
-                    if region == "norm"
-                    else (lambda fn=fn, r=region: fn(inputs["gate_up"] if r == "silu_mul" else inputs["o"]))
-                )
-                rows[name]["ms"] = timer(call)
-        ok = [n for n, r in rows.items() if _correct(r)]
-        preferred = [n for n in ok if n.startswith(choice)] if choice != "auto" else []
-        pool = preferred or ok
-        if not pool:
-            raise RuntimeError(f"precision = 'fp8': no kernel computes the {region} region ({rows})")
-        best = min(pool, key=lambda n: rows[n].get("ms", 0.0))
-        picked[region] = named[best]
-        info[region] = {"kernel": best, "candidates": rows}
-        if choice != "auto" and not preferred:
-            info[region]["note"] = f"no correct {choice!r} kernel: the fastest correct one serves"
+
+    def call(region: str, fn: Any) -> Callable[[], Any]:
+        if region == "norm":
+            h, delta, w = inputs["h"].clone(), inputs["delta"], inputs["w"]
+            return lambda: fn[1](h, delta, w, eps)
+        return lambda: fn(inputs["gate_up"] if region == "silu_mul" else inputs["o"])
+
+    picked, info = pick_each(cands, lambda r, fn: region_error(r, fn, check, eps), call, timer, choice)
     return (*picked["norm"], picked["silu_mul"], picked["quant"]), info
 
 
