@@ -41,20 +41,26 @@ def main() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, act in acts.items():
         ref = encoder_fp8.reference(act)
-        ln_q, act_q = encoder_fp8_triton.build(name)
-        kernels = {"act": act_q} if name != "gelu" else {"layernorm": ln_q, "act": act_q}
-        for region, fn in kernels.items():
+        kernels = {}
+        for recip, tag in ((False, ""), (True, ":recip")):
+            ln_q, act_q = encoder_fp8_triton.build(name, recip=recip)
+            kernels[f"act{tag}"] = act_q
+            if name == "gelu":
+                kernels[f"layernorm{tag}"] = ln_q
+        for key, fn in kernels.items():
+            region, _, tag = key.partition(":")
+            tag = f":{tag}" if tag else ""
             got = encoder_fp8._call(region, fn, inputs)()
             want = encoder_fp8._call(region, ref[REGION_INDEX[region]], inputs)()
             gq, wq = got[-2], want[-2]
-            out[f"{region}:{name}"] = {
+            out[f"{region}:{name}{tag}"] = {
                 **encoder_fp8.region_error(region, fn, ref, inputs, act),
                 "values_differing": int((gq.view(torch.uint8) != wq.view(torch.uint8)).sum()),
                 "values": wq.numel(),
                 "nonfinite": int((~torch.isfinite(gq.float())).sum()),
             }
             if region == "layernorm":
-                out[f"{region}:{name}"]["padding_zero"] = bool(got[0][~inputs["real"][:, 0]].eq(0).all())
+                out[f"{region}:{name}{tag}"]["padding_zero"] = bool(got[0][~inputs["real"][:, 0]].eq(0).all())
     return out
 
 
@@ -79,19 +85,19 @@ def compile_sm90() -> dict[str, dict[str, int]]:
         **{k: "i32" for k in ("stride_d", "stride_x", "stride_h", "stride_q", "N")},
         "eps": "fp32",
         "BLOCK": "constexpr",
+        "RECIP": "constexpr",
     }
     act = {"U": "*bf16", "B": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", "stride_u": "i32", "stride_q": "i32", "N": "i32"}
-    cases = {
-        "ln_q": (et._ln_q, ln, {"BLOCK": 1024}),
-        **{
-            f"act_q:{name}": (
+    cases = {}
+    for recip in (0, 1):  # the division per value, and the reciprocal variant
+        tag = ":recip" if recip else ""
+        cases[f"ln_q{tag}"] = (et._ln_q, ln, {"BLOCK": 1024, "RECIP": recip})
+        for name, code in (("gelu", 0), ("gelu_tanh", 1), ("relu", 2)):
+            cases[f"act_q:{name}{tag}"] = (
                 et._act_q,
-                {**act, "ACT": "constexpr", "BLOCK": "constexpr"},
-                {"ACT": code, "BLOCK": 4096},
+                {**act, "ACT": "constexpr", "BLOCK": "constexpr", "RECIP": "constexpr"},
+                {"ACT": code, "BLOCK": 4096, "RECIP": recip},
             )
-            for name, code in (("gelu", 0), ("gelu_tanh", 1), ("relu", 2))
-        },
-    }
     out = {}
     for name, (fn, sig, consts) in cases.items():
         k = triton.compile(

@@ -84,16 +84,20 @@ def _replica(path: Path, dtype: torch.dtype = torch.bfloat16):
 
 class _Fp8Linear(torch.nn.Module):
     """The reference's linear layer: the input quantized per token in plain fp32 torch (amax / 448,
-    e4m3 cast, back), times the dequantized weight in fp32, rounded to the model dtype, plus the bias."""
+    e4m3 cast, back), times the dequantized weight in fp32, rounded to the model dtype, plus the bias
+    -- or, ``epilogue_bias`` (q/k/v: the engine's GEMM adds that bias before its one rounding), plus
+    the bias in fp32, then rounded."""
 
-    def __init__(self, weight: fp8.Fp8Weight, bias: torch.Tensor) -> None:
+    def __init__(self, weight: fp8.Fp8Weight, bias: torch.Tensor, epilogue_bias: bool = False) -> None:
         super().__init__()
-        self.w, self.b = weight.dequantized(), bias
+        self.w, self.b, self.epilogue_bias = weight.dequantized(), bias, epilogue_bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         s = xf.abs().amax(dim=-1, keepdim=True) / 448.0
         xq = (xf / s).to(torch.float8_e4m3fn).float() * s
+        if self.epilogue_bias:
+            return (xq @ self.w.T + self.b.float()).to(x.dtype)
         return (xq @ self.w.T).to(x.dtype) + self.b
 
 
@@ -106,7 +110,7 @@ def _reference_logits(path: Path, weights, kind: str, prompts, segments, dtype: 
         n = a.query.weight.shape[0]
         for i, name in enumerate(("query", "key", "value")):
             rows = fp8.Fp8Weight(f_qkv.qt[:, i * n : (i + 1) * n], f_qkv.scale[:, i * n : (i + 1) * n])
-            setattr(a, name, _Fp8Linear(rows, getattr(a, name).bias))
+            setattr(a, name, _Fp8Linear(rows, getattr(a, name).bias, epilogue_bias=True))
         out = layer.attention.output
         out.dense = _Fp8Linear(f_o, out.dense.bias)
         layer.intermediate.dense = _Fp8Linear(f_up, layer.intermediate.dense.bias)
@@ -261,19 +265,26 @@ def _triton_check(*args: str, interpret: bool) -> dict:
 def test_triton_kernels_compute_the_torch_regions():
     """encoder_fp8_triton's kernels under Triton's interpreter, judged as the picker judges them."""
     got = _triton_check(interpret=True)
-    assert set(got) == {"layernorm:gelu", "act:gelu", "act:gelu_pytorch_tanh", "act:relu"}
+    names = {"layernorm:gelu", "act:gelu", "act:gelu_pytorch_tanh", "act:relu"}
+    assert set(got) == names | {f"{n}:recip" for n in names}
     for name, r in got.items():
         # measured: 0 (LayerNorm, ReLU), 5.7e-7 (erf GELU: 2 of 7,400 e4m3 values one step apart,
-        # another erf polynomial), 4.4e-7 (tanh GELU: 1 value); the picker's bound is on "excess"
-        assert r["rel_err"] <= 1e-5 and r["excess"] <= fp8.REGION_EXCESS and r["nonfinite"] == 0, (name, r)
-        assert r["values_differing"] <= r["values"] // 1000, (name, r)
-    assert got["layernorm:gelu"]["padding_zero"]
+        # another erf polynomial), 4.4e-7 (tanh GELU: 1 value); the picker's bound is on "excess".
+        # The reciprocal variants (a product for the division) round more values on an e4m3
+        # boundary the other way (measured 2-18 of 7,400, rel_err <= 4.1e-3) while no farther from
+        # the exact values (excess <= 1.7e-4).
+        recip = name.endswith(":recip")
+        assert r["rel_err"] <= (1e-2 if recip else 1e-5), (name, r)
+        assert r["excess"] <= fp8.REGION_EXCESS and r["nonfinite"] == 0, (name, r)
+        assert r["values_differing"] <= r["values"] // (200 if recip else 1000), (name, r)
+    assert got["layernorm:gelu"]["padding_zero"] and got["layernorm:gelu:recip"]["padding_zero"]
 
 
 @pytest.mark.slow
 def test_triton_kernels_compile_for_the_h200():
     got = _triton_check("--compile-sm90", interpret=False)
-    assert set(got) == {"ln_q", "act_q:gelu", "act_q:gelu_tanh", "act_q:relu"}
+    names = {"ln_q", "act_q:gelu", "act_q:gelu_tanh", "act_q:relu"}
+    assert set(got) == names | {f"{n}:recip" for n in names}
     assert all(r["cubin_bytes"] > 0 and r["cvt_e4m3"] > 0 for r in got.values()), got
 
 

@@ -89,6 +89,7 @@ def test_fp8_engine_with_graphs_scores_as_the_dequantized_reference(
     first, again, rows, weights, stats = asyncio.run(run())
     precision = stats["precision"]
     assert not precision["gemm"].startswith("emulated") and "compile_error" not in stats, stats
+    assert not precision["gemm_with_bias"].startswith("emulated"), precision
     assert all(v["kernel"] != "eager" for v in precision["quantizing_regions"].values()), precision
     assert stats["cuda_graphs"] is not None and "cuda_graph_error" not in stats, stats
     assert first == again  # replayed graphs, replayed again
@@ -118,9 +119,7 @@ def test_triton_regions_are_picked_and_score_as_the_reference(cross_encoder: tup
         pytest.skip("no Triton in this install")
     rep: Any = make_replica(model, torch.device("cuda"), attention="auto", compile=True, gelu_epilogue="auto")
     rep.to_fp8(regions="triton")
-    assert {r: rep.fp8.kernels[r]["kernel"] for r in encoder_fp8.REGIONS} == dict.fromkeys(
-        encoder_fp8.REGIONS, "triton"
-    ), rep.fp8.kernels
+    assert all(rep.fp8.kernels[r]["kernel"].startswith("triton") for r in encoder_fp8.REGIONS), rep.fp8.kernels
     prompts, segments = _pairs(kind)
     rep.warm_up([(prompts[:1], segments[:1]), (prompts, segments)])
     rep.use_graphs(token_bucket(2048), (prompts, segments))

@@ -18,8 +18,9 @@ Each region has a torch reference below; :func:`candidates` lists the kernels th
 (the references compiled by Inductor, or eager; on CUDA one Triton kernel per region,
 :mod:`.encoder_fp8_triton`, and vLLM's per-token quantization for "quant") and :func:`pick` keeps per region the fastest one that computes the reference's
 result (``fp8.pick_each``: the rule and tolerance Qwen3's regions are picked by). The GEMM is
-``fp8.pick_mm``'s (``torch._scaled_mm`` / vLLM CUTLASS on CUDA, the emulation on CPU); biases are
-added in the model dtype after it. Attention, the LayerNorms' residual stream, the embeddings and
+``fp8.pick_mm``'s (``torch._scaled_mm`` / vLLM CUTLASS on CUDA, the emulation on CPU); q/k/v's bias
+is added in the GEMM's epilogue (picked apart: a separate add of it cost 3 ms of an 18 ms step on the
+H100), the other three GEMMs' biases in the regions that follow them. Attention, the LayerNorms' residual stream, the embeddings and
 the classifier head stay in the model dtype (bfloat16). The forward is one function for every
 device: only the kernels picked differ, so CUDA graphs capture it as they capture the bf16 one.
 
@@ -71,12 +72,23 @@ def reference(act: Callable[[torch.Tensor], torch.Tensor]) -> EncoderRegions:
     return add_ln_q, act_q, fp8.quant
 
 
-def triton_regions(hidden_act: str) -> tuple[Callable[..., Any], Callable[..., Any] | None] | None:
+# encoder_fp8_triton's variants offered to the picker: (name suffix, reciprocal scale, warps).
+TRITON_VARIANTS = (
+    ("", False, None),
+    (", reciprocal", True, None),
+    (", reciprocal, 4 warps", True, 4),
+    (", reciprocal, 16 warps", True, 16),
+)
+
+
+def triton_regions(
+    hidden_act: str, recip: bool = False, warps: int | None = None
+) -> tuple[Callable[..., Any], Callable[..., Any] | None] | None:
     """:mod:`.encoder_fp8_triton`'s (ln_q, act_q) when Triton imports (act_q None: no kernel for ``hidden_act``)."""
     try:
         from adapters.runtimes.packed import encoder_fp8_triton
 
-        return encoder_fp8_triton.build(hidden_act)
+        return encoder_fp8_triton.build(hidden_act, recip, warps)
     except Exception:  # noqa: BLE001  # no Triton in this install
         return None
 
@@ -96,11 +108,13 @@ def candidates(
         # One Triton kernel per region (encoder_fp8_triton; the plain quantization is fp8_triton's).
         # vLLM has no LayerNorm + per-token quant or GELU + quant op (its fused ones are RMSNorm /
         # SiLU): only its plain quantization is a candidate.
-        enc = triton_regions(hidden_act)
-        if enc is not None:
-            out["layernorm"]["triton"] = enc[0]
+        for suffix, recip, warps in TRITON_VARIANTS:
+            enc = triton_regions(hidden_act, recip, warps)
+            if enc is None:
+                break
+            out["layernorm"]["triton" + suffix] = enc[0]
             if enc[1] is not None:
-                out["act"]["triton"] = enc[1]
+                out["act"]["triton" + suffix] = enc[1]
         t = fp8.triton_regions()
         if t is not None:
             out["quant"]["triton"] = t[3]
@@ -220,6 +234,11 @@ class EncoderFp8:
         k, n = self.weights[0][2].qt.shape  # the up-projection, the widest GEMM: (hidden, intermediate)
         with torch.inference_mode():
             self.mm_kernel, self.mm, self.mm_timing = fp8.pick_mm(self.device, (16384, k, n), layers[0].o_b.dtype)
+            # q/k/v's bias has no pointwise region to ride in (attention follows): the GEMM adds it
+            k, n = self.weights[0][0].qt.shape
+            self.mm_bias_kernel, self.mm_bias, self.mm_bias_timing = fp8.pick_mm(
+                self.device, (16384, k, n), layers[0].o_b.dtype, bias=True
+            )
         self._layer0 = layers[0]  # its norms and biases: the regions' check inputs
         self.act = layers[0].act  # every layer's activation is the config's hidden_act
         self.hidden_act = str(getattr(replica.model.config, "hidden_act", ""))
@@ -237,7 +256,13 @@ class EncoderFp8:
         self.regions, self.kernels = pick(self._cands[1], self.ref, self._layer0, self.device, self.choice)
 
     def describe(self) -> dict[str, Any]:
-        return {"gemm": self.mm_kernel, "gemm_timing": self.mm_timing, "quantizing_regions": self.kernels}
+        return {
+            "gemm": self.mm_kernel,
+            "gemm_timing": self.mm_timing,
+            "gemm_with_bias": self.mm_bias_kernel,
+            "gemm_with_bias_timing": self.mm_bias_timing,
+            "quantizing_regions": self.kernels,
+        }
 
     def forward(
         self,
@@ -251,7 +276,7 @@ class EncoderFp8:
     ) -> torch.Tensor:
         """``PackedEncoderReplica._forward`` with the four GEMMs of each layer in FP8."""
         ln_q, act_q, quant = self.regions
-        add_ln_, mm = rep._regions[0], self.mm
+        add_ln_, mm, mm_b = rep._regions[0], self.mm, self.mm_bias
         cu = cu_long.to(torch.int32)
         first = cu_long[:-1]
         h = rep._embed(ids, positions, types)
@@ -260,7 +285,7 @@ class EncoderFp8:
         last = len(rep._layers) - 1
         x, xs = quant(h)
         for i, (w, (f_qkv, f_o, f_up, f_down)) in enumerate(zip(rep._layers, self.weights, strict=True)):
-            qkv = (mm(x, xs, f_qkv, dt) + w.qkv_b).view(n_tokens, 3, w.heads, w.dim)
+            qkv = mm_b(x, xs, f_qkv, dt, w.qkv_b).view(n_tokens, 3, w.heads, w.dim)
             q, k, v = qkv.unbind(1)
             o = rep._attend(q, k, v, cu, cu, max_len, max_len, lens, lens).reshape(n_tokens, -1)
             if i == last:  # nothing after this attention mixes positions: keep each pair's first token

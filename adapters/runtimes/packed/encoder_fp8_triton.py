@@ -31,7 +31,25 @@ _E4M3 = torch.float8_e4m3fn
 ACTS = {"gelu": 0, "gelu_new": 1, "gelu_pytorch_tanh": 1, "gelu_fast": 1, "relu": 2}
 
 
-def _ln_q(D, B, X, W, LB, REAL, H, Q, S, stride_d, stride_x, stride_h, stride_q, N, eps, BLOCK: tl.constexpr):
+def _ln_q(
+    D,
+    B,
+    X,
+    W,
+    LB,
+    REAL,
+    H,
+    Q,
+    S,
+    stride_d,
+    stride_x,
+    stride_h,
+    stride_q,
+    N,
+    eps,
+    BLOCK: tl.constexpr,
+    RECIP: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -51,13 +69,18 @@ def _ln_q(D, B, X, W, LB, REAL, H, Q, S, stride_d, stride_x, stride_h, stride_q,
     y = tl.where(real != 0, y, 0.0).to(d.dtype)
     tl.store(H + row * stride_h + cols, y, mask=mask)
     yf = y.to(tl.float32)
-    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(yf), axis=0), 1e-12), 448.0)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(yf, scale), -448.0), 448.0)
+    amax = tl.maximum(tl.max(tl.abs(yf), axis=0), 1e-12)
+    scale = tl.math.div_rn(amax, 448.0)
+    if RECIP:  # one division per row, a multiply per value (see build)
+        q = yf * tl.math.div_rn(448.0, amax)
+    else:
+        q = tl.math.div_rn(yf, scale)
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     tl.store(Q + row * stride_q + cols, q.to(Q.dtype.element_ty), mask=mask)
     tl.store(S + row, scale)
 
 
-def _act_q(U, B, Q, S, stride_u, stride_q, N, ACT: tl.constexpr, BLOCK: tl.constexpr):
+def _act_q(U, B, Q, S, stride_u, stride_q, N, ACT: tl.constexpr, BLOCK: tl.constexpr, RECIP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -72,24 +95,37 @@ def _act_q(U, B, Q, S, stride_u, stride_q, N, ACT: tl.constexpr, BLOCK: tl.const
     else:
         y = tl.maximum(x, 0.0)
     yf = y.to(u.dtype).to(tl.float32)
-    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(yf), axis=0), 1e-12), 448.0)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(yf, scale), -448.0), 448.0)
+    amax = tl.maximum(tl.max(tl.abs(yf), axis=0), 1e-12)
+    scale = tl.math.div_rn(amax, 448.0)
+    if RECIP:  # one division per row, a multiply per value (see build)
+        q = yf * tl.math.div_rn(448.0, amax)
+    else:
+        q = tl.math.div_rn(yf, scale)
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     tl.store(Q + row * stride_q + cols, q.to(Q.dtype.element_ty), mask=mask)
     tl.store(S + row, scale)
 
 
-def _cfg(n: int) -> dict[str, int]:
+def _cfg(n: int, warps: int | None, recip: bool) -> dict[str, int]:
     block = triton.next_power_of_2(n)
-    return {"BLOCK": block, "num_warps": max(1, min(16, block // 512))}
+    return {"BLOCK": block, "num_warps": warps or max(1, min(16, block // 512)), "RECIP": int(recip)}
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def build(hidden_act: str) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
+def build(
+    hidden_act: str, recip: bool = False, warps: int | None = None
+) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
     """(ln_q, act_q) with the signatures of :mod:`.encoder_fp8`'s torch regions; act_q None for an
-    activation without a kernel here. Under ``TRITON_INTERPRET=1`` they run on CPU tensors."""
+    activation without a kernel here. Under ``TRITON_INTERPRET=1`` they run on CPU tensors.
+
+    ``recip``: each value multiplied by ``448 / amax`` instead of divided by the scale. A correctly
+    rounded division per value made the activation kernel instruction-bound on the H100 (erf GELU +
+    ``div_rn`` over a 4096-wide row: 125 us for 14.9k tokens, twice its memory time); the product
+    may round a value on an e4m3 boundary the other way, which the picker's error rule allows.
+    ``warps``: the programs' warps (default: one per 512 values). The picker times the variants."""
     ln_k, act_k = triton.jit(_ln_q), triton.jit(_act_q)
 
     def _out(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +163,7 @@ def build(hidden_act: str) -> tuple[Callable[..., Any], Callable[..., Any] | Non
             q.stride(0),
             n,
             eps,
-            **_cfg(n),
+            **_cfg(n, warps, recip),
         )
         return out, q, s
 
@@ -139,7 +175,7 @@ def build(hidden_act: str) -> tuple[Callable[..., Any], Callable[..., Any] | Non
         up = _rows(up)
         n = up.shape[1]
         q, s = _out(up, n)
-        act_k[(up.shape[0],)](up, bias, q, s, up.stride(0), q.stride(0), n, ACT=code, **_cfg(n))
+        act_k[(up.shape[0],)](up, bias, q, s, up.stride(0), q.stride(0), n, ACT=code, **_cfg(n, warps, recip))
         return q, s
 
     return ln_q, act_q

@@ -82,17 +82,24 @@ def quantize_weight(w: torch.Tensor) -> Fp8Weight:
 
 # -- GEMMs: (tokens, in) fp8 x per-token scales  @  Fp8Weight  ->  (tokens, out) in `out_dtype` ----
 
-Mm = Callable[[torch.Tensor, torch.Tensor, Fp8Weight, torch.dtype], torch.Tensor]
+# (xq, xs, w, out_dtype[, bias]) -> out: a bias, when given, is added to the fp32 result before the
+# one rounding to ``out_dtype`` (a GEMM epilogue's arithmetic), saving a pass over the output.
+Mm = Callable[..., torch.Tensor]
 
 
-def mm_emulated(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, out_dtype: torch.dtype) -> torch.Tensor:
+def mm_emulated(
+    xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, out_dtype: torch.dtype, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """The FP8 GEMM's arithmetic on any device: fp8 values, fp32 products and sums, scales after."""
-    return ((xq.to(torch.float32) @ w.qt.to(torch.float32)) * xs * w.scale).to(out_dtype)
+    y = (xq.to(torch.float32) @ w.qt.to(torch.float32)) * xs * w.scale
+    return (y if bias is None else y + bias.to(torch.float32)).to(out_dtype)
 
 
-def mm_torch(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, out_dtype: torch.dtype) -> torch.Tensor:
+def mm_torch(
+    xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, out_dtype: torch.dtype, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """``torch._scaled_mm`` with rowwise scales (CUDA, sm_89+), fast accumulation as measured in the issue."""
-    return torch._scaled_mm(xq, w.qt, scale_a=xs, scale_b=w.scale, out_dtype=out_dtype, use_fast_accum=True)
+    return torch._scaled_mm(xq, w.qt, scale_a=xs, scale_b=w.scale, bias=bias, out_dtype=out_dtype, use_fast_accum=True)
 
 
 def mm_vllm() -> Mm | None:
@@ -104,35 +111,58 @@ def mm_vllm() -> Mm | None:
     except Exception:  # noqa: BLE001  # no vLLM, or not its CUDA build
         return None
 
-    def mm(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, out_dtype: torch.dtype) -> torch.Tensor:
-        return fn(xq, w.qt, xs, w.scale, out_dtype)
+    def mm(
+        xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, out_dtype: torch.dtype, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return fn(xq, w.qt, xs, w.scale, out_dtype, bias)
 
     return mm
 
 
-def pick_mm(device: torch.device, shape: tuple[int, int, int], dtype: torch.dtype) -> tuple[str, Mm, dict[str, Any]]:
+def _bias_after(fn: Mm) -> Mm:
+    """``fn`` without its epilogue bias: the bias added by a separate kernel (a build whose GEMM
+    refuses a bias with rowwise scales still serves a model with biases)."""
+
+    def mm(
+        xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, out_dtype: torch.dtype, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        y = fn(xq, xs, w, out_dtype)
+        return y if bias is None else y + bias
+
+    return mm
+
+
+def pick_mm(
+    device: torch.device, shape: tuple[int, int, int], dtype: torch.dtype, bias: bool = False
+) -> tuple[str, Mm, dict[str, Any]]:
     """The GEMM for ``device``: on CUDA the faster of torch's and vLLM's (timed on ``shape`` = (M, K, N))
-    among those that compute the emulation's result; elsewhere the emulation."""
+    among those that compute the emulation's result; elsewhere the emulation. ``bias``: picked for
+    GEMMs called with a bias, each kernel tried with it in its epilogue and with a separate add
+    (on the H100 a separate add of q/k/v's bias cost 3 ms of a 18 ms bge-m3 d100 step)."""
     if device.type != "cuda":
         return "emulated (fp8 values, fp32 GEMM)", mm_emulated, {}
     m, k, n = shape
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(m, k, device=device, dtype=dtype, generator=g)
     w = quantize_weight(torch.randn(n, k, device=device, dtype=dtype, generator=g) / k**0.5)
+    b = torch.randn(n, device=device, dtype=dtype, generator=g) if bias else None
     xq, xs = quantize_rows(x)
-    want = mm_emulated(xq[:256], xs[:256], w, torch.float32)
+    want = mm_emulated(xq[:256], xs[:256], w, torch.float32, b)
     info: dict[str, Any] = {}
     best: tuple[str, Mm] | None = None
-    for name, fn in (("torch._scaled_mm", mm_torch), ("vLLM cutlass_scaled_mm", mm_vllm())):
+    kernels_: list[tuple[str, Mm | None]] = [("torch._scaled_mm", mm_torch), ("vLLM cutlass_scaled_mm", mm_vllm())]
+    if bias:
+        kernels_ += [(f"{name}, bias added after", _bias_after(fn)) for name, fn in kernels_ if fn is not None]
+    for name, fn in kernels_:
         if fn is None:
             continue
         try:
-            got = fn(xq[:256], xs[:256], w, dtype).float()
+            got = fn(xq[:256], xs[:256], w, dtype, b).float()
             err = ((got - want).norm() / want.norm()).item()
             if err > 1e-2:  # bf16 output of the same products: ~4e-3
                 info[name] = {"rel_err": err}
                 continue
-            info[name] = {"ms": kernels.median_ms(lambda fn=fn: fn(xq, xs, w, dtype)), "rel_err": err}
+            info[name] = {"ms": kernels.median_ms(lambda fn=fn: fn(xq, xs, w, dtype, b)), "rel_err": err}
         except Exception as exc:  # noqa: BLE001  # a kernel this GPU or build lacks
             info[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
             continue
