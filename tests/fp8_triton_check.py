@@ -60,7 +60,6 @@ def main() -> dict[str, dict[str, float]]:
     _gpu_conversions()
     from adapters.runtimes.packed import fp8, fp8_triton
 
-    rms_q, add_rms_q, silu_mul_q, quant = fp8_triton.build()
     torch.manual_seed(0)
     rows = 19
     # widths that are not powers of two (masked blocks) and rows of very different magnitudes
@@ -84,13 +83,17 @@ def main() -> dict[str, dict[str, float]]:
         return out
 
     eps = 1e-6
-    return {
-        "rms_q": diff(rms_q(h, w, eps), fp8.rms_q(h, w, eps)),
-        "add_rms_q": diff(add_rms_q(h, delta, w, eps), fp8.add_rms_q(h, delta, w, eps)),
-        "silu_mul_q": diff(silu_mul_q(gate_up), fp8.silu_mul_q(gate_up)),
-        "quant": diff(quant(o), fp8.quant(o)),
-        "quant_strided": diff(quant(gate_up[:, :80]), fp8.quant(gate_up[:, :80])),
-    }
+    out = {}
+    for tag, recip in (("", False), (":recip", True)):  # the division per value, and the reciprocal variant
+        rms_q, add_rms_q, silu_mul_q, quant = fp8_triton.build(recip)
+        out |= {
+            f"rms_q{tag}": diff(rms_q(h, w, eps), fp8.rms_q(h, w, eps)),
+            f"add_rms_q{tag}": diff(add_rms_q(h, delta, w, eps), fp8.add_rms_q(h, delta, w, eps)),
+            f"silu_mul_q{tag}": diff(silu_mul_q(gate_up), fp8.silu_mul_q(gate_up)),
+            f"quant{tag}": diff(quant(o), fp8.quant(o)),
+            f"quant_strided{tag}": diff(quant(gate_up[:, :80]), fp8.quant(gate_up[:, :80])),
+        }
+    return out
 
 
 def compile_sm90() -> dict[str, dict[str, int]]:
@@ -104,7 +107,7 @@ def compile_sm90() -> dict[str, dict[str, int]]:
 
     from adapters.runtimes.packed import fp8_triton as ft
 
-    rows = {"stride_x": "i32", "stride_q": "i32", "N": "i32", "BLOCK": "constexpr"}
+    rows = {"stride_x": "i32", "stride_q": "i32", "N": "i32", "BLOCK": "constexpr", "RECIP": "constexpr"}
     norm = {
         "X": "*bf16",
         "R": "*bf16",
@@ -120,13 +123,17 @@ def compile_sm90() -> dict[str, dict[str, int]]:
         "eps": "fp32",
         "HAS_RES": "constexpr",
         "BLOCK": "constexpr",
+        "RECIP": "constexpr",
     }
-    cases = {
-        "add_rms_q": (ft._norm_q, norm, {"HAS_RES": True, "BLOCK": 1024}, 2),
-        "rms_q": (ft._norm_q, norm, {"HAS_RES": False, "BLOCK": 1024}, 2),
-        "silu_mul_q": (ft._silu_mul_q, {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", **rows}, {"BLOCK": 4096}, 8),
-        "quant": (ft._quant, {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", **rows}, {"BLOCK": 2048}, 4),
-    }
+    io = {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32", **rows}
+    cases = {}
+    for tag, r in (("", 0), (":recip", 1)):  # the division per value, and the reciprocal variant
+        cases |= {
+            f"add_rms_q{tag}": (ft._norm_q, norm, {"HAS_RES": True, "BLOCK": 1024, "RECIP": r}, 2),
+            f"rms_q{tag}": (ft._norm_q, norm, {"HAS_RES": False, "BLOCK": 1024, "RECIP": r}, 2),
+            f"silu_mul_q{tag}": (ft._silu_mul_q, io, {"BLOCK": 4096, "RECIP": r}, 8),
+            f"quant{tag}": (ft._quant, io, {"BLOCK": 2048, "RECIP": r}, 4),
+        }
     out = {}
     for name, (fn, sig, consts, warps) in cases.items():
         k = triton.compile(

@@ -344,9 +344,13 @@ def test_triton_kernels_compute_the_torch_regions_bit_for_bit():
     )
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    assert set(got) == {"rms_q", "add_rms_q", "silu_mul_q", "quant", "quant_strided"}
+    names = {"rms_q", "add_rms_q", "silu_mul_q", "quant", "quant_strided"}
+    assert set(got) == names | {f"{n}:recip" for n in names}
     for region, r in got.items():
-        assert r["values_differing"] == 0 and r["scale_max_rel"] == 0 and r["nonfinite"] == 0, (region, r)
+        # the reciprocal variant (a product for the division per value) rounds a value on an e4m3
+        # boundary the other way now and then: measured 0-3 of 1,520-2,432; the scales are the same
+        most = r["values"] // 200 if region.endswith(":recip") else 0
+        assert r["values_differing"] <= most and r["scale_max_rel"] == 0 and r["nonfinite"] == 0, (region, r)
         assert r.get("residual_max_abs", 0) == 0, (region, r)
 
 
@@ -372,9 +376,15 @@ def test_triton_kernels_compile_for_the_h200():
         pytest.skip("this Triton wheel has no ptxas")
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    assert set(got) == {"add_rms_q", "rms_q", "silu_mul_q", "quant"}
+    names = {"add_rms_q", "rms_q", "silu_mul_q", "quant"}
+    assert set(got) == names | {f"{n}:recip" for n in names}
     for name, r in got.items():
-        assert r["cubin_bytes"] > 0 and r["cvt_e4m3"] > 0 and r["div_rn"] > 0 and r["div_approx"] == 0, (name, r)
+        assert r["cubin_bytes"] > 0 and r["cvt_e4m3"] > 0 and r["div_rn"] > 0, (name, r)
+        if not name.endswith(":recip"):  # the exact variant: IEEE divisions only
+            assert r["div_approx"] == 0, (name, r)
+        else:  # one division per row (scale and reciprocal), none per value, but silu's fast one
+            assert r["div_rn"] < got[name.removesuffix(":recip")]["div_rn"], (name, r)
+    assert got["silu_mul_q:recip"]["div_approx"] > 0 and got["quant:recip"]["div_approx"] == 0
 
 
 def _region_inputs(tokens: int = 48) -> dict[str, torch.Tensor]:

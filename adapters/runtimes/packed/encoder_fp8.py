@@ -115,9 +115,10 @@ def candidates(
             out["layernorm"]["triton" + suffix] = enc[0]
             if enc[1] is not None:
                 out["act"]["triton" + suffix] = enc[1]
-        t = fp8.triton_regions()
-        if t is not None:
-            out["quant"]["triton"] = t[3]
+        for suffix, recip in (("", False), (", reciprocal", True)):
+            t = fp8.triton_regions(recip)
+            if t is not None:
+                out["quant"]["triton" + suffix] = t[3]
         v = fp8.vllm_regions()
         if "quant" in v:
             out["quant"]["vLLM dynamic_per_token_scaled_fp8_quant"] = v["quant"]

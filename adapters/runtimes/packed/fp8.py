@@ -215,12 +215,13 @@ REGION_EXCESS = 0.05
 RESIDUAL_TOL = 1e-2  # the "norm" region's residual stream (h + delta in bf16): no quantization in it
 
 
-def triton_regions() -> Regions | None:
-    """The Triton kernels (:mod:`.fp8_triton`) when Triton imports; compiled on first call."""
+def triton_regions(recip: bool = False) -> Regions | None:
+    """The Triton kernels (:mod:`.fp8_triton`; ``recip``: its reciprocal-scale variant) when Triton
+    imports; compiled on first call."""
     try:
         from adapters.runtimes.packed import fp8_triton
 
-        return fp8_triton.build()
+        return fp8_triton.build(recip)
     except Exception:  # noqa: BLE001  # no Triton in this install
         return None
 
@@ -298,10 +299,11 @@ def candidates(compiled: bool, cuda: bool) -> dict[str, dict[str, Any]]:
         out["silu_mul"]["eager"], out["quant"]["eager"] = REFERENCE[2], REFERENCE[3]
     if not cuda:
         return out
-    t = triton_regions()
-    if t is not None:
-        out["norm"]["triton"] = t[:2]
-        out["silu_mul"]["triton"], out["quant"]["triton"] = t[2], t[3]
+    for suffix, recip in (("", False), (", reciprocal", True)):
+        t = triton_regions(recip)
+        if t is not None:
+            out["norm"]["triton" + suffix] = t[:2]
+            out["silu_mul"]["triton" + suffix], out["quant"]["triton" + suffix] = t[2], t[3]
     v = vllm_regions()
     if "norm" in v:
         out["norm"]["vLLM rms_norm_dynamic_per_token_quant"] = v["norm"]
