@@ -7,10 +7,13 @@ the dequantized weight, plus the bias"), with the engine's own quantized weights
 
 Tolerance: on the CPU the engine's bf16 FP8 path and this reference differ by at most 5 % of the
 logits' spread (an activation on an e4m3 rounding boundary rounded the other way, carried on by
-later layers); FlashAttention and fast accumulation round differently again, so ``CENTRED_TOL``
-allows a centred relative error of 0.15 -- a doubled weight scale measured 0.83 to 1.43 on the CPU
-(there against fp32: the reference here is built from the engine's own weights).
-Not yet run on a GPU: the first run's figures belong in this docstring.
+later layers). On the device FlashAttention, fast accumulation and the GEMM's own bf16 epilogue
+round differently again, and these tiny random models carry every such flip to the logits: on
+the H200 (2026-12-05, separate q/k/v bias add) 0.16-0.32, on the H100 (2026-12-05, bias in the
+epilogue) 0.16-0.25 centred relative error. ``CENTRED_TOL`` 0.5 sits between those and what a
+wiring mistake costs: a doubled weight scale measured 0.83 to 1.43 on the CPU (there against
+fp32: the reference here is built from the engine's own weights). The ranking itself is judged
+by the gate on a trained checkpoint, not here.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from tests.gpu.test_packed_cuda import MIXED, QUERIES
 
 pytestmark = [pytest.mark.gpu, cuda_only("FP8 encoders on the device")]
 
-CENTRED_TOL = 0.15
+CENTRED_TOL = 0.5
 
 
 @pytest.fixture(scope="module", params=["xlmr", "bert"])
