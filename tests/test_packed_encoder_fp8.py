@@ -333,7 +333,8 @@ async def test_fp8_engine_serves_with_the_gate_warned(dirs, kind, small_golden_s
     finally:
         await eng.stop()
     precision = stats["precision"]
-    assert precision["mode"].startswith("fp8 e4m3") and precision["gemm"].startswith("emulated")
+    assert precision["mode"].startswith("fp8 e4m3") and set(precision["gemms"]) == set(encoder_fp8.GEMMS)
+    assert all(k.startswith("emulated") for k in precision["gemms"].values()), precision
     assert {r: v["kernel"] for r, v in precision["quantizing_regions"].items()} == dict.fromkeys(
         encoder_fp8.REGIONS, "eager"
     )
@@ -357,7 +358,7 @@ async def test_fp8_engine_refuses_when_the_gate_fails(dirs, small_golden_set):
 async def test_a_device_without_an_fp8_gemm_refuses_the_model(dirs, monkeypatch, small_golden_set):
     """Qwen3's rule (fp8.pick_mm: no GEMM computes the emulation's result on this device), as a config error."""
 
-    def no_gemm(device, shape, dtype):
+    def no_gemm(device, shape, dtype, bias=False):
         raise RuntimeError(f"precision = 'fp8': no FP8 GEMM works on {device} ({{}})")
 
     monkeypatch.setattr(fp8, "pick_mm", no_gemm)

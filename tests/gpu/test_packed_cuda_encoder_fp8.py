@@ -92,7 +92,8 @@ def test_fp8_engine_with_graphs_scores_as_the_dequantized_reference(
     first, again, rows, weights, stats = asyncio.run(run())
     precision = stats["precision"]
     assert not precision["gemm"].startswith("emulated") and "compile_error" not in stats, stats
-    assert not precision["gemm_with_bias"].startswith("emulated"), precision
+    assert set(precision["gemms"]) == {"qkv", "out", "up", "down"}, precision
+    assert not any(k.startswith("emulated") for k in precision["gemms"].values()), precision
     assert all(v["kernel"] != "eager" for v in precision["quantizing_regions"].values()), precision
     assert stats["cuda_graphs"] is not None and "cuda_graph_error" not in stats, stats
     assert first == again  # replayed graphs, replayed again

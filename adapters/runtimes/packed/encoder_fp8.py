@@ -41,9 +41,10 @@ from adapters.runtimes.packed.picks import on_device
 if TYPE_CHECKING:
     from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica
 
-__all__ = ("REGIONS", "EncoderFp8", "add_ln_q", "candidates", "pick", "reference")
+__all__ = ("GEMMS", "REGIONS", "EncoderFp8", "add_ln_q", "candidates", "pick", "reference")
 
 REGIONS = ("layernorm", "act", "quant")
+GEMMS = ("qkv", "out", "up", "down")  # each layer's four, in the order of its weights
 EncoderRegions = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
 
 
@@ -232,14 +233,20 @@ class EncoderFp8:
         layers = replica._layers
         self.weights = [tuple(quantize(t) for t in (w.qkv_w, w.o_w, w.up_w, w.down_w)) for w in layers]
         self.device = replica.device
-        k, n = self.weights[0][2].qt.shape  # the up-projection, the widest GEMM: (hidden, intermediate)
+        # One GEMM kernel per projection, timed on its own shape: on the H100 vLLM's CUTLASS and
+        # torch's cuBLASLt kernel each won some shapes (the attention output's and the FFN's differ
+        # 4x in width). q/k/v's bias has no pointwise region to ride in (attention follows): its
+        # GEMM adds it in the epilogue, picked against adding it apart.
+        self.mm_kernels: dict[str, str] = {}
+        self.mm_timing: dict[str, dict[str, Any]] = {}
+        mms = []
         with torch.inference_mode():
-            self.mm_kernel, self.mm, self.mm_timing = fp8.pick_mm(self.device, (16384, k, n), layers[0].o_b.dtype)
-            # q/k/v's bias has no pointwise region to ride in (attention follows): the GEMM adds it
-            k, n = self.weights[0][0].qt.shape
-            self.mm_bias_kernel, self.mm_bias, self.mm_bias_timing = fp8.pick_mm(
-                self.device, (16384, k, n), layers[0].o_b.dtype, bias=True
-            )
+            for i, name in enumerate(GEMMS):
+                k, n = self.weights[0][i].qt.shape
+                kernel, mm, timing = fp8.pick_mm(self.device, (16384, k, n), layers[0].o_b.dtype, bias=name == "qkv")
+                self.mm_kernels[name], self.mm_timing[name] = kernel, timing
+                mms.append(mm)
+        self.mms: tuple[fp8.Mm, fp8.Mm, fp8.Mm, fp8.Mm] = (mms[0], mms[1], mms[2], mms[3])
         self._layer0 = layers[0]  # its norms and biases: the regions' check inputs
         self.act = layers[0].act  # every layer's activation is the config's hidden_act
         self.hidden_act = str(getattr(replica.model.config, "hidden_act", ""))
@@ -258,10 +265,9 @@ class EncoderFp8:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "gemm": self.mm_kernel,
+            "gemm": ", ".join(f"{g}: {k}" for g, k in self.mm_kernels.items()),
             "gemm_timing": self.mm_timing,
-            "gemm_with_bias": self.mm_bias_kernel,
-            "gemm_with_bias_timing": self.mm_bias_timing,
+            "gemms": self.mm_kernels,
             "quantizing_regions": self.kernels,
         }
 
@@ -277,7 +283,8 @@ class EncoderFp8:
     ) -> torch.Tensor:
         """``PackedEncoderReplica._forward`` with the four GEMMs of each layer in FP8."""
         ln_q, act_q, quant = self.regions
-        add_ln_, mm, mm_b = rep._regions[0], self.mm, self.mm_bias
+        add_ln_ = rep._regions[0]
+        mm_qkv, mm_o, mm_up, mm_down = self.mms
         cu = cu_long.to(torch.int32)
         first = cu_long[:-1]
         h = rep._embed(ids, positions, types)
@@ -286,13 +293,13 @@ class EncoderFp8:
         last = len(rep._layers) - 1
         x, xs = quant(h)
         for i, (w, (f_qkv, f_o, f_up, f_down)) in enumerate(zip(rep._layers, self.weights, strict=True)):
-            qkv = mm_b(x, xs, f_qkv, dt, w.qkv_b).view(n_tokens, 3, w.heads, w.dim)
+            qkv = mm_qkv(x, xs, f_qkv, dt, w.qkv_b).view(n_tokens, 3, w.heads, w.dim)
             q, k, v = qkv.unbind(1)
             o = rep._attend(q, k, v, cu, cu, max_len, max_len, lens, lens).reshape(n_tokens, -1)
             if i == last:  # nothing after this attention mixes positions: keep each pair's first token
                 h, o, real = h[first], o[first], real[first]
-            h, x, xs = ln_q(mm(*quant(o), f_o, dt), w.o_b, h, *w.ln1, real)
-            delta = mm(*act_q(mm(x, xs, f_up, dt), w.up_b), f_down, dt)
+            h, x, xs = ln_q(mm_o(*quant(o), f_o, dt), w.o_b, h, *w.ln1, real)
+            delta = mm_down(*act_q(mm_up(x, xs, f_up, dt), w.up_b), f_down, dt)
             if i < last:
                 h, x, xs = ln_q(delta, w.down_b, h, *w.ln2, real)
             else:  # the last norm feeds the head (model dtype), not a GEMM: no quantization
