@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from adapters.runtimes.packed.fp8_triton import quantize_row
+
 __all__ = ("ACTS", "build")
 
 _E4M3 = torch.float8_e4m3fn
@@ -69,13 +71,7 @@ def _ln_q(
     y = tl.where(real != 0, y, 0.0).to(d.dtype)
     tl.store(H + row * stride_h + cols, y, mask=mask)
     yf = y.to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(yf), axis=0), 1e-12)
-    scale = tl.math.div_rn(amax, 448.0)
-    if RECIP:  # one division per row, a multiply per value (see build)
-        q = yf * tl.math.div_rn(448.0, amax)
-    else:
-        q = tl.math.div_rn(yf, scale)
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    q, scale = quantize_row(yf, RECIP)
     tl.store(Q + row * stride_q + cols, q.to(Q.dtype.element_ty), mask=mask)
     tl.store(S + row, scale)
 
@@ -95,13 +91,7 @@ def _act_q(U, B, Q, S, stride_u, stride_q, N, ACT: tl.constexpr, BLOCK: tl.const
     else:
         y = tl.maximum(x, 0.0)
     yf = y.to(u.dtype).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(yf), axis=0), 1e-12)
-    scale = tl.math.div_rn(amax, 448.0)
-    if RECIP:  # one division per row, a multiply per value (see build)
-        q = yf * tl.math.div_rn(448.0, amax)
-    else:
-        q = tl.math.div_rn(yf, scale)
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    q, scale = quantize_row(yf, RECIP)
     tl.store(Q + row * stride_q + cols, q.to(Q.dtype.element_ty), mask=mask)
     tl.store(S + row, scale)
 

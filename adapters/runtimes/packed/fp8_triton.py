@@ -20,9 +20,24 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ("build",)
+__all__ = ("build", "quantize_row")
 
 _E4M3 = torch.float8_e4m3fn
+
+
+@triton.jit
+def quantize_row(y, RECIP: tl.constexpr):
+    """A row's per-token e4m3 quantization in registers, how every kernel here (and the
+    cross-encoders', :mod:`.encoder_fp8_triton`) ends: the values clamped to e4m3's range, and
+    the row's scale ``amax / 448``. ``RECIP``: a product by ``448 / amax`` per value instead of a
+    correctly rounded division (:func:`build`)."""
+    amax = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12)
+    scale = tl.math.div_rn(amax, 448.0)
+    if RECIP:
+        q = y * tl.math.div_rn(448.0, amax)
+    else:
+        q = tl.math.div_rn(y, scale)
+    return tl.minimum(tl.maximum(q, -448.0), 448.0), scale
 
 
 def _norm_q(
@@ -55,10 +70,7 @@ def _norm_q(
     y = (xf * inv).to(x.dtype)  # Qwen3RMSNorm: normalized in fp32, rounded, then times the weight
     w = tl.load(W + cols, mask=mask, other=0.0)
     y = (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12)
-    scale = tl.math.div_rn(amax, 448.0)
-    q = y * tl.math.div_rn(448.0, amax) if RECIP else tl.math.div_rn(y, scale)  # see build
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    q, scale = quantize_row(y, RECIP)
     tl.store(Q + row * stride_q + cols, q.to(Q.dtype.element_ty), mask=mask)
     tl.store(S + row, scale)
 
@@ -76,10 +88,7 @@ def _silu_mul_q(X, Q, S, stride_x, stride_q, N, BLOCK: tl.constexpr, RECIP: tl.c
     else:
         silu = tl.math.div_rn(gf, 1.0 + tl.exp(-gf)).to(g.dtype)
     y = (silu.to(tl.float32) * u.to(tl.float32)).to(g.dtype).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12)
-    scale = tl.math.div_rn(amax, 448.0)
-    q = y * tl.math.div_rn(448.0, amax) if RECIP else tl.math.div_rn(y, scale)  # see build
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    q, scale = quantize_row(y, RECIP)
     tl.store(Q + row * stride_q + cols, q.to(Q.dtype.element_ty), mask=mask)
     tl.store(S + row, scale)
 
@@ -89,10 +98,7 @@ def _quant(X, Q, S, stride_x, stride_q, N, BLOCK: tl.constexpr, RECIP: tl.conste
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     y = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12)
-    scale = tl.math.div_rn(amax, 448.0)
-    q = y * tl.math.div_rn(448.0, amax) if RECIP else tl.math.div_rn(y, scale)  # see build
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    q, scale = quantize_row(y, RECIP)
     tl.store(Q + row * stride_q + cols, q.to(Q.dtype.element_ty), mask=mask)
     tl.store(S + row, scale)
 
