@@ -202,6 +202,30 @@ def _cpu_graphs(monkeypatch, forward=lambda *a: None, offset=0):
     return graphs.StepGraphs(forward, torch.device("cpu"), offset=offset, max_tokens=65536)
 
 
+class _Stream:
+    """A CPU stand-in for ``torch.cuda.Stream``: named, waits and synchronizes as no-ops."""
+
+    def __init__(self, name: str = "capture") -> None:
+        self.name = name
+
+    def wait_stream(self, _other) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _fake_capture_api(monkeypatch, graph, stream=lambda _s: contextlib.nullcontext()) -> None:
+    """``torch.cuda``'s streams, graph class (``graph``: a factory) and cache flush, faked for ``StepGraphs._capture``."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda _device: _Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda _device: _Stream("main"))
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", graph)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+
 def test_a_class_first_step_warms_on_the_replay_stream_and_the_capture_stream_only_captures(monkeypatch):
     """Graphs keep their capture stream's cuBLAS workspace (PyTorch keeps one per stream), so an
     eager step there could write it while an earlier graph replays on the main stream (non-finite
@@ -211,16 +235,6 @@ def test_a_class_first_step_warms_on_the_replay_stream_and_the_capture_stream_on
 
     state = {"stream": "main", "capturing": False}
     runs = []
-
-    class Stream:
-        def __init__(self, name="capture"):
-            self.name = name
-
-        def wait_stream(self, _other):
-            pass
-
-        def synchronize(self):
-            pass
 
     class Graph:
         def capture_begin(self, **_kw):
@@ -241,11 +255,7 @@ def test_a_class_first_step_warms_on_the_replay_stream_and_the_capture_stream_on
         runs.append((state["stream"], state["capturing"]))
         return torch.zeros(4, 1)
 
-    monkeypatch.setattr(torch.cuda, "Stream", lambda _device: Stream())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda _device: Stream("main"))
-    monkeypatch.setattr(torch.cuda, "stream", on)
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    _fake_capture_api(monkeypatch, Graph, on)
     g = _cpu_graphs(monkeypatch, forward)
     g._capture((4080, 32, 256))
     g._capture((4336, 32, 256))  # same class: no warm step
@@ -265,13 +275,6 @@ def test_a_later_bucket_whose_capture_fails_is_warmed_and_captured_once_more(mon
     runs = []
     refuse = {4336: 1, 4592: 2}  # how many captures of that token count to refuse
 
-    class Stream:
-        def wait_stream(self, _other):
-            pass
-
-        def synchronize(self):
-            pass
-
     class Graph:
         def capture_begin(self, **_kw):
             state["capturing"] = True
@@ -287,11 +290,7 @@ def test_a_later_bucket_whose_capture_fails_is_warmed_and_captured_once_more(mon
             raise RuntimeError(f"operation not permitted when stream is capturing ({t})")
         return torch.zeros(4, 1)
 
-    monkeypatch.setattr(torch.cuda, "Stream", lambda _device: Stream())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda _device: Stream())
-    monkeypatch.setattr(torch.cuda, "stream", lambda _s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    _fake_capture_api(monkeypatch, Graph)
     g = _cpu_graphs(monkeypatch, forward)
     g._capture((4080, 32, 256))  # the class's first: warmed, captured
     g._capture((4336, 32, 256))  # refused once: warmed, captured again
@@ -341,13 +340,6 @@ def test_a_capture_that_fails_leaves_the_pool_routing_ended_and_reports_its_own_
             raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
         routing["on"] = False
 
-    class Stream:
-        def wait_stream(self, _other):
-            pass
-
-        def synchronize(self):
-            pass
-
     def forward(ids, *_rest):
         if ids.shape[0] == 4080 and routing["on"]:  # the first class's capture: an op capture refuses
             graph_made[-1].broken = True
@@ -360,11 +352,7 @@ def test_a_capture_that_fails_leaves_the_pool_routing_ended_and_reports_its_own_
         graph_made.append(Graph())
         return graph_made[-1]
 
-    monkeypatch.setattr(torch.cuda, "Stream", lambda _device: Stream())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda _device: Stream())
-    monkeypatch.setattr(torch.cuda, "stream", lambda _s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", new_graph)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    _fake_capture_api(monkeypatch, new_graph)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end_allocate, raising=False)
     g = _cpu_graphs(monkeypatch, forward)
