@@ -1,11 +1,12 @@
 """Requests over an upstream's limits, split into calls and merged back: shared by DashScope and
-the hosted providers (Cohere, Jina, Voyage, Mixedbread, NVIDIA, Together).
+the hosted providers (Cohere, Jina, Voyage, Mixedbread, NVIDIA, Together, Bedrock).
 
 A request is cut into consecutive slices, each within the upstream's documents-per-call and
 tokens-per-call limits (:func:`plan_calls`); the slices are sent a few at a time, each call with
 the upstream's retry policy (:func:`adapters.upstreams.http.call_with_retries`) inside the
 request's deadline, and their scores are put back at their global positions
-(:func:`score_in_calls`). The first call that fails cancels the others.
+(:func:`score_in_calls`). The first call that fails cancels the others. :func:`score_texts` does
+all of it for one job, within its model's settings.
 
 Upstreams count tokens with their own tokenizers, which the gateway does not have: limits are
 planned on :func:`estimate_tokens`, an estimate meant to err high.
@@ -18,13 +19,16 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from adapters.base import EngineError, ScoreResult
+from adapters.base import EngineError, ScoreJob, ScoreResult
 from adapters.upstreams.http import call_with_retries, gather_or_cancel
+from schemas.config import BedrockEngineConfig, DashScopeEngineConfig, HostedRerankConfig
 
-__all__ = ("Call", "estimate_tokens", "place_scores", "plan_calls", "score_in_calls")
+__all__ = ("Call", "SplitConfig", "estimate_tokens", "place_scores", "plan_calls", "score_in_calls", "score_texts")
 
 # One upstream call: the slice's scores in order, and the tokens the upstream says it counted (None: unsaid).
 Call = Callable[[int, int], Awaitable[tuple[list[float], int | None]]]
+# The models whose requests are split; score_texts reads the settings they all have.
+SplitConfig = DashScopeEngineConfig | HostedRerankConfig | BedrockEngineConfig
 
 _DROP_DIGITS = str.maketrans("", "", "0123456789")
 
@@ -107,4 +111,38 @@ async def score_in_calls(
     parts = await gather_or_cancel(*(run(s, e) for s, e in calls))
     return ScoreResult(
         scores=[score for part, _ in parts for score in part], input_tokens=sum(tokens for _, tokens in parts)
+    )
+
+
+async def score_texts(
+    job: ScoreJob,
+    call: Callable[[Sequence[str]], Awaitable[tuple[list[float], int | None]]],
+    cfg: SplitConfig,
+    *,
+    item_cap: int | None = None,
+    max_request_tokens: int | None = None,
+) -> ScoreResult:
+    """Score ``job.texts`` with ``call`` on consecutive slices within ``cfg``'s documents per call and
+    ``max_request_tokens`` (:func:`plan_calls`, :func:`score_in_calls`), all within ``cfg.timeout_s``
+    from now. ``item_cap``: the most tokens the upstream counts for the query or one item (None: no cap)."""
+    deadline = time.monotonic() + cfg.timeout_s
+
+    def count(text: str) -> int:
+        tokens = estimate_tokens(text)
+        return tokens if item_cap is None else min(tokens, item_cap)
+
+    query_tokens = count(job.query)
+    item_tokens = [count(t) for t in job.texts]
+    calls = plan_calls(
+        query_tokens, item_tokens, max_items=cfg.max_documents_per_call, max_request_tokens=max_request_tokens
+    )
+    return await score_in_calls(
+        calls,
+        lambda start, end: call(job.texts[start:end]),
+        estimate=lambda start, end: query_tokens * (end - start) + sum(item_tokens[start:end]),
+        max_parallel=cfg.max_parallel_calls,
+        retries=cfg.retries,
+        initial_s=cfg.backoff_initial_s,
+        max_s=cfg.backoff_max_s,
+        deadline=deadline,
     )

@@ -20,7 +20,6 @@ Credentials never appear in a message or log line: the SDK's errors carry AWS's 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,7 +41,7 @@ from adapters.base import (
 )
 from adapters.upstreams.hosted.providers import Outcome
 from adapters.upstreams.http import RetryableUpstreamError
-from adapters.upstreams.split import estimate_tokens, place_scores, plan_calls, score_in_calls
+from adapters.upstreams.split import place_scores, score_texts
 from schemas.config import BedrockEngineConfig
 
 __all__ = ("BedrockEngine",)
@@ -113,22 +112,8 @@ class BedrockEngine:
         client = self._client
         if client is None:
             raise EngineUnavailableError("the Bedrock client is not started")
-        cfg = self._config
-        deadline = time.monotonic() + cfg.timeout_s
-        query_tokens = estimate_tokens(job.query)
-        item_tokens = [estimate_tokens(t) for t in job.texts]
-        calls = plan_calls(query_tokens, item_tokens, max_items=cfg.max_documents_per_call, max_request_tokens=None)
-        return await score_in_calls(
-            calls,
-            lambda start, end: self._call(client, job.query, job.texts[start:end]),
-            # Rerank reports no usage: the estimate counts for it.
-            estimate=lambda start, end: query_tokens * (end - start) + sum(item_tokens[start:end]),
-            max_parallel=cfg.max_parallel_calls,
-            retries=cfg.retries,
-            initial_s=cfg.backoff_initial_s,
-            max_s=cfg.backoff_max_s,
-            deadline=deadline,
-        )
+        # Rerank reports no usage: the estimate counts for it. Its only limit is documents per call.
+        return await score_texts(job, lambda texts: self._call(client, job.query, texts), self._config)
 
     async def _call(self, client: Any, query: str, texts: Sequence[str]) -> tuple[list[float], int | None]:
         request = {
