@@ -19,7 +19,6 @@ then become 503; a read timeout is 504.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import httpx
@@ -31,19 +30,16 @@ from adapters.base import (
     EngineConfigError,
     EngineError,
     EngineInputError,
-    EngineUnavailableError,
     ScoreJob,
-    ScoreResult,
 )
+from adapters.upstreams.api import RerankApiEngine
 from adapters.upstreams.http import (
     RetryableUpstreamError,
-    make_client,
     parse_retry_after,
-    post_bounded,
     resolve_api_key,
     upstream_message,
 )
-from adapters.upstreams.split import estimate_tokens, place_scores, plan_calls, score_in_calls
+from adapters.upstreams.split import estimate_tokens, place_scores, plan_calls
 from schemas.config import DashScopeEngineConfig
 
 __all__ = ("COMPATIBLE_PATH", "NATIVE_PATH", "DashScopeEngine", "estimate_tokens", "plan_calls")
@@ -99,18 +95,18 @@ _native_decoder = msgspec.json.Decoder(_NativeResponse)
 _compatible_decoder = msgspec.json.Decoder(_CompatibleResponse)
 
 
-class DashScopeEngine:
+class DashScopeEngine(RerankApiEngine[DashScopeEngineConfig]):
     """:class:`adapters.base.RerankEngine` calling DashScope's text rerank API."""
 
-    tokenizer = None
-
     def __init__(self, config: DashScopeEngineConfig) -> None:
-        self._config = config
-        self._client: httpx.AsyncClient | None = None
-        self._path = NATIVE_PATH if config.endpoint == "native" else COMPATIBLE_PATH
-        self._upstream = f"DashScope ({config.endpoint} endpoint, model {config.model})"
+        super().__init__(
+            config,
+            name="DashScope",
+            upstream=f"DashScope ({config.endpoint} endpoint, model {config.model})",
+            path=NATIVE_PATH if config.endpoint == "native" else COMPATIBLE_PATH,
+        )
 
-    async def start(self) -> None:
+    def _headers(self) -> dict[str, str]:
         cfg = self._config
         key = resolve_api_key(cfg.api_key, cfg.api_key_env)
         if key is None:
@@ -119,52 +115,7 @@ class DashScopeEngine:
         headers = {"Authorization": f"Bearer {key}", "Accept": "application/json"}
         if cfg.workspace:
             headers["X-DashScope-WorkSpace"] = cfg.workspace
-        self._client = make_client(
-            base_url=cfg.base_url.rstrip("/"),
-            headers=headers,
-            connect_timeout_s=cfg.connect_timeout_s,
-            read_timeout_s=cfg.read_timeout_s,
-            max_connections=cfg.max_connections,
-        )
-
-    async def stop(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-    async def check_health(self) -> None:
-        # Probing DashScope would cost quota on every /ready poll; upstream failures surface per
-        # request as 502/503 instead.
-        if self._client is None:
-            raise EngineUnavailableError("the DashScope client is not started")
-
-    async def score(self, job: ScoreJob) -> ScoreResult:
-        client = self._client
-        if client is None:
-            raise EngineUnavailableError("the DashScope client is not started")
-        cfg = self._config
-        deadline = time.monotonic() + cfg.timeout_s
-        # DashScope has no per-request truncation field (max_tokens_per_doc is not sent): it counts
-        # each item in full up to its own per-item limit, so only that limit caps the estimate.
-        cap = cfg.max_tokens_per_item
-        query_tokens = min(estimate_tokens(job.query), cap)
-        item_tokens = [min(estimate_tokens(t), cap) for t in job.texts]
-        calls = plan_calls(
-            query_tokens,
-            item_tokens,
-            max_items=cfg.max_documents_per_call,
-            max_request_tokens=cfg.max_tokens_per_request,
-        )
-        return await score_in_calls(
-            calls,
-            lambda start, end: self._call(client, job, job.texts[start:end]),
-            estimate=lambda start, end: query_tokens * (end - start) + sum(item_tokens[start:end]),
-            max_parallel=cfg.max_parallel_calls,
-            retries=cfg.retries,
-            initial_s=cfg.backoff_initial_s,
-            max_s=cfg.backoff_max_s,
-            deadline=deadline,
-        )
+        return headers
 
     def _body(self, job: ScoreJob, texts: Sequence[str]) -> bytes:
         cfg = self._config
@@ -183,20 +134,6 @@ class DashScopeEngine:
             if job.instruction:
                 body["instruct"] = job.instruction
         return _encoder.encode(body)
-
-    async def _call(
-        self, client: httpx.AsyncClient, job: ScoreJob, texts: Sequence[str]
-    ) -> tuple[list[float], int | None]:
-        response, content = await post_bounded(
-            client,
-            self._path,
-            self._body(job, texts),
-            upstream=self._upstream,
-            read_timeout_s=self._config.read_timeout_s,
-        )
-        if response.status_code == 200:
-            return self._parse(content, len(texts))
-        raise self._status_error(response, content)
 
     def _parse(self, body: bytes, size: int) -> tuple[list[float], int | None]:
         try:

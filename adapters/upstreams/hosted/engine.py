@@ -2,9 +2,9 @@
 
 The gateway asks for every score and no documents, and orders, cuts and echoes itself, so a hosted
 model answers exactly like a local one. A request over the provider's limits (documents per call,
-tokens per call) is split into calls and merged in order (:mod:`adapters.upstreams.split`, the
-machinery DashScope uses); each call is retried only on the answers the provider's docs say to
-retry, never sooner than its ``Retry-After``, and never past the request's ``timeout_s``.
+tokens per call) is split into calls and merged in order (:class:`adapters.upstreams.api.RerankApiEngine`,
+which DashScope's engine extends too); each call is retried only on the answers the provider's docs
+say to retry, never sooner than its ``Retry-After``, and never past the request's ``timeout_s``.
 
 The failures keep the classes every upstream raises (:mod:`adapters.base`), so a fallback chain can
 tell them apart: the request's own fault (:class:`EngineInputError`, 422) goes back as it is; a
@@ -19,7 +19,6 @@ The key is read once at start (``api_key``, ``api_key_file``, ``api_key_env``), 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 
 import httpx
@@ -32,20 +31,18 @@ from adapters.base import (
     EngineError,
     EngineInputError,
     EngineMisconfiguredError,
-    EngineUnavailableError,
     ScoreJob,
     ScoreResult,
 )
+from adapters.upstreams.api import RerankApiEngine
 from adapters.upstreams.hosted.providers import PROVIDERS, Outcome
 from adapters.upstreams.http import (
     RetryableUpstreamError,
-    make_client,
     parse_retry_after,
-    post_bounded,
     read_api_key,
     upstream_message,
 )
-from adapters.upstreams.split import estimate_tokens, place_scores, plan_calls, score_in_calls
+from adapters.upstreams.split import place_scores
 from schemas.config import CohereEngineConfig, HostedRerankConfig, NvidiaEngineConfig
 from schemas.config.hosted import NVIDIA_CATALOG_URL
 
@@ -55,21 +52,22 @@ log = structlog.get_logger("adapters.upstreams.hosted")
 _encoder = msgspec.json.Encoder()
 
 
-class HostedEngine:
+class HostedEngine(RerankApiEngine[HostedRerankConfig]):
     """:class:`adapters.base.RerankEngine` calling one hosted provider's rerank API."""
 
-    tokenizer = None
-
     def __init__(self, config: HostedRerankConfig) -> None:
-        self._config = config
         self._provider = PROVIDERS[type(config)]
-        self._client: httpx.AsyncClient | None = None
+        super().__init__(
+            config,
+            name=self._provider.name,
+            upstream=f"{self._provider.name} (model {config.model})",
+            path=config.path,
+        )
         self._key: str | None = None
-        self._upstream = f"{self._provider.name} (model {config.model})"
         # NVIDIA answers logits: the raw score is the logit itself, the score its sigmoid.
         self.supports_raw_scores = self._provider.logits
 
-    async def start(self) -> None:
+    def _headers(self) -> dict[str, str]:
         cfg = self._config
         key = read_api_key(cfg.api_key, cfg.api_key_file, cfg.api_key_env)
         # A self-hosted NIM runs without keys; the NVIDIA catalog and every other provider need one.
@@ -81,65 +79,25 @@ class HostedEngine:
         headers = {"Accept": "application/json"}
         if key is not None:
             headers["Authorization"] = f"Bearer {key}"
-        self._client = make_client(
-            base_url=cfg.base_url.rstrip("/"),
-            headers=headers,
-            connect_timeout_s=cfg.connect_timeout_s,
-            read_timeout_s=cfg.read_timeout_s,
-            max_connections=cfg.max_connections,
-        )
-
-    async def stop(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-    async def check_health(self) -> None:
-        # Probing a hosted API on every /ready poll would cost quota (and most have no health route):
-        # its failures surface per request, as the classes a fallback chain moves on from.
-        if self._client is None:
-            raise EngineUnavailableError(f"the {self._provider.name} client is not started")
+        return headers
 
     async def score(self, job: ScoreJob) -> ScoreResult:
-        client = self._client
-        if client is None:
-            raise EngineUnavailableError(f"the {self._provider.name} client is not started")
-        cfg = self._config
-        deadline = time.monotonic() + cfg.timeout_s
-        cap = cfg.max_tokens_per_item
-        if isinstance(cfg, CohereEngineConfig):  # Cohere truncates each document to what is sent
-            cap = min(cap, cfg.max_tokens_per_doc, job.max_tokens_per_doc or cap)
-        query_tokens = min(estimate_tokens(job.query), cap)
-        item_tokens = [min(estimate_tokens(t), cap) for t in job.texts]
-        calls = plan_calls(
-            query_tokens,
-            item_tokens,
-            max_items=cfg.max_documents_per_call,
-            max_request_tokens=cfg.max_tokens_per_request,
-        )
-        result = await score_in_calls(
-            calls,
-            lambda start, end: self._call(client, job, job.texts[start:end]),
-            estimate=lambda start, end: query_tokens * (end - start) + sum(item_tokens[start:end]),
-            max_parallel=cfg.max_parallel_calls,
-            retries=cfg.retries,
-            initial_s=cfg.backoff_initial_s,
-            max_s=cfg.backoff_max_s,
-            deadline=deadline,
-        )
+        result = await super().score(job)
         if self._provider.logits and not job.raw_scores:
             return ScoreResult(scores=[_sigmoid(x) for x in result.scores], input_tokens=result.input_tokens)
         return result
 
-    async def _call(
-        self, client: httpx.AsyncClient, job: ScoreJob, texts: Sequence[str]
-    ) -> tuple[list[float], int | None]:
-        body = _encoder.encode(self._provider.body(self._config, job, texts))
-        response, content = await post_bounded(
-            client, self._config.path, body, upstream=self._upstream, read_timeout_s=self._config.read_timeout_s
-        )
-        if response.status_code != 200:
-            raise self._status_error(response, content)
+    def _item_cap(self, job: ScoreJob) -> int:
+        cfg = self._config
+        cap = cfg.max_tokens_per_item
+        if isinstance(cfg, CohereEngineConfig):  # Cohere truncates each document to what is sent
+            cap = min(cap, cfg.max_tokens_per_doc, job.max_tokens_per_doc or cap)
+        return cap
+
+    def _body(self, job: ScoreJob, texts: Sequence[str]) -> bytes:
+        return _encoder.encode(self._provider.body(self._config, job, texts))
+
+    def _parse(self, content: bytes, size: int) -> tuple[list[float], int | None]:
         try:
             results, tokens = self._provider.parse(content)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -150,7 +108,7 @@ class HostedEngine:
                 error=self._redact(str(exc))[:300],
             )
             raise EngineError(f"{self._upstream} returned a malformed response") from None
-        return place_scores(results, len(texts), self._upstream), tokens
+        return place_scores(results, size, self._upstream), tokens
 
     def _redact(self, text: str) -> str:
         # Some APIs quote the key they refused; the key never reaches a log line or a client.

@@ -2,7 +2,7 @@
 is read, and what each documented status means (docs/upstreams.md names the source of every row).
 
 Everything else -- keys, splitting, retries, the HTTP client -- is the same for all of them and
-lives in :mod:`adapters.upstreams.hosted.engine`.
+lives in :mod:`adapters.upstreams.hosted.engine` (and :mod:`adapters.upstreams.api`, which it extends).
 """
 
 from __future__ import annotations
