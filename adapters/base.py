@@ -2,7 +2,7 @@
 
 An engine scores items and returns one score per item, in order. Everything a client asked
 for beyond that -- rank fields, dedup, truncation, chunk-and-max, sorting, top_n, echoing
-documents -- is done once in ``gateway.serving.jobs`` (through ``gateway.serving.service``), never in an engine.
+documents -- is done once in ``gateway.serving`` (``jobs``, ``scoring``, ``service``), never in an engine.
 
 Two kinds of engines exist and the protocol covers both:
 

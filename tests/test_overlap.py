@@ -1,6 +1,6 @@
 """A large request to an engine that ``overlaps_tokenizing`` (packed with CUDA graphs, or
 ``overlap_tokenizing = "on"``) is tokenized and submitted in growing parts
-(``RerankService._overlapped``) when it is the model's only request in flight: the same answer
+(:func:`gateway.serving.parts.overlapped`) when it is the model's only request in flight: the same answer
 as one job -- scores, order, dedup, chunk-and-max, usage -- and the same errors, with the parts
 already submitted cancelled. Runs the packed engine on CPU (the tiny XLM-R), the flag set."""
 
@@ -15,7 +15,8 @@ import pytest
 
 from gateway.errors import InputTooLongError, PayloadTooLargeError
 from gateway.serving.models import ModelRegistry
-from gateway.serving.service import _OVERLAP_MIN_DOCUMENTS, _OVERLAP_PARTS, LongTexts, RerankService
+from gateway.serving.parts import _OVERLAP_MIN_DOCUMENTS, _OVERLAP_PARTS
+from gateway.serving.service import LongTexts, RerankService
 from schemas.config import LimitsConfig, PackedEngineConfig, Settings
 from schemas.rerank import RerankRequest
 from tests.corpus import DOCS, Q

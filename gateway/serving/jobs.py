@@ -5,8 +5,9 @@ Take each document's rank text (``text`` or the joined ``rank_fields``), dedup i
 thread when the texts are long), truncate to ``max_tokens_per_doc``, split documents longer than
 the model's window into chunks (capped by ``max_chunks_per_doc``, and per request by
 ``limits.max_total_chunks``) whose max is the document's score, or cut or refuse them as
-:class:`LongTexts` asks. :class:`gateway.serving.service.RerankService` calls these and does
-the rest (keys, cache, limits, the engine call, the response). Nothing here imports Litestar.
+:class:`LongTexts` asks. :class:`gateway.serving.scoring.Scorer` calls these and makes the
+engine call; :class:`gateway.serving.service.RerankService` does the rest (keys, cache, limits,
+the response). Nothing here imports Litestar.
 """
 
 from __future__ import annotations

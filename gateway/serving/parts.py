@@ -1,11 +1,12 @@
 """An idle request to a device engine, tokenized and scored in growing parts.
 
 Engines that say ``overlaps_tokenizing`` (packed on CUDA) start on a request's first part while
-the gateway tokenizes the next. :mod:`gateway.serving.service` decides when (``_OVERLAP_MIN_DOCUMENTS``,
+the gateway tokenizes the next. :mod:`gateway.serving.scoring` decides when (``_OVERLAP_MIN_DOCUMENTS``,
 the model's only request in flight) and calls :func:`overlapped` with its own ``_score``, so the
-parts pass the same timeout and result checks as one job; everything else of the request (cache,
-dedup, chunk-and-max, sort, response) stays there. Apart because it is the one concurrent path in
-the service: its task handling (cancel, retrieve every error) reads on its own here.
+parts pass the same timeout and result checks as one job; everything else of the request stays
+there (dedup, chunk-and-max) or in :mod:`gateway.serving.service` (cache, sort, response). Apart
+because it is the one concurrent path in the scoring: its task handling (cancel, retrieve every
+error) reads on its own here.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ _OVERLAP_MIN_DOCUMENTS = 64
 # gpu-h200-2026-12-02-d, call 3: d100 idle p99 24.3 ms against 26.3 for 10/30/60 %, p50 equal).
 _OVERLAP_PARTS = (0.12, 0.45, 1.0)
 
-# The service's ``_score``: one job within the model's timeout, its result checked.
+# The scorer's ``_score`` (gateway.serving.scoring): one job within the model's timeout, its result checked.
 Score = Callable[[ModelRuntime, ScoreJob], Awaitable[ScoreResult]]
 
 

@@ -1,7 +1,7 @@
 """A cascade: one request's documents scored by configured models in turn, each stage keeping its
 best ``keep`` documents for the next (``engine = "cascade"``, schemas/config/cascade.py).
 
-Each stage is scored through :meth:`gateway.serving.service.RerankService.score_documents`, the
+Each stage is scored through :meth:`gateway.serving.scoring.Scorer.score_documents`, the
 path a request for that model name takes: a stage that is a chain routes (and fails over) by the
 chain's rules, any other stage by its own model's -- its ``timeout_s``, admission bound, dedup,
 truncation and chunking. A stage's failure is the cascade's (the same status).
@@ -36,7 +36,7 @@ from schemas.config import CascadeEngineConfig
 
 __all__ = ("Cascade",)
 
-# RerankService.score_documents (typed loosely: service imports this module).
+# Scorer.score_documents (typed loosely: gateway.serving.scoring imports this module, through models).
 ScoreFn = Callable[..., Awaitable[Any]]
 
 
