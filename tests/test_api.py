@@ -240,7 +240,7 @@ def test_duplicates_scored_once_and_copied(client):
     ],
 )
 def test_dedup_matches_a_plain_dict(texts):
-    from gateway.serving.service import dedup
+    from gateway.serving.jobs import dedup
 
     index_of: dict[str, int] = {}
     positions = [index_of.setdefault(t, len(index_of)) for t in texts]

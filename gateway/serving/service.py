@@ -11,9 +11,9 @@ the request's metrics. Nothing here imports Litestar.
 Every dialect (Cohere, Jina, TEI, vLLM's score API) ends up here; the two things only some
 dialects can ask for are keyword options: :class:`LongTexts` (TEI's ``truncate`` and
 ``truncation_direction`` instead of chunk-and-max) and ``raw_scores`` (TEI's ``raw_scores``,
-vLLM's ``use_activation: false``). The job-building names callers import from here
-(``LongTexts``, ``CHUNK``, ``dedup``, ``chunk_ids``, ``wants_raw_scores``) live in
-:mod:`gateway.serving.jobs` and are re-exported.
+vLLM's ``use_activation: false``). ``LongTexts`` and ``CHUNK``, the option's type and default,
+live in :mod:`gateway.serving.jobs` and are re-exported with :meth:`RerankService.rerank`, which
+takes them; the other job-building names are imported from there.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from gateway.errors import InvalidRequestError, PayloadTooLargeError
 from gateway.observability import tracing
 from gateway.security.auth import authorize_model, current_key_id, record_usage
 from gateway.serving.cache import CachedAnswer, ResponseCache, cache_key
-from gateway.serving.jobs import CHUNK, LongTexts, chunk_ids, dedup, rank_texts, wants_raw_scores
+from gateway.serving.jobs import CHUNK, LongTexts, rank_texts
 from gateway.serving.models import ModelRegistry, ModelRuntime
 from gateway.serving.routing.chain import mixes_models
 from gateway.serving.scoring import Scorer
@@ -46,7 +46,7 @@ from schemas.rerank import (
     Usage,
 )
 
-__all__ = ("CHUNK", "LongTexts", "RerankOutcome", "RerankService", "chunk_ids", "dedup", "wants_raw_scores")
+__all__ = ("CHUNK", "LongTexts", "RerankOutcome", "RerankService")
 
 # Cohere v2's documented default for max_tokens_per_doc.
 V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
