@@ -15,14 +15,16 @@ region that produces them*, so the quantization costs no pass of its own over me
   module are opaque to Inductor), quantized on their own.
 
 Each region has a torch reference below; :func:`candidates` lists the kernels this process has
-(the references compiled by Inductor, or eager; on CUDA one Triton kernel per region,
-:mod:`.encoder_fp8_triton`, and vLLM's per-token quantization for "quant") and :func:`pick` keeps per region the fastest one that computes the reference's
-result (``fp8.pick_each``: the rule and tolerance Qwen3's regions are picked by). The GEMM is
-``fp8.pick_mm``'s (``torch._scaled_mm`` / vLLM CUTLASS on CUDA, the emulation on CPU); q/k/v's bias
-is added in the GEMM's epilogue (picked apart: a separate add of it cost 3 ms of an 18 ms step on the
-H100), the other three GEMMs' biases in the regions that follow them. Attention, the LayerNorms' residual stream, the embeddings and
-the classifier head stay in the model dtype (bfloat16). The forward is one function for every
-device: only the kernels picked differ, so CUDA graphs capture it as they capture the bf16 one.
+(the references compiled by Inductor, or eager; on CUDA the Triton kernels of
+:mod:`.encoder_fp8_triton` in their variants, and vLLM's per-token quantization for "quant") and
+:func:`pick` keeps per region the fastest one that computes the reference's result
+(``fp8.pick_each``: the rule and tolerance Qwen3's regions are picked by). Each projection's GEMM
+is ``fp8.pick_mm``'s for its own shape (``torch._scaled_mm`` / vLLM CUTLASS on CUDA, the emulation
+on CPU); q/k/v's bias is added in its GEMM's epilogue (a separate add of it cost 3 ms of an 18 ms
+step on the H100), the other three GEMMs' biases in the regions that follow them. Attention, the
+LayerNorms' residual stream, the embeddings and the classifier head stay in the model dtype
+(bfloat16). The forward is one function for every device: only the kernels picked differ, so CUDA
+graphs capture it as they capture the bf16 one.
 
 Imported only through the packed encoder engine (pulls in torch).
 """
