@@ -21,7 +21,7 @@ import torch
 
 from adapters.base import EngineConfigError, ScoreJob
 from adapters.registry import build_engine
-from adapters.runtimes.packed import encoder_fp8, fp8, gate
+from adapters.runtimes.packed import encoder_fp8, fp8, fp8_gemm, gate
 from adapters.runtimes.packed.encoder_forward import load_cross_encoder
 from adapters.runtimes.packed.encoder_replicas import make_replica
 from schemas.config import PackedEngineConfig
@@ -88,7 +88,7 @@ class _Fp8Linear(torch.nn.Module):
     -- or, ``epilogue_bias`` (q/k/v: the engine's GEMM adds that bias before its one rounding), plus
     the bias in fp32, then rounded."""
 
-    def __init__(self, weight: fp8.Fp8Weight, bias: torch.Tensor, epilogue_bias: bool = False) -> None:
+    def __init__(self, weight: fp8_gemm.Fp8Weight, bias: torch.Tensor, epilogue_bias: bool = False) -> None:
         super().__init__()
         self.w, self.b, self.epilogue_bias = weight.dequantized(), bias, epilogue_bias
 
@@ -109,7 +109,7 @@ def _reference_logits(path: Path, weights, kind: str, prompts, segments, dtype: 
         a = layer.attention.self
         n = a.query.weight.shape[0]
         for i, name in enumerate(("query", "key", "value")):
-            rows = fp8.Fp8Weight(f_qkv.qt[:, i * n : (i + 1) * n], f_qkv.scale[:, i * n : (i + 1) * n])
+            rows = fp8_gemm.Fp8Weight(f_qkv.qt[:, i * n : (i + 1) * n], f_qkv.scale[:, i * n : (i + 1) * n])
             setattr(a, name, _Fp8Linear(rows, getattr(a, name).bias, epilogue_bias=True))
         out = layer.attention.output
         out.dense = _Fp8Linear(f_o, out.dense.bias)
@@ -356,12 +356,12 @@ async def test_fp8_engine_refuses_when_the_gate_fails(dirs, small_golden_set):
 
 @pytest.mark.anyio
 async def test_a_device_without_an_fp8_gemm_refuses_the_model(dirs, monkeypatch, small_golden_set):
-    """Qwen3's rule (fp8.pick_mm: no GEMM computes the emulation's result on this device), as a config error."""
+    """Qwen3's rule (fp8_gemm.pick_mm: no GEMM computes the emulation's result on this device), as a config error."""
 
     def no_gemm(device, shape, dtype, bias=False):
         raise RuntimeError(f"precision = 'fp8': no FP8 GEMM works on {device} ({{}})")
 
-    monkeypatch.setattr(fp8, "pick_mm", no_gemm)
+    monkeypatch.setattr(fp8_gemm, "pick_mm", no_gemm)
     eng = build_engine(_config(dirs["bert"], precision="fp8", precision_gate="warn"))
     with pytest.raises(EngineConfigError, match="model 'p': precision = 'fp8': no FP8 GEMM works on cpu"):
         await eng.start()

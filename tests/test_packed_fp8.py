@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from adapters.base import EngineConfigError, ScoreJob
-from adapters.runtimes.packed import fp8, gate, kernels
+from adapters.runtimes.packed import fp8, fp8_gemm, gate, kernels
 from adapters.runtimes.packed.engine import PackedQwen3Engine
 from adapters.runtimes.parity import GoldenQuery
 from schemas.config import DEFAULT_INSTRUCTION, PackedEngineConfig
@@ -29,7 +29,7 @@ def _e4m3_reference(x: torch.Tensor) -> torch.Tensor:
 
 def test_quantize_rows_is_a_per_row_e4m3_round_trip():
     x = torch.randn(64, 96, dtype=torch.bfloat16) * torch.logspace(-3, 2, 64)[:, None]
-    q, s = fp8.quantize_rows(x)
+    q, s = fp8_gemm.quantize_rows(x)
     assert q.dtype == torch.float8_e4m3fn and s.shape == (64, 1) and s.dtype == torch.float32
     got = q.to(torch.float64) * s.to(torch.float64)
     torch.testing.assert_close(got, _e4m3_reference(x), rtol=1e-6, atol=0)
@@ -37,37 +37,37 @@ def test_quantize_rows_is_a_per_row_e4m3_round_trip():
     # e4m3 keeps 3 mantissa bits: each value within 1/16 of itself (relative), none exact in general
     rel = ((got - x.double()).abs() / x.double().abs().clamp_min(1e-30))[x.double().abs() > s.double() * 2**-6]
     assert rel.max() <= 2**-4 and rel.mean() > 1e-3
-    assert fp8.quantize_rows(torch.zeros(2, 8))[0].to(torch.float32).eq(0).all()  # no inf/nan from a zero row
+    assert fp8_gemm.quantize_rows(torch.zeros(2, 8))[0].to(torch.float32).eq(0).all()  # no inf/nan from a zero row
 
 
 @pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 48), (37, 128, 96), (300, 256, 512)])
 def test_fp8_gemm_equals_the_dequantized_reference(m, k, n):
     torch.manual_seed(m)
     x, w = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16) / k**0.5
-    wq = fp8.quantize_weight(w)
+    wq = fp8_gemm.quantize_weight(w)
     assert (
         wq.qt.shape == (k, n) and wq.qt.stride() == (1, k) and wq.scale.shape == (1, n)
     )  # column-major, as the kernels want
-    xq, xs = fp8.quantize_rows(x)
-    got = fp8.mm_emulated(xq, xs, wq, torch.float32)
+    xq, xs = fp8_gemm.quantize_rows(x)
+    got = fp8_gemm.mm_emulated(xq, xs, wq, torch.float32)
     want = _e4m3_reference(x) @ _e4m3_reference(w).T  # per-channel weight scales = rows of (out, in)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     # ... and it is FP8: a few percent from the exact product (the issue measured 3.7e-2 on the H200)
     exact = x.double() @ w.double().T
     err = ((got.double() - exact).norm() / exact.norm()).item()
     assert 5e-3 < err < 8e-2
-    assert fp8.mm_emulated(xq, xs, wq, torch.bfloat16).dtype == torch.bfloat16
+    assert fp8_gemm.mm_emulated(xq, xs, wq, torch.bfloat16).dtype == torch.bfloat16
 
 
 def test_scaled_mm_matches_the_emulation_where_it_runs():
     x, w = torch.randn(32, 64), torch.randn(48, 64) / 8
-    xq, xs = fp8.quantize_rows(x)
-    wq = fp8.quantize_weight(w)
+    xq, xs = fp8_gemm.quantize_rows(x)
+    wq = fp8_gemm.quantize_weight(w)
     try:
-        got = fp8.mm_torch(xq, xs, wq, torch.bfloat16)
+        got = fp8_gemm.mm_torch(xq, xs, wq, torch.bfloat16)
     except (RuntimeError, NotImplementedError) as exc:
         pytest.skip(f"torch._scaled_mm has no CPU kernel in this build: {exc}")
-    torch.testing.assert_close(got.float(), fp8.mm_emulated(xq, xs, wq, torch.float32), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got.float(), fp8_gemm.mm_emulated(xq, xs, wq, torch.float32), rtol=1e-2, atol=1e-2)
 
 
 def test_regions_quantize_what_the_bf16_regions_produce():
@@ -86,8 +86,8 @@ def test_regions_quantize_what_the_bf16_regions_produce():
 
 
 def test_pick_mm_on_cpu_is_the_emulation():
-    name, mm, info = fp8.pick_mm(torch.device("cpu"), (16, 32, 32), torch.bfloat16)
-    assert mm is fp8.mm_emulated and "emulated" in name and info == {}
+    name, mm, info = fp8_gemm.pick_mm(torch.device("cpu"), (16, 32, 32), torch.bfloat16)
+    assert mm is fp8_gemm.mm_emulated and "emulated" in name and info == {}
 
 
 def test_gate_counts_queries_whose_top10_order_is_kept():
@@ -227,13 +227,13 @@ async def test_fp8_engine_scores_near_bf16_and_reports_its_gate(tiny_qwen3_dir, 
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_gate_refuses_a_bad_quantization_in_one_line(tiny_qwen3_dir, monkeypatch, small_golden_set):
-    def saturating(w: torch.Tensor) -> fp8.Fp8Weight:
+    def saturating(w: torch.Tensor) -> fp8_gemm.Fp8Weight:
         # A scale 64x too small (a classic calibration bug): the larger weights clip at +-448.
         s = w.float().abs().amax(dim=-1, keepdim=True) / 448 / 64
         q = (w.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn)
-        return fp8.Fp8Weight(q.t(), s.t().contiguous())
+        return fp8_gemm.Fp8Weight(q.t(), s.t().contiguous())
 
-    monkeypatch.setattr(fp8, "quantize_weight", saturating)
+    monkeypatch.setattr(fp8_gemm, "quantize_weight", saturating)
     eng = PackedQwen3Engine(_cfg(tiny_qwen3_dir, precision="fp8"))
     with pytest.raises(EngineConfigError) as info:
         await eng.start()
@@ -594,7 +594,7 @@ def test_a_kernel_rounding_in_another_order_is_correct_and_a_wrong_scale_is_not(
 
     def unrounded_rms(x, w, eps):  # fp32 all the way to the quantization
         xf = x.float()
-        return fp8.quantize_rows(xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float())
+        return fp8_gemm.quantize_rows(xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float())
 
     def unrounded_add_rms(h, delta, w, eps):
         h = h + delta

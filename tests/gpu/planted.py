@@ -14,7 +14,7 @@ mistake the CPU tests cannot see:
 - ``fp8-triton-scales``: the Triton quantizing kernels store twice the scale they quantized with.
   The CPU has no Triton regions; on CUDA the picker refuses such a kernel, which the suite must
   notice (it requires the Triton family to be the one serving).
-- ``fp8-weight-scales``: every FP8 weight's per-channel scales doubled (``fp8.quantize_weight``),
+- ``fp8-weight-scales``: every FP8 weight's per-channel scales doubled (``fp8_gemm.quantize_weight``),
   on every device: the scores the suite compares must move.
 - ``fp8-encoder-triton-scales``: the cross-encoders' Triton LayerNorm / activation kernels
   (``encoder_fp8_triton``) store twice the scale they quantized with. The picker refuses them on
@@ -57,7 +57,7 @@ PLANTED: dict[str, list[tuple[str, str, str]]] = {
     ],
     "fp8-weight-scales": [
         (
-            "adapters/runtimes/packed/fp8.py",
+            "adapters/runtimes/packed/fp8_gemm.py",
             "    return Fp8Weight(q.t(), s.t().contiguous())\n",
             "    return Fp8Weight(q.t(), (2 * s).t().contiguous())\n",
         )

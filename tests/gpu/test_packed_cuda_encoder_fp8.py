@@ -48,7 +48,7 @@ def test_fp8_engine_with_graphs_scores_as_the_dequantized_reference(
     cross_encoder: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from adapters.registry import build_engine
-    from adapters.runtimes.packed import fp8, gate
+    from adapters.runtimes.packed import fp8_gemm, gate
     from tests.test_packed_encoder_fp8 import _reference_logits
 
     monkeypatch.setattr(gate, "GOLDEN_QUERIES", 12)  # the gate's code path; random weights fail it: "warn"
@@ -83,7 +83,7 @@ def test_fp8_engine_with_graphs_scores_as_the_dequantized_reference(
             again = [r.scores for r in await asyncio.gather(*(eng.score(j) for j in jobs))]
             rows = [tok.row(j.shared_ids, d) for j in jobs for d in j.item_ids]
             weights = [
-                tuple(fp8.Fp8Weight(w.qt.cpu(), w.scale.cpu()) for w in ws) for ws in eng._replicas[0].fp8.weights
+                tuple(fp8_gemm.Fp8Weight(w.qt.cpu(), w.scale.cpu()) for w in ws) for ws in eng._replicas[0].fp8.weights
             ]
             return first, again, rows, weights, eng.stats()
         finally:
@@ -111,7 +111,7 @@ def test_triton_regions_are_picked_and_score_as_the_reference(cross_encoder: tup
     """``regions = "triton"``: encoder_fp8_triton's LayerNorm and activation kernels must be the ones
     serving (the picker would quietly fall back from a broken one), then the replica, graphs and
     all, scores as the dequantized reference."""
-    from adapters.runtimes.packed import encoder_fp8, fp8
+    from adapters.runtimes.packed import encoder_fp8, fp8_gemm
     from adapters.runtimes.packed.encoder_forward import load_cross_encoder
     from adapters.runtimes.packed.encoder_replicas import make_replica
     from adapters.runtimes.packed.graphs import token_bucket
@@ -129,7 +129,7 @@ def test_triton_regions_are_picked_and_score_as_the_reference(cross_encoder: tup
     rep.use_graphs(token_bucket(2048), (prompts, segments))
     assert rep.graphs is not None and rep.graph_error is None, rep.graph_error
     got = torch.tensor(rep.score(prompts, segments))
-    weights = [tuple(fp8.Fp8Weight(w.qt.cpu(), w.scale.cpu()) for w in ws) for ws in rep.fp8.weights]
+    weights = [tuple(fp8_gemm.Fp8Weight(w.qt.cpu(), w.scale.cpu()) for w in ws) for ws in rep.fp8.weights]
     want = _reference_logits(path, weights, kind, prompts, segments, torch.bfloat16)
     g, w = got - got.mean(), want - want.mean()
     err = ((g - w).norm() / w.norm()).item()

@@ -19,7 +19,7 @@ Each region has a torch reference below; :func:`candidates` lists the kernels th
 :mod:`.encoder_fp8_triton` in their variants, and vLLM's per-token quantization for "quant") and
 :func:`pick` keeps per region the fastest one that computes the reference's result
 (``fp8.pick_each``: the rule and tolerance Qwen3's regions are picked by). Each projection's GEMM
-is ``fp8.pick_mm``'s for its own shape (``torch._scaled_mm`` / vLLM CUTLASS on CUDA, the emulation
+is ``fp8_gemm.pick_mm``'s for its own shape (``torch._scaled_mm`` / vLLM CUTLASS on CUDA, the emulation
 on CPU); q/k/v's bias is added in its GEMM's epilogue (a separate add of it cost 3 ms of an 18 ms
 step on the H100), the other three GEMMs' biases in the regions that follow them. Attention, the
 LayerNorms' residual stream, the embeddings and the classifier head stay in the model dtype
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from adapters.runtimes.packed import fp8, kernels
+from adapters.runtimes.packed import fp8, fp8_gemm, kernels
 from adapters.runtimes.packed.encoder_forward import add_ln, real_rows
 from adapters.runtimes.packed.picks import on_device
 
@@ -63,14 +63,14 @@ def add_ln_q(
     per-token e4m3 values and scales. The bias is added to the GEMM's model-dtype output first, as
     ``F.linear``'s output would hold it, then the residual: the bf16 path's roundings."""
     x = add_ln(delta + bias, h, w, b, eps, real)
-    return (x, *fp8.quantize_rows(x))
+    return (x, *fp8_gemm.quantize_rows(x))
 
 
 def reference(act: Callable[[torch.Tensor], torch.Tensor]) -> EncoderRegions:
     """The torch functions of the three regions (``act``: the layers' activation module)."""
 
     def act_q(up: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return fp8.quantize_rows(act(up + bias))
+        return fp8_gemm.quantize_rows(act(up + bias))
 
     return add_ln_q, act_q, fp8.quant
 
@@ -228,10 +228,10 @@ class EncoderFp8:
     def __init__(
         self,
         replica: PackedEncoderReplica,
-        quantize: Callable[[torch.Tensor], fp8.Fp8Weight] | None = None,
+        quantize: Callable[[torch.Tensor], fp8_gemm.Fp8Weight] | None = None,
         choice: str = "auto",
     ) -> None:
-        quantize = quantize or fp8.quantize_weight  # looked up now: a test may replace it
+        quantize = quantize or fp8_gemm.quantize_weight  # looked up now: a test may replace it
         layers = replica._layers
         self.weights = [tuple(quantize(t) for t in (w.qkv_w, w.o_w, w.up_w, w.down_w)) for w in layers]
         self.device = replica.device
@@ -245,10 +245,12 @@ class EncoderFp8:
         with torch.inference_mode():
             for i, name in enumerate(GEMMS):
                 k, n = self.weights[0][i].qt.shape
-                kernel, mm, timing = fp8.pick_mm(self.device, (16384, k, n), layers[0].o_b.dtype, bias=name == "qkv")
+                kernel, mm, timing = fp8_gemm.pick_mm(
+                    self.device, (16384, k, n), layers[0].o_b.dtype, bias=name == "qkv"
+                )
                 self.mm_kernels[name], self.mm_timing[name] = kernel, timing
                 mms.append(mm)
-        self.mms: tuple[fp8.Mm, fp8.Mm, fp8.Mm, fp8.Mm] = (mms[0], mms[1], mms[2], mms[3])
+        self.mms: tuple[fp8_gemm.Mm, fp8_gemm.Mm, fp8_gemm.Mm, fp8_gemm.Mm] = (mms[0], mms[1], mms[2], mms[3])
         self._layer0 = layers[0]  # its norms and biases: the regions' check inputs
         self.act = layers[0].act  # every layer's activation is the config's hidden_act
         self.hidden_act = str(getattr(replica.model.config, "hidden_act", ""))

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from adapters.runtimes.packed import fp8, kernels, picks
+from adapters.runtimes.packed import fp8, fp8_gemm, kernels, picks
 from adapters.runtimes.packed.step import Group, HostStaging, Step, pack, unpack
 from adapters.runtimes.packed.step import gather_kv as _gather_kv  # the name tests/test_packed_prefix.py imports
 from adapters.runtimes.packed.weights import FusedLayer, load_backbone
@@ -100,7 +100,7 @@ class PackedQwen3Replica:
         self.precision = "model dtype"
         self.mm_kernel: str | None = None
         self.mm_timing: dict[str, Any] = {}
-        self._mm: fp8.Mm = fp8.mm_emulated
+        self._mm: fp8_gemm.Mm = fp8_gemm.mm_emulated
         self._fp8_regions: fp8.Regions = fp8.REFERENCE
         self.fp8_kernels: dict[str, Any] = {}  # per quantizing region: the kernel picked, each candidate's error / ms
         self._fp8_choice = "auto"
@@ -127,7 +127,9 @@ class PackedQwen3Replica:
             stage = stage.next_stage
         return out
 
-    def to_fp8(self, quantize: Callable[[torch.Tensor], fp8.Fp8Weight] | None = None, regions: str = "auto") -> None:
+    def to_fp8(
+        self, quantize: Callable[[torch.Tensor], fp8_gemm.Fp8Weight] | None = None, regions: str = "auto"
+    ) -> None:
         """Quantize the four GEMMs of every layer to e4m3 (per-channel scales) and run them in FP8 from now on.
 
         Attention, norms, RoPE, the residual stream and the head stay in the model dtype. The GEMM
@@ -139,12 +141,12 @@ class PackedQwen3Replica:
         if self.next_stage is not None:
             self.next_stage.to_fp8(quantize, regions)
         for w, layer in zip(self._layers, self.backbone.layers, strict=True):
-            w.quantize(layer, quantize or fp8.quantize_weight)
+            w.quantize(layer, quantize or fp8_gemm.quantize_weight)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         k, n = self._layers[0].f8[2].qt.shape
         with torch.inference_mode():
-            self.mm_kernel, self._mm, self.mm_timing = fp8.pick_mm(
+            self.mm_kernel, self._mm, self.mm_timing = fp8_gemm.pick_mm(
                 self.device, (16384, k, n), self.backbone.norm.weight.dtype
             )
         self.precision = "fp8 e4m3 GEMMs (per-channel weight, per-token activation scales)"

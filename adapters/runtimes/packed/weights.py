@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from adapters.runtimes.packed import fp8
+from adapters.runtimes.packed import fp8_gemm
 
 __all__ = ("FusedLayer", "load_backbone")
 
@@ -59,9 +59,9 @@ class FusedLayer:
             p.bias is not None for p in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
         ):
             raise ValueError("fused projections: this checkpoint's projections have biases")
-        self.f8: tuple[fp8.Fp8Weight, ...] = ()  # (qkv, o, gate_up, down) once quantized
+        self.f8: tuple[fp8_gemm.Fp8Weight, ...] = ()  # (qkv, o, gate_up, down) once quantized
 
-    def quantize(self, layer: Any, quantize: Callable[[torch.Tensor], fp8.Fp8Weight]) -> None:
+    def quantize(self, layer: Any, quantize: Callable[[torch.Tensor], fp8_gemm.Fp8Weight]) -> None:
         """FP8 copies of the four GEMMs' weights; the bf16 ones are freed (shapes kept for the kernel checks)."""
         self.f8 = tuple(quantize(t) for t in (self.qkv, self.o, self.gate_up, self.down))
         a, m = layer.self_attn, layer.mlp
