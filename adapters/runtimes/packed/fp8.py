@@ -1,7 +1,8 @@
 """FP8 (e4m3) for the packed Qwen3 forward: the quantizing regions and how their kernels are picked.
 
-The weights and GEMMs are :mod:`.fp8_gemm`'s. Activations are quantized per token (row), inside the pointwise region that produces them
-(RMSNorm, silu·mul) so the quantization costs no extra pass over memory: on the H200 separate
+The weights and GEMMs are :mod:`.fp8_gemm`'s. Activations are quantized per token (row), inside
+the pointwise region that produces them (RMSNorm, silu·mul), so the quantization costs no extra
+pass over memory: on the H200 separate
 quantization kernels cost 9.8 ms of a d100 step's 15.2 ms of FP8 GEMMs (issue 24), and Inductor's
 compiled regions still left the FP8 step slower than bf16 (docs/benchmarks/gpu-h200-2026-12-01-c).
 Each region therefore has several kernels -- the torch functions below compiled by Inductor, one
