@@ -26,7 +26,7 @@ LONG = ["Washington, D.C. is the capital of the United States. It is a federal d
 
 
 def test_buckets_pad_little_and_always_leave_a_padding_token_and_an_empty_pair():
-    from adapters.runtimes.packed.graphs import bucket_key, pow2_bucket, token_bucket
+    from adapters.runtimes.packed.buckets import bucket_key, pow2_bucket, token_bucket
 
     # 16 short of a multiple of the step: never a multiple of 64 (a slower cuBLAS pick, graphs.py)
     assert [token_bucket(t) for t in (1, 240, 241, 4080, 4081, 16368, 16369, 65520)] == [
@@ -145,7 +145,8 @@ def _step(tok, kind: str):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_real_pairs_score_the_same_in_a_padded_bucket(replicas, kind):
-    from adapters.runtimes.packed.graphs import bucket_key, run_padded
+    from adapters.runtimes.packed.buckets import bucket_key
+    from adapters.runtimes.packed.graphs import run_padded
 
     replica, tok = replicas[kind]
     prompts, segments = _step(tok, kind)
@@ -376,7 +377,8 @@ def test_an_idle_step_replays_the_smallest_captured_bucket_that_holds_it(monkeyp
     """``idle`` (nothing waits behind the step): a bucket not captured yet borrows the smallest
     captured one with room for it (a padding token and an empty pair to spare, as long a max
     length) and at most ``COVER`` x its tokens; under load the step captures its own."""
-    from adapters.runtimes.packed.graphs import COVER, bucket_key
+    from adapters.runtimes.packed.buckets import bucket_key
+    from adapters.runtimes.packed.graphs import COVER
 
     g = _cpu_graphs(monkeypatch)
     own = bucket_key(4000, 30, 200)  # (4080, 32, 256)
@@ -398,7 +400,7 @@ def test_an_idle_step_replays_the_smallest_captured_bucket_that_holds_it(monkeyp
 def test_an_idle_step_that_captures_also_captures_the_buckets_above_it(monkeypatch):
     """A new largest idle request captures its bucket and ``HEADROOM`` more above it, so the next
     larger request replays; a step under load captures only its own."""
-    from adapters.runtimes.packed import graphs
+    from adapters.runtimes.packed import buckets, graphs
 
     g = _cpu_graphs(monkeypatch)
     captured = []
@@ -414,7 +416,7 @@ def test_an_idle_step_that_captures_also_captures_the_buckets_above_it(monkeypat
 
     monkeypatch.setattr(g, "_capture", capture)
     monkeypatch.setattr(g, "_launch", launch)
-    key = graphs.bucket_key(9000, 60, 219)  # (9200, 64, 256): steps of 512 tokens
+    key = buckets.bucket_key(9000, 60, 219)  # (9200, 64, 256): steps of 512 tokens
     g.launch(None, key, 9000, None, idle=True)
     assert captured == [key, (9712, 64, 256), (10224, 64, 256)][: 1 + graphs.HEADROOM]
     assert g.stats()["headroom_captures"] == graphs.HEADROOM
@@ -426,15 +428,15 @@ def test_an_idle_step_that_captures_also_captures_the_buckets_above_it(monkeypat
 def test_a_covered_step_scores_as_its_own_bucket(replicas, monkeypatch):
     """Through the replica: the idle step padded to the borrowed bucket scores the same (the
     replay stubbed by the padded forward it would replay)."""
-    from adapters.runtimes.packed import graphs
+    from adapters.runtimes.packed import buckets, graphs
 
     replica, tok = replicas["bert"]
     prompts, segments = _step(tok, "bert")
     want = replica.score(prompts, segments)
     g = _cpu_graphs(monkeypatch, replica._forward, replica._offset)
     lens = [len(p) for p in prompts]
-    own = graphs.bucket_key(sum(lens), len(lens), max(lens))
-    borrowed = (graphs.token_bucket(own[0] + 1), 2 * own[1], 2 * own[2])
+    own = buckets.bucket_key(sum(lens), len(lens), max(lens))
+    borrowed = (buckets.token_bucket(own[0] + 1), 2 * own[1], 2 * own[2])
     g._graphs[borrowed] = object()
     used = []
 
@@ -489,11 +491,11 @@ def test_no_bucket_is_larger_than_the_largest_graph(monkeypatch):
     + 240) buckets again to the next step's size (token_bucket(8,432) = 8,688)."""
     import torch
 
-    from adapters.runtimes.packed import graphs
+    from adapters.runtimes.packed import buckets, graphs
 
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)  # CPU: no pool
     for batch_tokens in (8180, 8190, 16000, 16370, 32760):
-        top = graphs.token_bucket(batch_tokens + 1)
+        top = buckets.token_bucket(batch_tokens + 1)
         step_graphs = graphs.StepGraphs(lambda *a: None, torch.device("cpu"), offset=0, max_tokens=top)
         for tokens in range(batch_tokens - 8, top + 8):
             key = step_graphs.key(tokens, 1, 64)
@@ -516,7 +518,7 @@ def test_a_replay_that_gives_pairs_non_finite_logits_is_recorded_where_they_lie(
     no record."""
     import torch
 
-    from adapters.runtimes.packed import graphs
+    from adapters.runtimes.packed import buckets, graphs
 
     replica, tok = replicas["bert"]
     prompts, segments = _step(tok, "bert")
@@ -537,7 +539,7 @@ def test_a_replay_that_gives_pairs_non_finite_logits_is_recorded_where_they_lie(
     assert got[0] == want[0] and all(not torch.isfinite(torch.tensor(got[i])).all() for i in (1, 2))
     (record,) = g.stats()["recent_nonfinite"]
     lens = [len(p) for p in prompts]
-    key = graphs.bucket_key(sum(lens), len(lens), max(lens))
+    key = buckets.bucket_key(sum(lens), len(lens), max(lens))
     assert g.stats()["nonfinite_steps"] == 1
     assert record["bucket"] == "x".join(map(str, key)) and record["pairs"] == len(lens) > 3
     assert record["bad_pairs"] == 2 and record["bad_rows"] == [[1, 2]]

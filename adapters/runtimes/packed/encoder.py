@@ -27,10 +27,10 @@ from adapters.families import create_family
 from adapters.families.base import WEIGHTS_LOCK
 from adapters.families.cross_encoder import CrossEncoderFamily, PairTokenizer
 from adapters.runtimes.packed import gate
+from adapters.runtimes.packed.buckets import token_bucket
 from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica, PackedPairReplica, load_cross_encoder
 from adapters.runtimes.packed.encoder_replicas import make_replica
 from adapters.runtimes.packed.engine import PackedEngineBase, resolve_devices
-from adapters.runtimes.packed.graphs import token_bucket
 from adapters.runtimes.packed.scheduler import PackedScheduler
 from adapters.runtimes.parity import GoldenQuery, fixed_threads, golden_set_or_refuse
 from schemas.config import PackedEngineConfig, packed_encoder_refusal

@@ -7,20 +7,8 @@ tokenizing: on the H200 its host prep grew to about a step's device time (report
 gpu-h200-2026-12-01-e: 31 ms mean, ~80 ms for the loaded steps), so the GPU waited on Python.
 A captured graph is replayed with one call, whatever the GIL is doing.
 
-A graph has fixed shapes, so a step is padded to a bucket (``StepGraphs.key``): its tokens to
-16 short of a multiple of a power of two near 1/16 of them (<= 1/16 padding above 4k tokens, 0.7-0.9 % of
-the tokens replayed on the H200; always at least one padding token), its pairs to a power of
-two above their count (at least one empty pair), its longest pair to a power of two (the varlen
-kernel's ``max_seqlen``). The padding is inert:
-padding tokens lie after the last cumulative length, so no pair attends them; the varlen kernel
-leaves their attention rows unwritten (whatever the pool held there) and every other op is per
-row, except that FlashAttention-3 reads a pair's keys and values in whole tiles past its end and
-weighs the extra rows by exact zeros -- 0 * NaN is NaN, so the forward sets the padding rows to 0
-after every layer (``encoder_forward.real_rows``). The extra pairs are empty (their cumulative
-length repeats the total) and point their first-token row at the first padding token; their
-logits are dropped. ``PackedPairReplica._pack`` writes that layout; ``tests/test_packed_graphs.py``
-checks it on CPU against the unpadded step with a varlen reference that fills untouched rows
-with NaN and reads whole tiles as FA3 does.
+A graph has fixed shapes, so a step is padded to a bucket (``StepGraphs.key``; the rule and why
+the padding is inert: :mod:`.buckets`).
 
 Graphs are captured on first use of a bucket; requests of one shape fall in a handful of
 buckets, partial steps under load in more (8-13 in report f), and the engine's stats count
@@ -60,6 +48,7 @@ Imported only through ``encoder_forward`` (pulls in torch).
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import time
 from collections.abc import Callable
@@ -67,21 +56,19 @@ from typing import Any
 
 import torch
 
+from adapters.runtimes.packed.buckets import Key, bucket_key, token_bucket
+
 __all__ = (
     "COVER",
     "HEADROOM",
     "CaptureError",
     "StepGraphs",
-    "bucket_key",
-    "pow2_bucket",
     "replay_mismatch",
     "run_padded",
-    "token_bucket",
 )
 
 # (ids, positions, per-token row, cumulative lengths, max length, host lengths) -> logits
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, Any], torch.Tensor]
-Key = tuple[int, int, int]  # (tokens, pairs, max length) after bucketing
 
 # An idle step may replay a graph of up to this many times its own bucket's tokens, or 512 more
 # (a small step's buckets are 256 tokens apart; 512 tokens cost an XLM-R large step well under
@@ -95,31 +82,6 @@ HEADROOM = 2
 class CaptureError(RuntimeError):
     """A bucket's graph could not be captured (out of memory, an op capture refuses): that bucket
     runs eagerly from then on; the engine keeps serving."""
-
-
-# A bucket's token count is 16 short of a multiple of its step, so never a multiple of 64. On the
-# H200 (report gpu-h200-2026-12-02-b, ``gemm_sweep_ms``) an XLM-R large layer's GEMMs took ~3 %
-# longer at a token count M that is a multiple of 64 than at M +- 16 (up to 6 % around 14.8k
-# tokens): cuBLAS picks another kernel there. That was the "padding costs more than its share"
-# of report gpu-h200-2026-12-02: a 59,254-token step took 68.8 ms, padded to 59,392 72.3 ms.
-_BUCKET_OFFSET = 16
-
-
-def token_bucket(tokens: int) -> int:
-    """``tokens`` rounded up to 16 short of a multiple of the largest power of two <= tokens / 16 (at
-    least 256): at most 1/16 padding past 4k tokens, ~3 % on average, and 16 buckets per doubling."""
-    step = max(256, 1 << max(0, (tokens // 16).bit_length() - 1))
-    return -(-(tokens + _BUCKET_OFFSET) // step) * step - _BUCKET_OFFSET
-
-
-def pow2_bucket(x: int, floor: int) -> int:
-    """The smallest power of two >= ``x``, at least ``floor``."""
-    return max(floor, 1 << max(0, x - 1).bit_length())
-
-
-def bucket_key(tokens: int, pairs: int, max_len: int) -> Key:
-    """The bucket of a step: at least one padding token and one empty pair (see the module docstring)."""
-    return token_bucket(tokens + 1), pow2_bucket(pairs + 1, 16), pow2_bucket(max_len, 64)
 
 
 def run_padded(forward: Forward, inputs: torch.Tensor, key: Key) -> torch.Tensor:
@@ -345,10 +307,8 @@ class StepGraphs:
         try:
             graph.capture_end()
         except Exception:
-            try:
+            with contextlib.suppress(Exception):  # already ended (a torch that ends it first)
                 torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), self._pool)
-            except Exception:  # noqa: BLE001, S110  # already ended (a torch that ends it first)
-                pass
             if not failed:
                 raise
 
