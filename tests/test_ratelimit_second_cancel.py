@@ -9,7 +9,8 @@ import asyncio
 
 import pytest
 
-from gateway.security.ratelimit import KeyLimiter, _Backend, _LocalSlots
+from gateway.security.ratelimit import KeyLimiter
+from gateway.security.ratelimit_backend import _Backend, _LocalSlots
 from schemas.config import ApiKeyConfig, LimitsConfig
 
 KEY = ApiKeyConfig(id="k", hash="sha256:" + "0" * 64, models=("*",), rpm=100, max_concurrent=1)

@@ -40,7 +40,8 @@ from gateway.observability.metrics import ANONYMOUS, UNAUTHENTICATED, UsageMetri
 from gateway.security.admin import SharedKeys, key_info
 from gateway.security.auth import KeyStore, RequestAccess, check_exposure, request_access, scope_warnings
 from gateway.security.quotas import quota_rules
-from gateway.security.ratelimit import Admission, KeyLimiter
+from gateway.security.ratelimit import KeyLimiter
+from gateway.security.ratelimit_backend import Admission
 from gateway.serving.telemetry import GatewayTelemetry, request_timing
 from schemas.admin import KeyInfo
 from schemas.config import ApiKeyConfig, Settings
