@@ -5,8 +5,9 @@ entry is a tagged union on ``engine``: the engine kind is a type, never a free s
 compares against. Loading (file, env, defaults) lives in ``gateway.config.settings``.
 
 One module per concern: ``base`` (defaults, shared types, ``ModelConfig``), ``families``
-(which family runs on which runtime), ``server`` (the gateway's own tables), ``local`` and
-``upstream`` and ``hosted`` (the engine kinds), ``settings`` (the whole file and the engine union). Importers
+(which family runs on which runtime), ``server`` (the gateway's own tables), ``local``, ``gated``
+(the in-process ones whose reduced precision a parity gate admits), ``upstream`` and ``hosted``
+(the engine kinds), ``settings`` (the whole file and the engine union). Importers
 keep using ``schemas.config``: every name is re-exported here.
 """
 
@@ -33,6 +34,15 @@ from .families import (
     packed_runs_checkpoint,
     runtime_refusal,
 )
+from .gated import (
+    PARITY_MIN_AGREEMENT,
+    PARITY_TIE,
+    PARITY_TOP_K,
+    GatedPrecisionConfig,
+    OpenVinoEngineConfig,
+    PackedEngineConfig,
+    TransformersEngineConfig,
+)
 from .hosted import (
     BedrockEngineConfig,
     CohereEngineConfig,
@@ -44,17 +54,10 @@ from .hosted import (
     VoyageEngineConfig,
 )
 from .local import (
-    PARITY_MIN_AGREEMENT,
-    PARITY_TIE,
-    PARITY_TOP_K,
-    GatedPrecisionConfig,
     GgufEngineConfig,
     LocalModelConfig,
-    OpenVinoEngineConfig,
-    PackedEngineConfig,
     Qwen3LocalConfig,
     StaticEngineConfig,
-    TransformersEngineConfig,
     VllmEngineConfig,
     VllmGenerateEngineConfig,
     VllmScoreEngineConfig,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import _Strict
 from .cascade import CascadeEngineConfig
+from .gated import OpenVinoEngineConfig, PackedEngineConfig, TransformersEngineConfig
 from .hosted import (
     BedrockEngineConfig,
     CohereEngineConfig,
@@ -13,15 +14,7 @@ from .hosted import (
     TogetherEngineConfig,
     VoyageEngineConfig,
 )
-from .local import (
-    GgufEngineConfig,
-    OpenVinoEngineConfig,
-    PackedEngineConfig,
-    StaticEngineConfig,
-    TransformersEngineConfig,
-    VllmGenerateEngineConfig,
-    VllmScoreEngineConfig,
-)
+from .local import GgufEngineConfig, StaticEngineConfig, VllmGenerateEngineConfig, VllmScoreEngineConfig
 from .routing import ChainEngineConfig
 from .server import AuthConfig, CacheConfig, DialectsConfig, LimitsConfig, LoggingConfig, ServerConfig
 from .upstream import DashScopeEngineConfig, PoolEngineConfig
