@@ -2,7 +2,8 @@
 
 - ``reference/configuration.md`` walks the msgspec structs of ``schemas/config/`` (every key,
   its type with constraints, its default) and takes each key's meaning from the comment above or
-  beside it in its module, so a key added there is in the reference without anyone writing it.
+  beside it in its module, so a key added there is in the reference without anyone writing it
+  (``docs/hooks/config_reference.py``).
 - ``reference/http.md`` renders the app's own OpenAPI document (``gateway.app.create_app``, the
   same document ``/schema/openapi.json`` serves).
 - ``index.md`` is the README with its ``docs/`` links made relative to the site.
@@ -16,284 +17,28 @@ regenerates them; a test fails while the committed copies are stale).
 
 from __future__ import annotations
 
-import ast
-import io
 import json
 import re
 import sys
-import tokenize
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-
-import msgspec
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # mkdocs loads hooks by path; the project may not be installed
     sys.path.insert(0, str(ROOT))
 
+from docs.hooks.config_reference import _cell, config_reference_markdown
 from schemas import config as cfg
 
 CONFIG_PAGE = "reference/configuration.md"
 HTTP_PAGE = "reference/http.md"
 
 # ---------------------------------------------------------------------------------------------
-# Configuration reference
-
-
-def _field_comments() -> dict[tuple[str, str], str]:
-    """(class name, field name) -> the comment lines above the field plus its trailing comment,
-    read from every module of the ``schemas.config`` package (class names are unique across them)."""
-    out: dict[tuple[str, str], str] = {}
-    for path in sorted(Path(cfg.__file__).parent.glob("*.py")):
-        for key, text in _module_field_comments(path.read_text()).items():
-            if key in out:
-                raise ValueError(f"class {key[0]} is defined twice in schemas/config/ ({path.name} and another)")
-            out[key] = text
-    return out
-
-
-def _module_field_comments(source: str) -> dict[tuple[str, str], str]:
-    """One module's (class name, field name) -> comment, as :func:`_field_comments` describes."""
-    lines = source.splitlines()
-    trailing: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT and lines[tok.start[0] - 1].strip() != tok.string.strip():
-            trailing[tok.start[0]] = tok.string.lstrip("#").strip()
-    out: dict[tuple[str, str], str] = {}
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.ClassDef):
-            continue
-        for stmt in node.body:
-            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
-                continue
-            above: list[str] = []
-            n = stmt.lineno - 2  # 0-based index of the line above
-            while n >= 0 and lines[n].strip().startswith("#"):
-                above.insert(0, lines[n].strip().lstrip("#").strip())
-                n -= 1
-            beside = [trailing[i] for i in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if i in trailing]
-            parts = [" ".join(p for p in above if p), " ".join(p for p in beside if p)]
-            out[(node.name, stmt.target.id)] = _sentences(p for p in parts if p)
-    return out
-
-
-# A source path or module (`adapters/runtimes/parity.py`, `gateway.launch.servers`): the comments
-# are written beside the code, for its readers; the reference is for people configuring the gateway.
-_MODULE = r"(?:(?<![\w-])(?:(?:gateway|adapters|schemas|benchmarks|tests)[./]|docs/(?!s\b))[\w./-]*\w)"
-_BARE_MODULE = re.compile(rf"\s*(?:see\s+)?`?{_MODULE}`?(?:,\s*|;\s*)?")
-# A docs page named in a comment becomes a link to it (from reference/, one folder down).
-_DOCS_PAGE = re.compile(r"`?\bdocs/([\w-]+)\.md(#[\w-]+)?`?")
-
-
-def _docs_link(m: re.Match[str]) -> str:
-    """A link to a page of this site, or nothing where the page does not exist (yet)."""
-    page = m.group(1)
-    if not (ROOT / "docs" / f"{page}.md").is_file():
-        return ""
-    return f"[{page.replace('-', ' ')}](../{page}.md{m.group(2) or ''})"
-
-
-def for_users(text: str) -> str:
-    """A code comment as a reference meaning: source paths dropped (tests/test_docs.py checks none
-    is left), with the parentheses they leave empty; docs pages made links."""
-    text = _DOCS_PAGE.sub(_docs_link, text)
-    text = _BARE_MODULE.sub("", text)
-    text = re.sub(r"\s*\(\s*\)", "", text)
-    text = re.sub(r"\(\s+", "(", text)
-    return re.sub(r"[,;]?\s*\)", ")", text).strip()
-
-
-def _sentences(parts: Iterable[str]) -> str:
-    """Comment lines joined; a part after a finished sentence starts with a capital."""
-    out = ""
-    for part in parts:
-        if out.endswith((".", ":")) and part[:1].islower() and not part.startswith(("e.g.", "i.e.")):
-            part = part[:1].upper() + part[1:]
-        out = f"{out} {part}" if out else part
-    return out
-
-
-def field_doc(cls: type, name: str, comments: dict[tuple[str, str], str] | None = None) -> str:
-    """The comment of ``name`` where ``cls`` or the nearest base declaring it defines it."""
-    comments = _field_comments() if comments is None else comments
-    for klass in cls.__mro__:
-        if (klass.__name__, name) in comments:
-            return for_users(comments[(klass.__name__, name)])
-    return ""
-
-
-# Each pattern of schemas/config/ in words (a reader of the reference should not decode regexes);
-# tests/test_docs.py fails on a pattern missing here.
-PATTERN_WORDS = {
-    r"^[^\s]+\Z": "no spaces",
-    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z": "letters, digits, `.`, `_` and `-`, starting with a letter or digit",
-    r"^sha256:[0-9a-f]{64}\Z": "`sha256:` and 64 lowercase hex digits",
-}
-
-
-def _constraints(t: Any, unit: str = "characters") -> list[str]:
-    out = []
-    for attr, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
-        value = getattr(t, attr, None)
-        if value is not None:
-            out.append(f"{sym} {value}")
-    low, high = getattr(t, "min_length", None), getattr(t, "max_length", None)
-    if low is not None and high is not None:
-        out.append(f"{low}–{high} {unit}")
-    elif low is not None:
-        out.append(f"at least {low} {unit if low != 1 else unit.rstrip('s')}")
-    elif high is not None:
-        out.append(f"at most {high} {unit}")
-    pattern = getattr(t, "pattern", None)
-    if pattern:
-        out.append(PATTERN_WORDS.get(pattern, f"matching `{pattern}`"))
-    return out
-
-
-def type_text(t: msgspec.inspect.Type) -> str:
-    """A TOML-reader's name for a msgspec type, constraints included."""
-    mi = msgspec.inspect
-    if isinstance(t, mi.Metadata):
-        return type_text(t.type)
-    if isinstance(t, mi.UnionType):
-        parts = [type_text(x) for x in t.types if not isinstance(x, mi.NoneType)]
-        return " or ".join(parts) + (" or none" if t.includes_none else "")
-    if isinstance(t, mi.LiteralType):
-        return " or ".join(f"`{json.dumps(v)}`" for v in t.values)
-    if isinstance(t, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
-        return f"list of {type_text(t.item_type)}" + "".join(f", {c}" for c in _constraints(t, "items"))
-    if isinstance(t, mi.DictType):
-        return f"table of {type_text(t.key_type)} to {type_text(t.value_type)}"
-    if isinstance(t, mi.StructType):
-        return f"`{t.cls.__name__}`"
-    names = {
-        mi.IntType: "integer",
-        mi.FloatType: "number",
-        mi.StrType: "string",
-        mi.BoolType: "boolean",
-        mi.DateTimeType: "datetime",
-        mi.AnyType: "any",
-        mi.NoneType: "none",
-    }
-    base = names.get(type(t), type(t).__name__)
-    cons = _constraints(t)
-    return base + (f" ({', '.join(cons)})" if cons else "")
-
-
-def default_text(field: msgspec.inspect.Field) -> str:
-    if field.required:
-        return "required"
-    value = field.default if field.default is not msgspec.NODEFAULT else field.default_factory()
-    return f"`{_toml(value)}`" if value is not None else "none"
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, int) and value >= 10_000:
-        return f"{value:_}"  # TOML allows 16_384 as Python does
-    return repr(value)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def struct_table(cls: type, comments: dict[tuple[str, str], str], skip: tuple[str, ...] = ()) -> list[str]:
-    rows = ["| Key | Type | Default | Meaning |", "|---|---|---|---|"]
-    for field in msgspec.inspect.type_info(cls).fields:
-        if field.name in skip:
-            continue
-        rows.append(
-            f"| `{field.name}` | {_cell(type_text(field.type))} | {_cell(default_text(field))} "
-            f"| {_cell(field_doc(cls, field.name, comments))} |"
-        )
-    return rows
+# HTTP reference
 
 
 def _flat(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
-
-
-def _doc(cls: type) -> str:
-    doc = cls.__dict__.get("__doc__") or ""
-    return for_users(re.sub(r"\s+", " ", doc).strip().replace("``", "`"))
-
-
-def sections() -> list[tuple[str, str, type]]:
-    """(TOML header, environment prefix, struct) for every table of the file, models last."""
-    out = []
-    for field in msgspec.inspect.type_info(cfg.Settings).fields:
-        t = field.type
-        if isinstance(t, msgspec.inspect.StructType):
-            out.append((f"[{field.name}]", f"RERANK_{field.name.upper()}__", t.cls))
-    out.append(("[[auth.keys]]", "RERANK_AUTH__KEYS__<i>__", cfg.ApiKeyConfig))
-    return out
-
-
-def engine_classes() -> list[type]:
-    """The model entry's tagged union, in the order of ``EngineConfig``."""
-    models = next(f for f in msgspec.inspect.type_info(cfg.Settings).fields if f.name == "models")
-    union = models.type.item_type
-    return [t.cls for t in union.types]
-
-
-def config_reference_markdown() -> str:
-    comments = _field_comments()
-    out = [
-        "# Configuration reference",
-        "",
-        "Generated from `schemas/config/` (`docs/hooks/reference.py`): every key the gateway reads, its",
-        "type and default, and the comment written beside it in the code. How the file is found and",
-        "how the environment overrides it: [Configuration](../configuration.md).",
-        "",
-        "A key is overridden from the environment by its path in capitals, segments joined by `__`",
-        "and list items by their index (`RERANK_SERVER__PORT=9000`, `RERANK_MODELS__0__PATH=/models/qwen`);",
-        "lists and tables are given as JSON.",
-        "",
-    ]
-    for header, env, cls in sections():
-        out += [f"## `{header}`", ""]
-        if _doc(cls):
-            out += [_doc(cls), ""]
-        out += [f"Environment: `{env}<KEY>`.", ""]
-        out += struct_table(cls, comments)
-        out.append("")
-    out += [
-        "## `[[models]]`",
-        "",
-        "One entry per public model name; `engine` (required) selects the kind of entry, and with it",
-        "the keys it accepts: " + ", ".join(f'`"{c.__struct_config__.tag}"`' for c in engine_classes()) + ".",
-        "Environment: `RERANK_MODELS__<i>__<KEY>`.",
-        "",
-    ]
-    for cls in engine_classes():
-        tag = cls.__struct_config__.tag
-        out += [f'### `engine = "{tag}"`', ""]
-        if _doc(cls):
-            out += [_doc(cls), ""]
-        out += struct_table(cls, comments, skip=())
-        out.append("")
-    return "\n".join(out)
-
-
-def config_keys() -> set[str]:
-    """Every documented key as ``section.key`` (``models.<engine>.key``), for the tests."""
-    keys = {f"{h.strip('[]')}.{f.name}" for h, _, c in sections() for f in msgspec.inspect.type_info(c).fields}
-    for cls in engine_classes():
-        keys |= {f"models.{cls.__struct_config__.tag}.{f.name}" for f in msgspec.inspect.type_info(cls).fields}
-    return keys
-
-
-# ---------------------------------------------------------------------------------------------
-# HTTP reference
 
 
 def openapi_document() -> dict[str, Any]:
