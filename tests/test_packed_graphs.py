@@ -99,18 +99,18 @@ def replicas(dirs):
     import torch
     from transformers import AutoTokenizer
 
-    from adapters.runtimes.packed import kernels
+    from adapters.runtimes.packed import varlen
     from adapters.runtimes.packed.encoder_forward import load_cross_encoder
     from adapters.runtimes.packed.encoder_replicas import make_replica
 
-    real = kernels.pick_attention
+    real = varlen.pick_attention
 
     def pick(choice, device, kernel="auto", *, causal=True, dtype=None, window=None):
         if choice == "sdpa":
             return real(choice, device, kernel, causal=causal, dtype=dtype, window=window)
         return "varlen reference", _varlen_reference(window)
 
-    kernels.pick_attention = pick
+    varlen.pick_attention = pick
     try:
         out = {
             kind: (
@@ -125,7 +125,7 @@ def replicas(dirs):
             for kind, d in dirs.items()
         }
     finally:
-        kernels.pick_attention = real
+        varlen.pick_attention = real
     for replica, _ in out.values():
         assert replica.attention_name.startswith("varlen reference") and not replica._per_sequence
     return out

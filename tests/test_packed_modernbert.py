@@ -123,10 +123,10 @@ def test_banded_sdpa_equals_a_dense_masked_reference():
     """The CPU kernel of the local layers: |i - j| <= window, per sequence, as transformers' mask."""
     import torch
 
-    from adapters.runtimes.packed import kernels
+    from adapters.runtimes.packed import varlen
 
-    name, attend = kernels.pick_attention("auto", torch.device("cpu"), causal=False, window=3)
-    assert name == "sdpa per sequence, window ±3" and kernels.needs_lengths(attend)
+    name, attend = varlen.pick_attention("auto", torch.device("cpu"), causal=False, window=3)
+    assert name == "sdpa per sequence, window ±3" and varlen.needs_lengths(attend)
     g = torch.Generator().manual_seed(0)
     lens = [11, 2, 4, 9]  # shorter than the band (no mask) and longer
     q, k, v = (torch.randn(sum(lens), 2, 16, generator=g) for _ in range(3))
@@ -139,15 +139,15 @@ def test_banded_sdpa_equals_a_dense_masked_reference():
         want.append(torch.einsum("hqk,khd->qhd", s.softmax(-1), vi))
     assert torch.allclose(got, torch.cat(want), atol=1e-6)
     with pytest.raises(ValueError, match="bidirectional"):
-        kernels.pick_attention("auto", torch.device("cpu"), causal=True, window=3)
+        varlen.pick_attention("auto", torch.device("cpu"), causal=True, window=3)
 
 
 def _unbanded_varlen(q, k, v, cu_q, cu_k, max_q, max_k, lens_q, lens_k):
     """A stand-in for a varlen kernel whose build ignores ``window_size`` (it reads only ``cu``)."""
-    from adapters.runtimes.packed import kernels
+    from adapters.runtimes.packed import varlen
 
     lens = (cu_q[1:] - cu_q[:-1]).tolist()
-    return kernels.sdpa_per_sequence(q, k, v, cu_q, cu_k, max_q, max_k, lens, lens)
+    return varlen.sdpa_per_sequence(q, k, v, cu_q, cu_k, max_q, max_k, lens, lens)
 
 
 def test_a_varlen_kernel_is_checked_on_the_band_before_it_serves_local_layers(dirs, monkeypatch):
@@ -155,12 +155,12 @@ def test_a_varlen_kernel_is_checked_on_the_band_before_it_serves_local_layers(di
     (or raises) is replaced by the banded SDPA at start, and the scores stay transformers'."""
     import torch
 
-    from adapters.runtimes.packed import kernels, picks
+    from adapters.runtimes.packed import picks, varlen
     from adapters.runtimes.packed.encoder_forward import load_cross_encoder
     from adapters.runtimes.packed.encoder_replicas import make_replica
 
     cpu = torch.device("cpu")
-    _, banded = kernels.pick_attention("sdpa", cpu, causal=False, window=8)
+    _, banded = varlen.pick_attention("sdpa", cpu, causal=False, window=8)
     assert picks.window_error(banded, "banded", cpu, torch.float32, 8) is None
     assert "not the band" in picks.window_error(_unbanded_varlen, "fake", cpu, torch.float32, 8)
 
@@ -178,8 +178,8 @@ def test_a_varlen_kernel_is_checked_on_the_band_before_it_serves_local_layers(di
             return real_pick(choice, device, kernel, causal=causal, dtype=dtype, window=window)
         return ("fake varlen" + (f", window ±{window}" if window else ""), _unbanded_varlen)
 
-    real_pick = kernels.pick_attention
-    monkeypatch.setattr(kernels, "pick_attention", pick)
+    real_pick = varlen.pick_attention
+    monkeypatch.setattr(varlen, "pick_attention", pick)
     replica = make_replica(
         load_cross_encoder(str(dirs["cls"]), None, torch.float32), cpu, attention="auto", compile=False
     )

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
-from adapters.runtimes.packed import kernels
+from adapters.runtimes.packed import varlen
 from adapters.runtimes.packed.forward import PackedQwen3Replica, load_backbone
 from adapters.runtimes.packed.scheduler import PackedScheduler
 from schemas.config import DEFAULT_INSTRUCTION
@@ -107,8 +107,8 @@ def _top_left(q, k, v, cu_q, cu_k, max_q, max_k, lens_q, lens_k):
 
 
 def test_a_top_left_kernel_is_caught_and_prompts_run_whole(replica, tiny_qwen3_dir, tok, monkeypatch):
-    assert kernels.bottom_right_error(kernels.sdpa_per_prompt, torch.device("cpu"), torch.float32) < 1e-5
-    assert kernels.bottom_right_error(_top_left, torch.device("cpu"), torch.float32) > 0.3
+    assert varlen.bottom_right_error(varlen.sdpa_per_prompt, torch.device("cpu"), torch.float32) < 1e-5
+    assert varlen.bottom_right_error(_top_left, torch.device("cpu"), torch.float32) > 0.3
     rep = replica
     monkeypatch.setattr(rep, "_attend", _top_left)
     monkeypatch.setattr(rep, "share_error", None)  # restored after the test, as _attend

@@ -336,12 +336,12 @@ async def test_split_runner_launched_ahead_keeps_every_score(tiny4):
 def test_stage_with_per_prompt_attention_after_a_varlen_one(tiny4, prompts, want):
     """cuda:0 then cpu: the first stage's varlen kernel takes no prompt lengths, the CPU stage's SDPA
     does -- it derives them from the boundaries (emulated here with a varlen-like first stage)."""
-    from adapters.runtimes.packed import kernels
+    from adapters.runtimes.packed import varlen
 
     backbone, head = _model(tiny4)
     first = pipeline.build_pipeline(backbone, head, [CPU, CPU], attention="sdpa", compile=False)
     first._per_prompt = False  # as on CUDA: launch passes no lengths
-    first._attend = lambda q, k, v, cu_q, cu_k, max_q, max_k, lens_q, lens_k: kernels.sdpa_per_prompt(
+    first._attend = lambda q, k, v, cu_q, cu_k, max_q, max_k, lens_q, lens_k: varlen.sdpa_per_prompt(
         q, k, v, cu_q, cu_k, max_q, max_k, cu_q.diff().tolist(), cu_k.diff().tolist()
     )
     assert first.score(prompts) == pytest.approx(want, abs=1e-5)

@@ -146,22 +146,22 @@ def test_compiled_and_eager_steps_agree(spread_dir: Path, device: torch.device) 
 def test_the_varlen_kernel_equals_per_prompt_sdpa_on_packed_offsets(device: torch.device) -> None:
     """The kernel ``attention = "auto"`` picks on CUDA, on prompts of lengths 1..97 packed by their
     offsets, against the exact per-prompt SDPA; and its bottom-right causal alignment (shared
-    prefixes) against the fp32 reference of ``kernels.bottom_right_error``."""
+    prefixes) against the fp32 reference of ``varlen.bottom_right_error``."""
     import itertools
 
-    from adapters.runtimes.packed import kernels
+    from adapters.runtimes.packed import varlen
 
-    name, attend = kernels.pick_attention("auto", device, dtype=torch.bfloat16)
-    assert not kernels.needs_lengths(attend), name  # a varlen kernel, not the per-prompt fallback
+    name, attend = varlen.pick_attention("auto", device, dtype=torch.bfloat16)
+    assert not varlen.needs_lengths(attend), name  # a varlen kernel, not the per-prompt fallback
     g = torch.Generator(device="cpu").manual_seed(0)
     lens = [1, 7, 97, 2, 33, 64]
     q = torch.randn(sum(lens), 2, 64, generator=g).to(device, torch.bfloat16)
     k, v = (torch.randn(sum(lens), 1, 64, generator=g).to(device, torch.bfloat16) for _ in range(2))
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
     got = attend(q, k, v, cu, cu, max(lens), max(lens), None, None).float()
-    ref = kernels.sdpa_per_prompt(q.float(), k.float(), v.float(), cu, cu, None, None, lens, lens)
+    ref = varlen.sdpa_per_prompt(q.float(), k.float(), v.float(), cu, cu, None, None, lens, lens)
     assert ((got - ref).norm() / ref.norm()).item() < 1e-2, name
-    assert kernels.bottom_right_error(attend, device, torch.bfloat16) < 1e-2, name
+    assert varlen.bottom_right_error(attend, device, torch.bfloat16) < 1e-2, name
 
 
 @cuda_only("vLLM's fused ops")

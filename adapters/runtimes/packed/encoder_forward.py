@@ -6,7 +6,7 @@ The (query, document) pairs of a step are concatenated into one token sequence (
 own token types (1 from the document on, BERT pairs only). Attention is bidirectional *within*
 each pair only:
 
-- CUDA: varlen flash attention with ``causal=False`` (``kernels.pick_attention``);
+- CUDA: varlen flash attention with ``causal=False`` (``varlen.pick_attention``);
 - CPU, or float32 (the varlen kernels take half precision only): one SDPA per pair over exactly
   its tokens, hence equal to the padded model's masked attention within float rounding.
 
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from adapters.runtimes.packed import kernels
+from adapters.runtimes.packed import varlen
 from adapters.runtimes.packed.graphs import CaptureError, StepGraphs, replay_mismatch
 from adapters.runtimes.packed.step import HostStaging
 
@@ -399,8 +399,8 @@ class PackedEncoderReplica(PackedPairReplica):
         else:
             self._head = lambda h: classifier(h[:, None, :])
         dtype = self._layers[0].qkv_w.dtype
-        self.attention_name, self._attend = kernels.pick_attention(attention, device, kernel, causal=False, dtype=dtype)
-        self._per_sequence = kernels.needs_lengths(self._attend)
+        self.attention_name, self._attend = varlen.pick_attention(attention, device, kernel, causal=False, dtype=dtype)
+        self._per_sequence = varlen.needs_lengths(self._attend)
         # Every layer's activation is the config's hidden_act (gelu): one module serves them all.
         self._set_regions((add_ln, self._layers[0].act))
         # The up-projection's activation in its GEMM's epilogue (``up_act_fused``): "auto" in half

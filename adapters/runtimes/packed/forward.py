@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from adapters.runtimes.packed import fp8, fp8_gemm, kernels, picks
+from adapters.runtimes.packed import fp8, fp8_gemm, kernels, picks, varlen
 from adapters.runtimes.packed.step import Group, HostStaging, Step, pack, unpack
 from adapters.runtimes.packed.step import gather_kv as _gather_kv  # the name tests/test_packed_prefix.py imports
 from adapters.runtimes.packed.weights import FusedLayer, load_backbone
@@ -77,8 +77,8 @@ class PackedQwen3Replica:
         self.backbone = backbone.to(device)
         self.head = head.to(device)
         self.mode = mode
-        self.attention_name, self._attend = kernels.pick_attention(attention, device, kernel)
-        self._per_prompt = self._attend is kernels.sdpa_per_prompt
+        self.attention_name, self._attend = varlen.pick_attention(attention, device, kernel)
+        self._per_prompt = self._attend is varlen.sdpa_per_prompt
         self.compiled = compile
         # The scheduler overlaps the host side of step k+1 with step k on the device (CUDA only:
         # on CPU "launch" already computes, and overlapping would only delay delivery).

@@ -15,7 +15,7 @@ host buffer and one copy), other arithmetic, as transformers' ``modeling_modernb
   but each ``global_attn_every_n_layers``-th, from layer 0) sees only the keys within
   ``local_attention // 2`` positions of the query, both sides inclusive (transformers'
   ``sliding_window_bidirectional_overlay``): the varlen flash kernels' ``window_size=(w, w)``,
-  a band mask in the per-sequence SDPA (``kernels.pick_attention(window=w)``);
+  a band mask in the per-sequence SDPA (``varlen.pick_attention(window=w)``);
 - ``final_norm``, then ``classifier_pooling``: "cls" keeps each pair's first token -- only those
   rows go through the last layer's output projection and MLP, as in the BERT-style replica --,
   "mean" averages each pair's tokens (a segment sum over the step, in float32, over the pair's
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from adapters.runtimes.packed import kernels, picks
+from adapters.runtimes.packed import kernels, picks, varlen
 from adapters.runtimes.packed.encoder_forward import PackedPairReplica, real_rows
 
 __all__ = ("PackedModernBertReplica",)
@@ -126,22 +126,22 @@ class PackedModernBertReplica(PackedPairReplica):
         # transformers' config.sliding_window: half the total width local_attention.
         self.window = int(cfg.local_attention) // 2
         dtype = self._layers[0].qkv_w.dtype
-        name, self._attend = kernels.pick_attention(attention, device, kernel, causal=False, dtype=dtype)
-        local_name, self._attend_local = kernels.pick_attention(
+        name, self._attend = varlen.pick_attention(attention, device, kernel, causal=False, dtype=dtype)
+        local_name, self._attend_local = varlen.pick_attention(
             attention, device, kernel, causal=False, dtype=dtype, window=self.window
         )
         # A varlen kernel's window is checked against the exact banded SDPA before it is trusted
         # (a build may lack local attention); where it fails, the banded SDPA serves the local layers.
         self.window_error = (
             None
-            if kernels.needs_lengths(self._attend_local)
+            if varlen.needs_lengths(self._attend_local)
             else picks.window_error(self._attend_local, local_name, device, dtype, self.window)
         )
         if self.window_error is not None:
-            local_name, self._attend_local = kernels.pick_attention("sdpa", device, causal=False, window=self.window)
+            local_name, self._attend_local = varlen.pick_attention("sdpa", device, causal=False, window=self.window)
             local_name += f" (the varlen kernel failed the band check: {self.window_error})"
         self.attention_name = f"{name}; local layers: {local_name}"
-        self._per_sequence = kernels.needs_lengths(self._attend) or kernels.needs_lengths(self._attend_local)
+        self._per_sequence = varlen.needs_lengths(self._attend) or varlen.needs_lengths(self._attend_local)
         act = base.layers[0].mlp.act  # the config's hidden_activation, one module for every layer
 
         def geglu(x: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from adapters.runtimes.packed import fp8, kernels
+from adapters.runtimes.packed import fp8, kernels, varlen
 
 __all__ = ("on_device", "pick_fp8_regions", "pick_qk_norm_rope", "pick_silu_mul", "sharing_error", "window_error")
 
@@ -29,13 +29,13 @@ def on_device(device: torch.device) -> contextlib.AbstractContextManager[Any]:
 
 
 @torch.inference_mode()
-def sharing_error(attend: kernels.Attention, name: str, device: torch.device, dtype: torch.dtype) -> str | None:
+def sharing_error(attend: varlen.Attention, name: str, device: torch.device, dtype: torch.dtype) -> str | None:
     """Why prefixes cannot be shared with ``attend``, or None where they can.
 
     Tails attend to [P; T_i]: a kernel whose causal mask is top-left there would hide the prefix."""
     try:
         with on_device(device):
-            err = kernels.bottom_right_error(attend, device, dtype)
+            err = varlen.bottom_right_error(attend, device, dtype)
     except Exception as exc:  # noqa: BLE001  # a kernel that refuses seqlen_q != seqlen_k
         return f"{name}: {type(exc).__name__}: {exc}"[:300]
     if not err < 2e-2:  # bf16: ~3e-3; a top-left mask: ~1
@@ -45,14 +45,14 @@ def sharing_error(attend: kernels.Attention, name: str, device: torch.device, dt
 
 @torch.inference_mode()
 def window_error(
-    attend: kernels.Attention, name: str, device: torch.device, dtype: torch.dtype, window: int
+    attend: varlen.Attention, name: str, device: torch.device, dtype: torch.dtype, window: int
 ) -> str | None:
     """Why ``attend`` (a varlen kernel given ``window_size=(window, window)``) cannot serve local
     attention, or None where it computes the band: a build without local-attention kernels
     raises, one that ignores the window is off by ~1."""
     try:
         with on_device(device):
-            err = kernels.band_error(attend, device, dtype, window)
+            err = varlen.band_error(attend, device, dtype, window)
     except Exception as exc:  # noqa: BLE001  # e.g. a kernel build without sliding-window support
         return f"{name}: {type(exc).__name__}: {exc}"[:300]
     if not err < 2e-2:  # bf16: ~3e-3
