@@ -22,8 +22,8 @@ import torch
 from adapters.base import EngineConfigError, ScoreJob
 from adapters.registry import build_engine
 from adapters.runtimes.packed import encoder_fp8, fp8, fp8_gemm, gate
-from adapters.runtimes.packed.encoder_forward import load_cross_encoder
 from adapters.runtimes.packed.encoder_replicas import make_replica
+from adapters.runtimes.packed.pair_replica import load_cross_encoder
 from schemas.config import PackedEngineConfig
 from tests.corpus import DOCS, Q
 from tests.tiny_encoders import build_tiny_cross_encoder, build_tiny_modernbert

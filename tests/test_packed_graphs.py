@@ -100,8 +100,8 @@ def replicas(dirs):
     from transformers import AutoTokenizer
 
     from adapters.runtimes.packed import varlen
-    from adapters.runtimes.packed.encoder_forward import load_cross_encoder
     from adapters.runtimes.packed.encoder_replicas import make_replica
+    from adapters.runtimes.packed.pair_replica import load_cross_encoder
 
     real = varlen.pick_attention
 

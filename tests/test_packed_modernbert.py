@@ -45,8 +45,8 @@ def replicas(dirs):
     import torch
     from transformers import AutoTokenizer
 
-    from adapters.runtimes.packed.encoder_forward import load_cross_encoder
     from adapters.runtimes.packed.encoder_replicas import make_replica
+    from adapters.runtimes.packed.pair_replica import load_cross_encoder
 
     return {
         kind: (
@@ -156,8 +156,8 @@ def test_a_varlen_kernel_is_checked_on_the_band_before_it_serves_local_layers(di
     import torch
 
     from adapters.runtimes.packed import picks, varlen
-    from adapters.runtimes.packed.encoder_forward import load_cross_encoder
     from adapters.runtimes.packed.encoder_replicas import make_replica
+    from adapters.runtimes.packed.pair_replica import load_cross_encoder
 
     cpu = torch.device("cpu")
     _, banded = varlen.pick_attention("sdpa", cpu, causal=False, window=8)

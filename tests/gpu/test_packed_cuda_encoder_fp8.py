@@ -113,8 +113,8 @@ def test_triton_regions_are_picked_and_score_as_the_reference(cross_encoder: tup
     all, scores as the dequantized reference."""
     from adapters.runtimes.packed import encoder_fp8, fp8_gemm
     from adapters.runtimes.packed.buckets import token_bucket
-    from adapters.runtimes.packed.encoder_forward import load_cross_encoder
     from adapters.runtimes.packed.encoder_replicas import make_replica
+    from adapters.runtimes.packed.pair_replica import load_cross_encoder
     from tests.test_packed_encoder_fp8 import _pairs, _reference_logits
 
     kind, path = cross_encoder

@@ -9,7 +9,7 @@ padding tokens lie after the last cumulative length, so no pair attends them; th
 leaves their attention rows unwritten (whatever the pool held there) and every other op is per
 row, except that FlashAttention-3 reads a pair's keys and values in whole tiles past its end and
 weighs the extra rows by exact zeros -- 0 * NaN is NaN, so the forward sets the padding rows to 0
-after every layer (``encoder_forward.real_rows``). The extra pairs are empty (their cumulative
+after every layer (``pair_replica.real_rows``). The extra pairs are empty (their cumulative
 length repeats the total) and point their first-token row at the first padding token; their
 logits are dropped. ``PackedPairReplica._pack`` writes that layout; ``tests/test_packed_graphs.py``
 checks it on CPU against the unpadded step with a varlen reference that fills untouched rows

@@ -28,9 +28,10 @@ from adapters.families.base import WEIGHTS_LOCK
 from adapters.families.cross_encoder import CrossEncoderFamily, PairTokenizer
 from adapters.runtimes.packed import gate
 from adapters.runtimes.packed.buckets import token_bucket
-from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica, PackedPairReplica, load_cross_encoder
+from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica
 from adapters.runtimes.packed.encoder_replicas import make_replica
 from adapters.runtimes.packed.engine import PackedEngineBase, resolve_devices
+from adapters.runtimes.packed.pair_replica import PackedPairReplica, load_cross_encoder
 from adapters.runtimes.packed.scheduler import PackedScheduler
 from adapters.runtimes.parity import GoldenQuery, fixed_threads, golden_set_or_refuse
 from schemas.config import PackedEngineConfig, packed_encoder_refusal
@@ -111,7 +112,7 @@ class PackedEncoderEngine(PackedEngineBase):
             # Under 16 clients on the H200 about one request in a few thousand got non-finite
             # logits from a graph step (reports gpu-h200-2026-12-02-b to -d), the last pairs of the
             # step: the padding rows' NaN that FlashAttention-3 multiplies by zero weights, which
-            # ``encoder_forward.real_rows`` now zeroes (report gpu-h200-2026-12-03). Should a step
+            # ``pair_replica.real_rows`` now zeroes (report gpu-h200-2026-12-03). Should a step
             # still give some, those items run once more in a step launched eagerly (no graph,
             # no padding); non-finite again, the request fails with the engine's 502. Counted in
             # /ready (with the replay's bucket and rows: ``cuda_graphs.recent_nonfinite``) and

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from adapters.runtimes.packed import fp8, fp8_gemm, kernels
-from adapters.runtimes.packed.encoder_forward import add_ln, real_rows
+from adapters.runtimes.packed.encoder_forward import add_ln
+from adapters.runtimes.packed.pair_replica import real_rows
 from adapters.runtimes.packed.picks import on_device
 
 if TYPE_CHECKING:
@@ -59,9 +60,10 @@ def add_ln_q(
     eps: float,
     real: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``encoder_forward.add_ln(delta + bias, h, ...)`` (padding rows zeroed, ``real_rows``) and its
-    per-token e4m3 values and scales. The bias is added to the GEMM's model-dtype output first, as
-    ``F.linear``'s output would hold it, then the residual: the bf16 path's roundings."""
+    """``encoder_forward.add_ln(delta + bias, h, ...)`` (padding rows zeroed,
+    ``pair_replica.real_rows``) and its per-token e4m3 values and scales. The bias is added to the
+    GEMM's model-dtype output first, as ``F.linear``'s output would hold it, then the residual:
+    the bf16 path's roundings."""
     x = add_ln(delta + bias, h, w, b, eps, real)
     return (x, *fp8_gemm.quantize_rows(x))
 

@@ -1,7 +1,7 @@
 """Which packed replica runs an encoder checkpoint: :func:`make_replica`, by its model_type.
 
 Apart from both replica modules (``encoder_forward``: BERT-style; ``modernbert_forward``) so that
-neither imports the other: ModernBERT's replica builds on ``encoder_forward.PackedPairReplica``.
+neither imports the other: both build on ``pair_replica.PackedPairReplica``.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica, PackedPairReplica
+from adapters.runtimes.packed.encoder_forward import PackedEncoderReplica
 from adapters.runtimes.packed.modernbert_forward import PackedModernBertReplica
+from adapters.runtimes.packed.pair_replica import PackedPairReplica
 
 __all__ = ("make_replica",)
 

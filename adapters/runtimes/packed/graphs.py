@@ -42,7 +42,7 @@ later replay (the scheduler launches step k+1 before collecting step k) cannot o
 At start the engine checks a replay against the eager forward on the same pairs and keeps
 graphs only if they agree (``check``).
 
-Imported only through ``encoder_forward`` (pulls in torch).
+Imported only through ``pair_replica`` (pulls in torch).
 """
 
 from __future__ import annotations

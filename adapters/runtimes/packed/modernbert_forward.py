@@ -1,4 +1,4 @@
-"""A ModernBERT cross-encoder replica run packed, without padding (``encoder_forward``'s steps).
+"""A ModernBERT cross-encoder replica run packed, without padding (``pair_replica``'s steps).
 
 Same step as the BERT-style replica (pairs concatenated, ``cu`` their cumulative lengths, one
 host buffer and one copy), other arithmetic, as transformers' ``modeling_modernbert`` runs it:
@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from adapters.runtimes.packed import kernels, picks, varlen
-from adapters.runtimes.packed.encoder_forward import PackedPairReplica, real_rows
+from adapters.runtimes.packed.pair_replica import PackedPairReplica, real_rows
 
 __all__ = ("PackedModernBertReplica",)
 
@@ -85,7 +85,7 @@ def add_ln(
     h: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, real: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add and the next pre-norm in one pass: ``h + delta`` and its LayerNorm; the
-    residual's padding rows (``real`` false) set to 0 (``encoder_forward.real_rows`` says why)."""
+    residual's padding rows (``real`` false) set to 0 (``pair_replica.real_rows`` says why)."""
     h = torch.where(real, h + delta, 0.0)
     return h, F.layer_norm(h, (h.shape[-1],), w, b, eps)
 

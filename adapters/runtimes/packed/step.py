@@ -4,10 +4,10 @@
 int64 host tensor -- token ids, positions, cu_q, [cu_k], rows scored, [k/v gather index] --
 so the step reaches the device in a single copy; ``unpack`` splits that buffer (on the device)
 into the forward's inputs and a ``Step``. ``HostStaging`` owns the pinned buffers the copies
-come from (``encoder_forward``'s steps are staged in it too). ``gather_kv`` builds each tail's
+come from (``pair_replica``'s steps are staged in it too). ``gather_kv`` builds each tail's
 keys [P; T_i] from the step's gather index.
 
-Imported only through ``forward`` and ``encoder_forward`` (pulls in torch).
+Imported only through ``forward`` and ``pair_replica`` (pulls in torch).
 """
 
 from __future__ import annotations
