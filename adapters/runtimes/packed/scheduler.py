@@ -12,12 +12,9 @@ event loop's thread. Consequences:
   request is split across devices and many requests spread over them;
 - cancelling a request removes its items that no step has taken yet.
 
-``policy`` picks which request fills a step first: ``fifo`` (arrival order) or
-``shortest-first`` (fewest tokens left first, so small requests overtake large ones).
-
-With ``share_prefix`` a step hands the runner each request's shared prompt part once, followed
-by its documents' tails (``score_groups``), and the token budget counts the tokens computed: the
-prefix once per request per step, plus every tail -- so a step holds more documents.
+Which items fill a step -- ``policy`` (``fifo`` or ``shortest-first``), the token budget,
+``share_prefix`` (each request's shared prompt part computed once per step) -- and what the
+runner gets for them is :mod:`.filling`; this module is the machinery that runs the steps.
 
 Pure Python (threads, no torch): a runner is anything with ``device`` and
 ``score(prompts, segments) -> list``, one output per prompt (a float for Qwen3, a row of logits
@@ -38,9 +35,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from adapters.runtimes.packed import filling
 from adapters.runtimes.packed.pending import PendingRequest
 
-__all__ = ("PackedScheduler", "PendingRequest", "Runner")
+__all__ = ("PackedScheduler", "Runner")
 
 
 class Runner(Protocol):
@@ -216,30 +214,15 @@ class PackedScheduler:
 
     # -- worker threads ---------------------------------------------------------------------
     def _take(self) -> list[tuple[PendingRequest, int]]:
-        """Fill one step (called under the lock, queue not empty)."""
-        order = self._queue if self._policy == "fifo" else sorted(self._queue, key=lambda r: r.tokens_left)
-        taken: list[tuple[PendingRequest, int]] = []
-        tokens = 0
+        """Fill one step (called under the lock, queue not empty): ``filling.take``; the requests it
+        starts are counted here, and those with no item left leave the queue."""
         now = time.perf_counter()
-        for req in order:
-            # Sharing: the budget counts computed tokens, the request's prefix once in this step.
-            head = len(req.shared) if self._share else 0
-            while req.next < len(req.items) and len(taken) < self._max_items:
-                n = req.prompt_len(req.next)
-                cost = head + n - len(req.shared) if self._share else n
-                if taken and tokens + cost > self._budget:
-                    break  # a prompt longer than the budget still gets a step of its own
-                taken.append((req, req.next))
-                tokens += cost
-                head = 0
-                req.next += 1
-                req.tokens_left -= n
-                if req.started_at is None:
-                    req.started_at = now
-                    self._requests += 1
-                    self._queue_s += now - req.queued_at
-            if req.next < len(req.items):
-                break  # budget full: later requests wait, so FIFO stays FIFO
+        taken, started = filling.take(
+            self._queue, policy=self._policy, budget=self._budget, max_items=self._max_items, share=self._share, now=now
+        )
+        for req in started:
+            self._requests += 1
+            self._queue_s += now - req.queued_at
         self._queue = [r for r in self._queue if r.next < len(r.items)]
         return taken
 
@@ -258,7 +241,7 @@ class PackedScheduler:
                 if self._queue:
                     self._cond.notify_all()  # more work: wake another idle device
             tp = time.perf_counter()
-            work, segments, tokens = self._assemble(taken)
+            work, segments, tokens = filling.assemble(taken, self._share)
             t0 = time.perf_counter()
             score = runner.score_groups if self._share else runner.score
             try:
@@ -306,7 +289,7 @@ class PackedScheduler:
                     self._cond.notify_all()
                 lane.out += 1
             tp = time.perf_counter()
-            work, segments, tokens = self._assemble(taken)
+            work, segments, tokens = filling.assemble(taken, self._share)
             t0 = time.perf_counter()
             launch = runner.launch_groups if self._share else runner.launch  # type: ignore[attr-defined]
             handle, error = None, None
@@ -349,29 +332,6 @@ class PackedScheduler:
             with self._cond:
                 lane.out -= 1
                 self._cond.notify_all()  # a slot is free: the launcher may go on
-
-    def _assemble(
-        self, taken: list[tuple[PendingRequest, int]]
-    ) -> tuple[list[Any], list[int | None] | None, tuple[int, int]]:
-        """The step's work for the runner -- whole prompts with their token-type starts, or (shared,
-        tails) per request (``_take`` keeps each request's items together) -- and its (prompt,
-        computed) token counts."""
-        prompt_tokens = sum(r.prompt_len(i) for r, i in taken)
-        if not self._share:
-            return (
-                [[*r.shared, *r.items[i], *r.suffix] for r, i in taken],
-                [r.segment for r, _ in taken],
-                (prompt_tokens, prompt_tokens),
-            )
-        groups: list[tuple[Any, list[list[int]]]] = []
-        last: PendingRequest | None = None
-        for r, i in taken:
-            if r is not last:
-                groups.append((r.shared, []))
-                last = r
-            groups[-1][1].append(r.tail(i))
-        computed = sum(len(p) + sum(map(len, tails)) for p, tails in groups)
-        return groups, None, (prompt_tokens, computed)
 
     def _finish(
         self,
