@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from collections import deque
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from typing import Any
 
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from tests.fake_http import Answer, FakeUpstream
 from tests.fake_providers import fake_score
 
 _AUTH = re.compile(
@@ -96,44 +94,16 @@ def validate(body: Any) -> tuple[str, list[str], int, str]:
     return _text(query["textQuery"], "queries[0].textQuery"), texts, count, arn
 
 
-class FakeBedrock:
+class FakeBedrock(FakeUpstream[BedrockFault]):
     """``with FakeBedrock(key_id, secret, region) as fake: fake.url`` -- served while the block runs."""
 
     def __init__(self, key_id: str, secret: str, region: str) -> None:
         self.key_id, self.secret, self.region = key_id, secret, region
         self.calls: list[dict[str, Any]] = []  # the valid, signed bodies received
-        self._faults: deque[BedrockFault] = deque()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        super().__init__(self.calls)
 
     def fail_next(self, *faults: BedrockFault) -> None:
-        with self._lock:
-            self._faults.extend(faults)
-
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._faults)
-
-    def clear(self) -> None:
-        with self._lock:
-            self.calls.clear()
-            self._faults.clear()
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._server.shutdown()
-        self._server.server_close()
+        self._script("", faults)
 
     def _signature_error(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[str, str] | None:
         match = _AUTH.match(headers.get("authorization", ""))
@@ -155,8 +125,8 @@ class FakeBedrock:
             return "InvalidSignatureException", "The request signature we calculated does not match"
         return None
 
-    def handle(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict[str, str], bytes]:
-        def error(status: int, code: str, message: str) -> tuple[int, dict[str, str], bytes]:
+    def handle(self, path: str, headers: dict[str, str], raw: bytes) -> Answer:
+        def error(status: int, code: str, message: str) -> Answer:
             return (
                 status,
                 {"x-amzn-ErrorType": f"{code}:http://internal.amazon.com/"},
@@ -172,39 +142,11 @@ class FakeBedrock:
             query, texts, count, _ = validate(json.loads(raw))
         except (ValueError, Invalid) as exc:
             return error(400, "ValidationException", str(exc))
-        with self._lock:
-            self.calls.append(json.loads(raw))
-            fault = self._faults.popleft() if self._faults else None
+        fault = self._arrived(json.loads(raw))
         if fault is not None:
-            if self._stop.wait(fault.delay_s):
+            if self._held(fault.delay_s):
                 return 503, {}, b""
             return error(fault.status, fault.code, fault.message)
         ranked = sorted(range(len(texts)), key=lambda i: -fake_score(query, texts[i]))[:count]
         results = [{"index": i, "relevanceScore": fake_score(query, texts[i])} for i in ranked]
         return 200, {}, json.dumps({"results": results}).encode()
-
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                status, extra, payload = fake.handle(self.path, headers, raw)
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    for name, value in extra.items():
-                        self.send_header(name, value)
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        return Handler

@@ -1,7 +1,7 @@
 """A DashScope text-rerank server for tests, written from the documented protocol.
 
-It is a real HTTP/1.1 server (standard library, keep-alive, one thread per connection) on
-127.0.0.1 and a free port, serving both endpoints:
+It is a real HTTP/1.1 server on 127.0.0.1 and a free port (tests/fake_http.py), serving both
+endpoints:
 
 - native ``POST /api/v1/services/rerank/text-rerank/text-rerank``:
   ``{model, input: {query, documents}, parameters: {top_n, return_documents, instruct}}`` ->
@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-import time
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from typing import Any
+
+from tests.fake_http import Answer, FakeUpstream
 
 NATIVE_PATH = "/api/v1/services/rerank/text-rerank/text-rerank"
 COMPATIBLE_PATH = "/compatible-api/v1/reranks"
@@ -61,7 +59,7 @@ class Recorded:
     body: dict[str, Any]
 
 
-class FakeDashScope:
+class FakeDashScope(FakeUpstream[Fault]):
     """``with FakeDashScope() as ds: ds.url`` -- the server runs while the block runs."""
 
     def __init__(
@@ -71,35 +69,14 @@ class FakeDashScope:
         self.max_documents = max_documents
         self.max_request_tokens = max_request_tokens
         self.requests: list[Recorded] = []
-        self._faults: deque[Fault] = deque()
-        self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        super().__init__(self.requests)
 
     def fail_next(self, *faults: Fault) -> None:
         """Answer the next len(faults) requests with these faults, in order."""
-        with self._lock:
-            self._faults.extend(faults)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._script("", faults)
 
     # -- protocol ----------------------------------------------------------------------------
-    def _next_fault(self) -> Fault | None:
-        with self._lock:
-            return self._faults.popleft() if self._faults else None
-
-    def handle(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    def handle(self, path: str, headers: dict[str, str], raw: bytes) -> Answer:
         rid = str(uuid.uuid4())
         if path not in (NATIVE_PATH, COMPATIBLE_PATH):
             return _error(404, "NotFound", f"path {path} not found", rid)
@@ -109,11 +86,10 @@ class FakeDashScope:
             body = json.loads(raw)
         except ValueError:
             return _error(400, "InvalidParameter", "The request body is not valid JSON.", rid)
-        with self._lock:
-            self.requests.append(Recorded(path, headers, body))
-        fault = self._next_fault()
+        fault = self._arrived(Recorded(path, headers, body))
         if fault is not None:
-            time.sleep(fault.delay_s)
+            if self._held(fault.delay_s):
+                return 503, {}, b""
             if fault.raw is not None:
                 return fault.status or 200, fault.headers, fault.raw
             status, hdrs, payload = _error(fault.status or 500, fault.code, fault.message, rid)
@@ -149,32 +125,6 @@ class FakeDashScope:
             answer = {"id": rid, "results": scored, "usage": usage}
         return 200, {}, json.dumps(answer).encode()
 
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, like the real service
-
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                status, extra, payload = fake.handle(self.path, headers, raw)
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    for key, value in extra.items():
-                        self.send_header(key, value)
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (a timeout test)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return None
-
-        return Handler
-
-
-def _error(status: int, code: str, message: str, rid: str) -> tuple[int, dict[str, str], bytes]:
+def _error(status: int, code: str, message: str, rid: str) -> Answer:
     return status, {}, json.dumps({"code": code, "message": message, "request_id": rid}).encode()

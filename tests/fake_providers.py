@@ -1,9 +1,9 @@
 """Hosted rerank APIs for tests -- Cohere, Jina AI, Voyage AI, Mixedbread, NVIDIA, Together --
 written from their published references (docs/upstreams.md), one table row per provider.
 
-One real HTTP/1.1 server (standard library, keep-alive, a thread per connection) on 127.0.0.1 and
-a free port serves all of them, each under its own prefix: ``{url}/cohere`` is Cohere's base URL,
-so Cohere's call is ``POST /cohere/v2/rerank``. Each provider is strict the way it is:
+One real HTTP/1.1 server on 127.0.0.1 and a free port (tests/fake_http.py) serves all of them,
+each under its own prefix: ``{url}/cohere`` is Cohere's base URL, so Cohere's call is
+``POST /cohere/v2/rerank``. Each provider is strict the way it is:
 
 - the ``Authorization: Bearer <key>`` header (401 in the provider's own error envelope otherwise,
   quoting the key it got, as some APIs do, so a test can check the gateway never repeats it);
@@ -23,13 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from typing import Any
+
+from tests.fake_http import Answer, FakeUpstream
 
 
 def fake_score(query: str, document: str) -> float:
@@ -235,53 +234,28 @@ class Limits:
     max_request_tokens: int | None = None  # query tokens x documents + document tokens (Voyage's rule)
 
 
-class FakeProviders:
+class FakeProviders(FakeUpstream[Fault]):
     """``with FakeProviders(keys) as fake: fake.base_url("cohere")`` -- served while the block runs."""
 
     def __init__(self, keys: dict[str, str], limits: dict[str, Limits] | None = None) -> None:
         self.keys = keys
         self.limits = {name: (limits or {}).get(name, Limits()) for name in SPECS}
         self.requests: list[Recorded] = []
-        self._faults: dict[str, deque[Fault]] = {name: deque() for name in SPECS}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()  # ends a hanging answer when the server closes
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(self.requests, queues=SPECS)
 
     def base_url(self, provider: str) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/{provider}"
+        return f"{self.url}/{provider}"
 
     def fail_next(self, provider: str, *faults: Fault) -> None:
-        with self._lock:
-            self._faults[provider].extend(faults)
+        self._script(provider, faults)
 
-    def pending(self) -> int:
-        with self._lock:
-            return sum(len(q) for q in self._faults.values())
-
-    def clear(self) -> None:
-        with self._lock:
-            self.requests.clear()
-            for q in self._faults.values():
-                q.clear()
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._server.shutdown()
-        self._server.server_close()
-
-    def handle(self, path: str, headers: dict[str, str], raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    def handle(self, path: str, headers: dict[str, str], raw: bytes) -> Answer:
         provider, _, rest = path.lstrip("/").partition("/")
         spec = SPECS.get(provider)
         if spec is None or "/" + rest != spec.path:
             return 404, {}, b'{"message": "not found"}'
 
-        def error(status: int, message: str, extra: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        def error(status: int, message: str, extra: dict[str, str] | None = None) -> Answer:
             return status, extra or {}, json.dumps(spec.error(status, message)).encode()
 
         scheme, _, token = headers.get("authorization", "").partition(" ")
@@ -293,11 +267,9 @@ class FakeProviders:
             body = None
         if not isinstance(body, dict):
             return error(spec.invalid, "the request body is not a JSON object")
-        with self._lock:
-            self.requests.append(Recorded(provider, headers, body, time.monotonic()))
-            fault = self._faults[provider].popleft() if self._faults[provider] else None
+        fault = self._arrived(Recorded(provider, headers, body, time.monotonic()), provider)
         if fault is not None:
-            if self._stop.wait(fault.delay_s):
+            if self._held(fault.delay_s):
                 return 503, {}, b""
             if fault.raw is not None:
                 return fault.status or 200, fault.headers, fault.raw
@@ -317,29 +289,3 @@ class FakeProviders:
             return error(exc.status, exc.message)
         ranked = sorted(((i, fake_score(query, d)) for i, d in enumerate(documents)), key=lambda r: -r[1])
         return 200, {}, json.dumps(spec.answer("rid", ranked, tokens)).encode()
-
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, like the real services
-
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                status, extra, payload = fake.handle(self.path, headers, raw)
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    for name, value in extra.items():
-                        self.send_header(name, value)
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except (BrokenPipeError, ConnectionResetError):  # the gateway gave up (read timeout)
-                    pass
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        return Handler

@@ -84,7 +84,7 @@ def _fresh(fake):
     fake.requests.clear()
     yield
     fake.fail_next()  # nothing left queued: every scripted fault was consumed
-    assert not fake._faults, "a scripted fault was not consumed"
+    assert fake.pending() == 0, "a scripted fault was not consumed"
 
 
 def rerank(client, model, documents=DOCS, **extra):
