@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ("app",)
+__all__ = ("app", "read_body", "serve_lifespan")
 
 
 class _Request(msgspec.Struct):
@@ -31,7 +31,8 @@ _HEADERS = [(b"content-type", b"application/json")]
 _HEALTH = b'{"status":"ok"}'
 
 
-async def _body(receive: Any) -> bytes:
+async def read_body(receive: Any) -> bytes:
+    """The whole request body, however many ASGI messages it came in."""
     chunks = []
     while True:
         message = await receive()
@@ -40,21 +41,27 @@ async def _body(receive: Any) -> bytes:
             return b"".join(chunks)
 
 
+async def serve_lifespan(receive: Any, send: Any) -> None:
+    """ASGI's lifespan protocol for an app with nothing to start or stop: until the shutdown."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await serve_lifespan(receive, send)
+        return
     if scope["type"] != "http":
         return
     path, method = scope["path"], scope["method"]
     if method == "POST" and path.endswith("rerank"):
         try:
-            req = _decode(await _body(receive))
+            req = _decode(await read_body(receive))
         except msgspec.DecodeError as exc:
             status, body = 400, _encode({"message": f"invalid request: {exc}"})
         else:

@@ -16,6 +16,8 @@ from typing import Any
 
 import msgspec
 
+from benchmarks.stub_upstream import read_body, serve_lifespan
+
 __all__ = ("app", "outcome")
 
 
@@ -35,30 +37,16 @@ def outcome(k: int) -> str:
     return {1: "502", 4: "hang"}.get(k % 6, "ok")
 
 
-async def _body(receive: Any) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await serve_lifespan(receive, send)
+        return
     if scope["type"] != "http":
         return
     if scope["method"] == "GET":
         status, body = 200, b'{"status":"ok"}'
     else:
-        req = _decode(await _body(receive))
+        req = _decode(await read_body(receive))
         what = outcome(next(_arrivals))
         if what == "hang":
             while (await receive())["type"] != "http.disconnect":  # until the client gives up
