@@ -4,21 +4,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import tempfile
 
 import pytest
 import structlog
-from litestar.testing import TestClient
 
 from adapters.base import EngineConfigError
 from adapters.upstreams.hosted.bedrock import BedrockEngine
-from gateway.app import create_app
 from schemas.config import BedrockEngineConfig, Settings
 from tests.fake_bedrock import BedrockFault, FakeBedrock
-from tests.fake_providers import fake_score, fake_tokens
-from tests.loopback import wait_loaded
+from tests.fake_providers import fake_tokens
+from tests.hosted_gateway import DOCS, Q, assert_ranked, gateway_client, rerank
 
 KEY_ID = "AKIDTESTBEDROCK0001"
 SECRET = "bedrock-secret-access-key-0123456789abcdef"
@@ -26,14 +23,6 @@ WRONG_SECRET = "wrong-bedrock-secret-key-fedcba9876543210"
 REGION = "us-west-2"
 MODEL = "amazon.rerank-v1:0"
 ARN = f"arn:aws:bedrock:{REGION}::foundation-model/{MODEL}"
-Q = "What is the capital of the United States?"
-DOCS = [
-    "Carson City is the capital city of the American state of Nevada.",
-    "Washington, D.C. is the capital of the United States.",
-    "Capital punishment has existed in the United States since before it was a country.",
-    "The quick brown fox.",
-    "Paris is the capital of France.",
-]
 
 
 STARTUP_LOGS: list[dict[str, object]] = []
@@ -47,19 +36,18 @@ def fake():
 
 @pytest.fixture(scope="module")
 def client(fake):
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as env:
         credentials = os.path.join(folder, "credentials")
         with open(credentials, "w") as file:  # a profile whose secret the fake does not know
             file.write(f"[wrong]\naws_access_key_id = {KEY_ID}\naws_secret_access_key = {WRONG_SECRET}\n")
-        env = {
+        for var, value in {
             "AWS_ACCESS_KEY_ID": KEY_ID,
             "AWS_SECRET_ACCESS_KEY": SECRET,
             "AWS_SHARED_CREDENTIALS_FILE": credentials,
             "AWS_CONFIG_FILE": os.path.join(folder, "config"),
             "AWS_EC2_METADATA_DISABLED": "true",
-        }
-        saved = {var: os.environ.get(var) for var in env}
-        os.environ.update(env)
+        }.items():
+            env.setenv(var, value)
         base = {
             "model": MODEL,
             "region": REGION,
@@ -75,19 +63,8 @@ def client(fake):
             BedrockEngineConfig(name="bedrock-wrong", **{**base, "profile": "wrong"}),
             BedrockEngineConfig(name="bedrock-noprofile", **{**base, "profile": "no-such-profile"}),
         )
-        try:
-            with contextlib.ExitStack() as stack:
-                with structlog.testing.capture_logs() as startup:  # what the models log while they start
-                    c = stack.enter_context(TestClient(create_app(Settings(models=models), configure_logs=False)))
-                    wait_loaded(c)
-                STARTUP_LOGS[:] = startup
-                yield c
-        finally:
-            for var, value in saved.items():
-                if value is None:
-                    os.environ.pop(var, None)
-                else:
-                    os.environ[var] = value
+        with gateway_client(Settings(models=models), STARTUP_LOGS) as c:
+            yield c
 
 
 @pytest.fixture(autouse=True)
@@ -97,23 +74,12 @@ def _fresh(fake):
     assert fake.pending() == 0, "a scripted fault was not consumed"
 
 
-def rerank(client, model, documents=DOCS, **extra):
-    return client.post("/v1/rerank", json={"model": model, "query": Q, "documents": documents, **extra})
-
-
 def _sources(texts):
     return [{"type": "INLINE", "inlineDocumentSource": {"type": "TEXT", "textDocument": {"text": t}}} for t in texts]
 
 
 def test_signed_calls_split_and_merged(client, fake):
-    r = rerank(client, "bedrock", top_n=3, return_documents=True)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    expected = sorted(range(len(DOCS)), key=lambda i: -fake_score(Q, DOCS[i]))[:3]
-    assert [x["index"] for x in body["results"]] == expected
-    for x in body["results"]:
-        assert x["relevance_score"] == pytest.approx(fake_score(Q, DOCS[x["index"]]), abs=1e-9)
-        assert x["document"] == {"text": DOCS[x["index"]]}
+    body = assert_ranked(rerank(client, "bedrock", top_n=3, return_documents=True), 3)
     calls = sorted(fake.calls, key=lambda c: len(c["sources"]), reverse=True)
     for call, part in zip(calls, (DOCS[:4], DOCS[4:]), strict=True):  # signatures checked by the fake
         assert call == {

@@ -19,18 +19,11 @@ from gateway.app import create_app
 from schemas.config import DashScopeEngineConfig, Settings
 from tests.conftest import free_port
 from tests.fake_dashscope import COMPATIBLE_PATH, NATIVE_PATH, FakeDashScope, Fault, fake_score, fake_tokens
+from tests.hosted_gateway import DOCS, Q, rerank
 from tests.loopback import wait_loaded
 
 KEY = "sk-test-0123456789abcdef"
 KEY_ENV = "RERANK_TEST_DASHSCOPE_KEY"
-Q = "What is the capital of the United States?"
-DOCS = [
-    "Carson City is the capital city of the American state of Nevada.",
-    "Washington, D.C. is the capital of the United States.",
-    "Capital punishment has existed in the United States since before it was a country.",
-    "The quick brown fox.",
-    "Paris is the capital of France.",
-]
 
 
 def _model(name: str, url: str, **kw) -> DashScopeEngineConfig:
@@ -85,10 +78,6 @@ def _fresh(fake):
     yield
     fake.fail_next()  # nothing left queued: every scripted fault was consumed
     assert fake.pending() == 0, "a scripted fault was not consumed"
-
-
-def rerank(client, model, documents=DOCS, **extra):
-    return client.post("/v1/rerank", json={"model": model, "query": Q, "documents": documents, **extra})
 
 
 def test_native_endpoint_scores_orders_and_maps_fields(client, fake):

@@ -7,7 +7,6 @@ parametrized over the providers, and the error test over each provider's documen
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -15,10 +14,8 @@ import tempfile
 
 import pytest
 import structlog
-from litestar.testing import TestClient
 
 from adapters.upstreams.hosted.providers import PROVIDERS, Outcome
-from gateway.app import create_app
 from gateway.config.settings import ConfigError, load_settings
 from schemas.config import (
     ChainEngineConfig,
@@ -31,7 +28,7 @@ from schemas.config import (
     VoyageEngineConfig,
 )
 from tests.fake_providers import SPECS, FakeProviders, Fault, Limits, fake_score, fake_tokens
-from tests.loopback import wait_loaded
+from tests.hosted_gateway import DOCS, Q, assert_ranked, gateway_client, rerank
 
 CONFIGS = {
     "cohere": CohereEngineConfig,
@@ -48,14 +45,6 @@ WRONG = "wrong-secret-key-fedcba9876543210"
 # Small limits, the same in the fake and in the gateway's config, so a split shows with a few documents.
 MAX_DOCS = 4
 VOYAGE_TOKENS = 400
-Q = "What is the capital of the United States?"
-DOCS = [
-    "Carson City is the capital city of the American state of Nevada.",
-    "Washington, D.C. is the capital of the United States.",
-    "Capital punishment has existed in the United States since before it was a country.",
-    "The quick brown fox.",
-    "Paris is the capital of France.",
-]
 
 
 def _model(provider: str, name: str, fake: FakeProviders, **kw: object) -> object:
@@ -97,35 +86,24 @@ def key_file():
 
 @pytest.fixture(scope="module")
 def client(fake, key_file):
-    saved = {var: os.environ.get(var) for var in ENV.values()}
-    os.environ.update({ENV[name]: KEYS[name] for name in NAMES})
-    models = []
-    for p in NAMES:
+    with pytest.MonkeyPatch.context() as env:
+        for name in NAMES:
+            env.setenv(ENV[name], KEYS[name])
+        models = []
+        for p in NAMES:
+            models += [
+                _model(p, p, fake),
+                _model(p, f"{p}-slow", fake, read_timeout_s=0.3),
+                _model(p, f"{p}-badkey", fake, api_key=WRONG, api_key_env=None),
+            ]
         models += [
-            _model(p, p, fake),
-            _model(p, f"{p}-slow", fake, read_timeout_s=0.3),
-            _model(p, f"{p}-badkey", fake, api_key=WRONG, api_key_env=None),
+            _model("cohere", "cohere-file", fake, api_key_file=key_file, api_key_env="RERANK_TEST_UNSET_VARIABLE"),
+            _model("voyage", "voyage-nokey", fake, api_key_env="RERANK_TEST_UNSET_VARIABLE"),
+            # A hosted provider as a fallback chain's target: Cohere first, Voyage behind it.
+            ChainEngineConfig(name="hosted-chain", targets=("cohere", "voyage"), accepts="other-models"),
         ]
-    models += [
-        _model("cohere", "cohere-file", fake, api_key_file=key_file, api_key_env="RERANK_TEST_UNSET_VARIABLE"),
-        _model("voyage", "voyage-nokey", fake, api_key_env="RERANK_TEST_UNSET_VARIABLE"),
-        # A hosted provider as a fallback chain's target: Cohere first, Voyage behind it.
-        ChainEngineConfig(name="hosted-chain", targets=("cohere", "voyage"), accepts="other-models"),
-    ]
-    app = create_app(Settings(models=tuple(models)), configure_logs=False)
-    try:
-        with contextlib.ExitStack() as stack:
-            with structlog.testing.capture_logs() as startup:  # what the models log while they start
-                c = stack.enter_context(TestClient(app))
-                wait_loaded(c)
-            STARTUP_LOGS[:] = startup
+        with gateway_client(Settings(models=tuple(models)), STARTUP_LOGS) as c:
             yield c
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
 
 
 @pytest.fixture(autouse=True)
@@ -133,10 +111,6 @@ def _fresh(fake):
     fake.clear()
     yield
     assert fake.pending() == 0, "a scripted fault was not consumed"
-
-
-def rerank(client, model, documents=DOCS, **extra):
-    return client.post("/v1/rerank", json={"model": model, "query": Q, "documents": documents, **extra})
 
 
 def _documents(provider, call):
@@ -194,14 +168,7 @@ EXPECTED_BODY = {
 @pytest.mark.parametrize("provider", NAMES)
 def test_scores_map_back_to_their_documents_across_split_calls(client, fake, provider):
     # 5 documents, 4 per call: two calls, merged back in global order.
-    r = rerank(client, provider, top_n=3, return_documents=True)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    expected = sorted(range(len(DOCS)), key=lambda i: -fake_score(Q, DOCS[i]))[:3]
-    assert [x["index"] for x in body["results"]] == expected
-    for x in body["results"]:
-        assert x["relevance_score"] == pytest.approx(fake_score(Q, DOCS[x["index"]]), abs=1e-9)
-        assert x["document"] == {"text": DOCS[x["index"]]}
+    body = assert_ranked(rerank(client, provider, top_n=3, return_documents=True), 3)
     calls = sorted(fake.requests, key=lambda c: DOCS.index(_documents(provider, c)[0]))
     assert [_documents(provider, c) for c in calls] == [DOCS[:4], DOCS[4:]]
     assert [c.body for c in calls] == [EXPECTED_BODY[provider](DOCS[:4]), EXPECTED_BODY[provider](DOCS[4:])]
