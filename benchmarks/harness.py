@@ -76,6 +76,16 @@ def bench_level(url: str, model: str, tokenizer: Path, out: Path, **opts: Any) -
     return dict(s)
 
 
+def toml_value(value: Any) -> str:
+    """``value`` in TOML: a scalar or a list as JSON spells it (the same in TOML), a dict as an
+    inline table (``engine_args = {block_size = 32}``)."""
+    import json
+
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
+
+
 def table(header: list[str], rows: list[list[Any]]) -> list[str]:
     """A Markdown table's lines: a cell is written as given (``str``), a row shorter than the header is padded."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -148,8 +158,8 @@ class Gateway:
         lines = [
             line for t, kv in tables.items() for line in [f"[{t}]", *(f"{k} = {json.dumps(v)}" for k, v in kv.items())]
         ]
-        for m in models:  # scalar values: JSON's spelling is TOML's
-            lines += ["[[models]]", *(f"{k} = {json.dumps(v)}" for k, v in m.items())]
+        for m in models:
+            lines += ["[[models]]", *(f"{k} = {toml_value(v)}" for k, v in m.items())]
         cfg.write_text("\n".join(lines) + "\n")
         self.base_mib = gpu_mem_mib()
         self.t0 = time.time()
