@@ -102,6 +102,15 @@ def _xlmr_tokenizer(out: Path) -> Any:
     tok.train_from_iterator(
         _CORPUS * 20, trainer=trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
     )
+    # The Unigram trainer returns the same pieces with the same scores (to ~1e-7) but orders the ties
+    # differently from run to run, even on one thread: the ids, so the embeddings each token gets and
+    # every score of a test, changed from build to build. The pieces in a fixed order (specials first,
+    # then by score and text) with rounded scores make the build repeat exactly.
+    trained = json.loads(tok.to_str())["model"]["vocab"]
+    pieces = [(p, 0.0) for p in specials] + sorted(
+        ((p, round(score, 5)) for p, score in trained if p not in specials), key=lambda ps: (-ps[1], ps[0])
+    )
+    tok.model = models.Unigram(pieces, unk_id=specials.index("<unk>"), byte_fallback=False)
     tok.post_processor = processors.RobertaProcessing(
         ("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>"))
     )
