@@ -91,6 +91,22 @@ def _bert_tokenizer(out: Path, *, fixed_vocab: bool = True) -> Any:
     return fast
 
 
+def fix_unigram_order(tok: Any, specials: list[str], digits: int = 9) -> None:
+    """Rebuild a trained Unigram model with its pieces in a fixed order: specials first (their ids
+    kept), then by score and text, scores rounded to ``digits``.
+
+    The Unigram trainer returns the same pieces with the same scores every run but orders tied ones
+    differently, even on one thread: ids (so the embedding each token gets, and every score a test
+    measures against a tolerance) would change from build to build.
+    """
+    from tokenizers import models
+
+    trained = json.loads(tok.to_str())["model"]["vocab"]
+    assert [p for p, _ in trained[: len(specials)]] == specials
+    rest = sorted(((p, round(s, digits)) for p, s in trained[len(specials) :]), key=lambda ps: (-ps[1], ps[0]))
+    tok.model = models.Unigram([(p, 0.0) for p in specials] + rest, unk_id=specials.index("<unk>"), byte_fallback=False)
+
+
 def _xlmr_tokenizer(out: Path) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -102,15 +118,7 @@ def _xlmr_tokenizer(out: Path) -> Any:
     tok.train_from_iterator(
         _CORPUS * 20, trainer=trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
     )
-    # The Unigram trainer returns the same pieces with the same scores (to ~1e-7) but orders the ties
-    # differently from run to run, even on one thread: the ids, so the embeddings each token gets and
-    # every score of a test, changed from build to build. The pieces in a fixed order (specials first,
-    # then by score and text) with rounded scores make the build repeat exactly.
-    trained = json.loads(tok.to_str())["model"]["vocab"]
-    pieces = [(p, 0.0) for p in specials] + sorted(
-        ((p, round(score, 5)) for p, score in trained if p not in specials), key=lambda ps: (-ps[1], ps[0])
-    )
-    tok.model = models.Unigram(pieces, unk_id=specials.index("<unk>"), byte_fallback=False)
+    fix_unigram_order(tok, specials)
     tok.post_processor = processors.RobertaProcessing(
         ("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>"))
     )

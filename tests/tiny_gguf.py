@@ -45,6 +45,8 @@ def build_tiny_xlmr(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 200
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification, XLMRobertaTokenizerFast
 
+    from tests.tiny_encoders import fix_unigram_order
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.Unigram())
@@ -54,13 +56,7 @@ def build_tiny_xlmr(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 200
         vocab_size=vocab_size, special_tokens=SPECIALS, unk_token="<unk>", shrinking_factor=0.9
     )
     tok.train_from_iterator(_CORPUS * 10, trainer=trainer)
-    # The trainer returns the same pieces and scores every run but orders ties differently, so
-    # ids (and with them the random model and every measured tolerance) would change per run:
-    # rebuild the model with a fixed order, specials first.
-    trained = json.loads(tok.to_str())["model"]["vocab"]
-    assert [p for p, _ in trained[: len(SPECIALS)]] == SPECIALS
-    rest = sorted(((p, round(s, 9)) for p, s in trained[len(SPECIALS) :]), key=lambda ps: (-ps[1], ps[0]))
-    tok.model = models.Unigram([(p, 0.0) for p in SPECIALS] + rest, unk_id=SPECIALS.index("<unk>"), byte_fallback=False)
+    fix_unigram_order(tok, SPECIALS)
     tok.add_special_tokens(["<mask>"])
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     # XLM-R's pair layout, the one llama.cpp's default rerank prompt builds: <s> q </s></s> d </s>
