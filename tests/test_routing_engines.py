@@ -8,6 +8,7 @@ scores say which target computed them, and must match its ``x-rerank-target`` he
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -191,6 +192,19 @@ def test_a_local_model_chained_to_a_hosted_cohere_model_serves_through_the_resta
         with TestClient(app) as client:
             wait_loaded(client)
             local = app.state.registry.get("local")
+            # The tiny checkpoint reloads in ~0.04 s, sooner than the two requests below are sent:
+            # its restart waits for the test (without this the 429 case raced it and got a 200 from local).
+            release = threading.Event()
+            start = local._start_engine
+
+            async def start_when_released() -> None:
+                for _ in range(3000):  # bounded: 30 s
+                    if release.is_set():
+                        break
+                    await asyncio.sleep(0.01)
+                await start()
+
+            local._start_engine = start_when_released
             client.blocking_portal.call(local.engine_died, local.engine, EngineDeadError("the test killed it"))
             hosted = client.post("/v2/rerank", json=BODY)
             assert hosted.status_code == 200 and hosted.headers["x-rerank-target"] == "cohere"
@@ -203,6 +217,7 @@ def test_a_local_model_chained_to_a_hosted_cohere_model_serves_through_the_resta
             limited = client.post("/v2/rerank", json=BODY)
             assert limited.status_code == 503 and "Retry-After" in limited.headers
             assert "cohere: failed" in limited.json()["message"]
+            release.set()
             for _ in range(1000):  # bounded: the tiny checkpoint reloads in about a second
                 if not local.restarting:
                     break
