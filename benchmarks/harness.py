@@ -128,6 +128,23 @@ def serve(
         entry["log_tail"] = gw.stop()
 
 
+def cpu_machine() -> str:
+    """This machine's CPUs for a report: count and model (from /proc/cpuinfo), shared with others."""
+    model = "unknown"
+    try:
+        model = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            model,
+        )
+    except OSError:  # not Linux
+        pass
+    return f"{os.cpu_count()} CPUs ({model}), shared"
+
+
 def smi(*args: str) -> str:
     """``nvidia-smi ARGS``' output; empty where there is no NVIDIA driver (a run on CPU)."""
     try:

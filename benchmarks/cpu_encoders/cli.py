@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 from benchmarks.cpu_encoders.contestants import TORCH
 from benchmarks.cpu_encoders.measure import bench_shape
 from benchmarks.cpu_encoders.report import markdown
+from benchmarks.harness import cpu_machine
 
 # The package's docstring: its first line is the run's description (``--help`` shows it).
 _SUITE_DOC = sys.modules[__package__].__doc__
@@ -43,20 +43,10 @@ def main() -> None:
     report = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m benchmarks.cpu_encoders " + " ".join(sys.argv[1:]),
-        "machine": f"{os.cpu_count()} CPUs ({_cpu_model()}), shared",
+        "machine": cpu_machine(),
         "rounds": args.rounds,
         "shapes": shapes,
     }
     (args.out / "cpu_encoders.json").write_text(json.dumps(report, indent=2))
     (args.out / "cpu_encoders.md").write_text(markdown(report))
     print(markdown(report))
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"

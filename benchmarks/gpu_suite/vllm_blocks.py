@@ -41,7 +41,7 @@ from typing import Any
 
 import msgspec
 
-from benchmarks.harness import Gateway, bench_level, table
+from benchmarks.harness import Gateway, bench_level, cpu_machine, table
 
 PARITY_TOLERANCE = 1e-4  # tests/test_vllm_engines.py's parity with transformers (fp32)
 MAX_QUERY_TOKENS = 64
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m benchmarks.gpu_suite vllm-blocks " + " ".join(sys.argv[1:]),
-        "machine": f"{os.cpu_count()} CPUs ({_cpu_model()}), shared",
+        "machine": cpu_machine(),
         "vllm": vllm.__version__,
         "checkpoint": (
             "tests.tiny_qwen3 (2 layers, hidden 128)"
@@ -368,16 +368,6 @@ def markdown(report: dict[str, Any]) -> str:
         for rd in report["rounds"]
     ) + "."]  # fmt: skip
     return "\n".join(lines) + "\n"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def main() -> None:
