@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from typing import Any
 
 import pytest
+import redis
 from litestar.testing import TestClient
 
 from gateway.app import create_app
@@ -175,14 +176,26 @@ def test_invalid_requests_are_refused_before_the_cache() -> None:
 
 @pytest.mark.slow
 def test_redis_backend_is_shared_by_replicas_and_expires(redis_url: str) -> None:
-    cache = CacheConfig(enabled=True, backend="redis", redis_url=redis_url, ttl_s=0.5)
-    with gateway(cache) as (one, engine_one), gateway(cache) as (two, engine_two):
+    # Neither the Redis timeout nor the TTL may be what a loaded CI machine runs into: a redis-server
+    # starved for 0.5 s (the default redis_timeout_s) is "Redis unreachable", a correct miss, and a
+    # sleep past a short TTL races the requests. So the timeout is generous, the TTL the gateway
+    # set is read from Redis, and the expiry is Redis's own, brought forward with PEXPIRE.
+    cache = CacheConfig(enabled=True, backend="redis", redis_url=redis_url, ttl_s=60)
+    with (
+        closing(redis.Redis.from_url(redis_url, socket_timeout=30)) as store,
+        gateway(cache, redis_timeout_s=30) as (one, engine_one),
+        gateway(cache, redis_timeout_s=30) as (two, engine_two),
+    ):
         body = {**BODY, "query": f"redis {time.time()}"}  # fresh key whatever ran before
+        before = set(store.keys("rerank-gateway:cache:*"))
         assert one.post("/v2/rerank", json=body).headers["x-cache"] == "miss"
         hit = two.post("/v2/rerank", json=body)
         assert hit.headers["x-cache"] == "hit" and hit.json()["results"][0]["index"] == 1
         assert (engine_one.calls, engine_two.calls) == (1, 0)
-        time.sleep(0.7)
+        (entry,) = set(store.keys("rerank-gateway:cache:*")) - before
+        assert 0 < store.pttl(entry) <= 60_000  # SET ... PX ttl: Redis drops it, no sweeper needed
+        store.pexpire(entry, 1)
+        time.sleep(0.01)
         assert two.post("/v2/rerank", json=body).headers["x-cache"] == "miss"
         assert engine_two.calls == 1
 
