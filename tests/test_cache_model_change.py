@@ -22,6 +22,7 @@ from schemas.config import (
     CacheConfig,
     EngineConfig,
     GgufEngineConfig,
+    LimitsConfig,
     OpenVinoEngineConfig,
     Settings,
     StaticEngineConfig,
@@ -39,7 +40,11 @@ DOCS = ["Washington is the capital.", "Quantum computing uses qubits.", "no"]
 @contextmanager
 def gateway(model: EngineConfig, url: str) -> Iterator[TestClient]:
     cache = CacheConfig(enabled=True, backend="redis", redis_url=url)
-    with TestClient(create_app(Settings(models=(model,), cache=cache), configure_logs=False)) as client:
+    with TestClient(
+        create_app(
+            Settings(models=(model,), cache=cache, limits=LimitsConfig(redis_timeout_s=30)), configure_logs=False
+        )
+    ) as client:
         deadline = time.monotonic() + 120
         while client.get("/ready").status_code != 200:
             assert time.monotonic() < deadline, client.get("/ready").json()

@@ -85,7 +85,7 @@ def _config(redis_url: str) -> str:
         for (name, key), limit in zip(KEYS.items(), (f"rpm = {RPM}", "tpm = 10", "max_concurrent = 1"), strict=True)
     )
     return (
-        f'[limits]\nredis_url = "{redis_url}"\n'
+        f'[limits]\nredis_url = "{redis_url}"\nredis_timeout_s = 30\n'
         '[[models]]\nname = "m"\nengine = "static"\n'
         '[[models]]\nname = "slow"\nengine = "static"\ndelay_s = 1.0\n' + keys
     )

@@ -45,7 +45,7 @@ ZONE = _zone()
 
 def _config(redis: str) -> str:
     return (
-        f'[limits]\nredis_url = "{redis}"\nquota_timezone = "{ZONE}"\n'
+        f'[limits]\nredis_url = "{redis}"\nredis_timeout_s = 30\nquota_timezone = "{ZONE}"\n'
         "[auth]\nsync_interval_s = 0.25\n"
         '[[models]]\nname = "m"\nengine = "static"\ndelay_s = 0.02\n'
         '[[models]]\nname = "other"\nengine = "static"\n'
