@@ -1,10 +1,12 @@
-"""What the fake hosted upstreams of the tests share (tests/fake_bedrock.py, tests/fake_dashscope.py,
-tests/fake_providers.py): the real HTTP server on loopback, the requests it received and the faults a
-test scripts for the next ones. Each fake keeps only its provider's protocol, in ``handle``.
+"""What the fake upstreams of the tests share (tests/fake_bedrock.py, tests/fake_dashscope.py,
+tests/fake_providers.py, and the replicas of tests/test_pool.py and tests/test_upstream_usage.py):
+the real HTTP server on loopback, the requests it received and the faults a test scripts for the
+next ones. Each fake keeps only its protocol, in ``handle`` (and ``handle_get`` for health probes).
 """
 
 from __future__ import annotations
 
+import abc
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -17,12 +19,13 @@ Answer = tuple[int, dict[str, str], bytes]  # status, headers besides Content-Ty
 F = TypeVar("F")
 
 
-class FakeUpstream(Generic[F]):
+class FakeUpstream(abc.ABC, Generic[F]):
     """A fake upstream on 127.0.0.1 and a free port: ``with fake: fake.url`` -- closed when the block ends.
 
     A real HTTP/1.1 server (standard library, keep-alive like the real services, a thread per
-    connection): every ``POST`` goes to ``handle(path, headers, raw)``, header names lowercased, and
-    its ``Answer`` is sent as JSON. The fake records what it received in ``received`` (its own list,
+    connection): every ``POST`` goes to ``handle(path, headers, raw)``, header names lowercased, every
+    ``GET`` to ``handle_get(path)`` (404 unless a fake answers probes), and the ``Answer`` is sent as
+    JSON; a client that hung up before it is ignored. The fake records what it received in ``received`` (its own list,
     under its own name) and keeps a queue of scripted faults per ``queues`` name ("" for one).
     """
 
@@ -37,8 +40,13 @@ class FakeUpstream(Generic[F]):
     def url(self) -> str:
         return self._server.url
 
+    @abc.abstractmethod
     def handle(self, path: str, headers: dict[str, str], raw: bytes) -> Answer:
-        raise NotImplementedError
+        """The answer to a POST: the fake's protocol."""
+
+    def handle_get(self, path: str) -> Answer:
+        """The answer to a GET (a pool's health probe); the hosted APIs have none."""
+        return 404, {}, b'{"message":"not found"}'
 
     def pending(self) -> int:
         """How many scripted faults no request has taken yet."""
@@ -56,6 +64,9 @@ class FakeUpstream(Generic[F]):
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
         self._stop.set()
         self._server.close()
 
@@ -79,10 +90,15 @@ def _handler(fake: FakeUpstream[Any]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, like the real services
 
+        def do_GET(self) -> None:
+            self._answer(*fake.handle_get(self.path))
+
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("content-length") or 0))
             headers = {k.lower(): v for k, v in self.headers.items()}
-            status, extra, payload = fake.handle(self.path, headers, raw)
+            self._answer(*fake.handle(self.path, headers, raw))
+
+        def _answer(self, status: int, extra: dict[str, str], payload: bytes) -> None:
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import time
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,8 @@ from gateway.app import create_app
 from schemas.config import PoolEngineConfig, Settings, TransformersEngineConfig
 from tests.conftest import ROOT, free_port, stop_process, wait_http_ok
 from tests.fake_dashscope import fake_score
-from tests.loopback import LoopbackServer, wait_loaded
+from tests.fake_http import Answer, FakeUpstream
+from tests.loopback import wait_loaded
 
 pytestmark = pytest.mark.slow
 
@@ -209,7 +209,7 @@ def test_same_query_sticks_to_one_replica_and_fails_over_when_it_dies(vllm_clien
 
 
 # -- TEI / Infinity protocol servers ---------------------------------------------------------
-class FakeReplica(LoopbackServer):
+class FakeReplica(FakeUpstream[None]):
     """A TEI or Infinity ``/rerank`` server (their documented bodies) with a health switch."""
 
     def __init__(self, protocol: str) -> None:
@@ -218,49 +218,29 @@ class FakeReplica(LoopbackServer):
         self.delay_s = 0.0
         self.calls: list[dict[str, Any]] = []
         self.probes = 0
-        fake = self
+        super().__init__(self.calls)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def handle_get(self, path: str) -> Answer:
+        self.probes += 1
+        return (200, {}, b'{"status":"ok"}') if self.healthy else (503, {}, b'{"status":"down"}')
 
-            def do_GET(self) -> None:
-                fake.probes += 1
-                self._send(200 if fake.healthy else 503, {"status": "ok" if fake.healthy else "down"})
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                if not fake.healthy:
-                    return self._send(503, {"error": "Model is overloaded", "error_type": "overloaded"})
-                fake.calls.append(body)
-                time.sleep(fake.delay_s)
-                texts = body["texts"] if fake.protocol == "tei" else body["documents"]
-                ranked = sorted(
-                    ({"index": i, "score": fake_score(body["query"], t)} for i, t in enumerate(texts)),
-                    key=lambda r: -r["score"],
-                )
-                if fake.protocol == "tei":
-                    return self._send(200, ranked, {"x-compute-tokens": str(7 * len(texts))})
-                results = [{"index": r["index"], "relevance_score": r["score"], "document": None} for r in ranked]
-                usage = {"prompt_tokens": 11 * len(texts), "total_tokens": 11 * len(texts)}
-                self._send(200, {"object": "rerank", "results": results, "model": body.get("model"), "usage": usage})
-
-            def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-                data = json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    for k, v in (headers or {}).items():
-                        self.send_header(k, v)
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the gateway gave up (its timeout, a cancel)
-                    pass
-
-            def log_message(self, *args: Any) -> None:
-                return None
-
-        super().__init__(Handler)
+    def handle(self, path: str, headers: dict[str, str], raw: bytes) -> Answer:
+        if not self.healthy:
+            return 503, {}, b'{"error":"Model is overloaded","error_type":"overloaded"}'
+        body = json.loads(raw)
+        self.calls.append(body)
+        time.sleep(self.delay_s)
+        texts = body["texts"] if self.protocol == "tei" else body["documents"]
+        ranked = sorted(
+            ({"index": i, "score": fake_score(body["query"], t)} for i, t in enumerate(texts)),
+            key=lambda r: -r["score"],
+        )
+        if self.protocol == "tei":
+            return 200, {"x-compute-tokens": str(7 * len(texts))}, json.dumps(ranked).encode()
+        results = [{"index": r["index"], "relevance_score": r["score"], "document": None} for r in ranked]
+        usage = {"prompt_tokens": 11 * len(texts), "total_tokens": 11 * len(texts)}
+        answer = {"object": "rerank", "results": results, "model": body.get("model"), "usage": usage}
+        return 200, {}, json.dumps(answer).encode()
 
 
 @pytest.fixture

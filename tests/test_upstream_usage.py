@@ -10,7 +10,6 @@ A count that cannot be right now counts as none reported: the token estimate is 
 from __future__ import annotations
 
 import json
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -18,61 +17,32 @@ from litestar.testing import TestClient
 
 from gateway.app import create_app
 from schemas.config import DashScopeEngineConfig, PoolEngineConfig, Settings
-from tests.loopback import LoopbackServer
+from tests.fake_http import Answer, FakeUpstream
 
 
-class Upstream(LoopbackServer):
+class Upstream(FakeUpstream[None]):
     """Answers every protocol's rerank call with 0.5 for each text and ``tokens`` as its count."""
 
     def __init__(self) -> None:
+        super().__init__([])
         self.tokens: Any = 5
-        up = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def handle_get(self, path: str) -> Answer:
+        return 200, {}, b'{"status":"ok"}'
 
-            def do_GET(self) -> None:
-                self._send(200, {}, b'{"status":"ok"}')
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                t = up.tokens
-                if "input" in body:  # DashScope native
-                    n = len(body["input"]["documents"])
-                    res = [{"index": i, "relevance_score": 0.5} for i in range(n)]
-                    return self._send(
-                        200, {}, json.dumps({"output": {"results": res}, "usage": {"total_tokens": t}}).encode()
-                    )
-                if "texts" in body:  # TEI: bare list, count in a header
-                    n = len(body["texts"])
-                    return self._send(
-                        200,
-                        {"x-compute-tokens": str(t)},
-                        json.dumps([{"index": i, "score": 0.5} for i in range(n)]).encode(),
-                    )
-                n = len(body["documents"])
-                res = [{"index": i, "relevance_score": 0.5} for i in range(n)]
-                if self.path == "/v2/rerank":  # Cohere
-                    return self._send(
-                        200, {}, json.dumps({"results": res, "meta": {"tokens": {"input_tokens": t}}}).encode()
-                    )
-                self._send(
-                    200, {}, json.dumps({"results": res, "usage": {"prompt_tokens": t, "total_tokens": t}}).encode()
-                )
-
-            def _send(self, status: int, headers: dict[str, str], data: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                return None
-
-        super().__init__(Handler)
+    def handle(self, path: str, headers: dict[str, str], raw: bytes) -> Answer:
+        body = json.loads(raw)
+        t = self.tokens
+        if "input" in body:  # DashScope native
+            res = [{"index": i, "relevance_score": 0.5} for i in range(len(body["input"]["documents"]))]
+            return 200, {}, json.dumps({"output": {"results": res}, "usage": {"total_tokens": t}}).encode()
+        if "texts" in body:  # TEI: bare list, count in a header
+            ranked = [{"index": i, "score": 0.5} for i in range(len(body["texts"]))]
+            return 200, {"x-compute-tokens": str(t)}, json.dumps(ranked).encode()
+        res = [{"index": i, "relevance_score": 0.5} for i in range(len(body["documents"]))]
+        if path == "/v2/rerank":  # Cohere
+            return 200, {}, json.dumps({"results": res, "meta": {"tokens": {"input_tokens": t}}}).encode()
+        return 200, {}, json.dumps({"results": res, "usage": {"prompt_tokens": t, "total_tokens": t}}).encode()
 
 
 @pytest.fixture(scope="module")
